@@ -1,0 +1,147 @@
+"""The largest batch size that fits, per precision mode, with a safety margin.
+
+1. Double from ``start`` until a try fails or ``cap`` is reached.
+2. Binary-search between the last size that fit and the first that failed, to ``granularity``.
+
+A try is a real two-step probe (forward, backward, ``optimizer.step()`` and the scaler), so
+optimizer state and scaler buffers are counted. A size *fits* when the probe did not run out of
+memory and its peak memory leaves ``margin`` of the device free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.result import ProbeResult
+
+__all__ = ["Ceiling", "CeilingTry", "find_ceiling", "memory_budget"]
+
+# What counts as "does not fit": an OOM, or a peak that eats into the shared margin.
+_FAILS = ("oom",)
+
+
+class CeilingTry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    batch_size: int
+    fits: bool
+    outcome: str
+    peak_memory: int | None = None
+    note: str = ""
+
+
+class Ceiling(BaseModel):
+    """The result of a ceiling search for one precision mode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    precision: str
+    batch_size: int = Field(ge=0, description="largest size that fit; 0 when none did")
+    limited_by: str = Field(description="cap, memory or margin")
+    tries: list[CeilingTry] = Field(default_factory=list)
+
+    @property
+    def sizes_tried(self) -> list[int]:
+        return [t.batch_size for t in self.tries]
+
+
+def memory_budget(device: torch.device, margin: float) -> int | None:
+    """Bytes a probe may use so that ``margin`` of the device's total memory stays free.
+
+    CUDA: free memory as the driver reports it (other processes count) minus the margin.
+    CPU: MemAvailable minus the margin of MemTotal. None when it cannot be read.
+    """
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return max(0, int(free - margin * total))
+    try:
+        info = {
+            line.split(":")[0]: int(line.split()[1]) * 1024
+            for line in Path("/proc/meminfo").read_text().splitlines()
+        }
+        return max(0, int(info["MemAvailable"] - margin * info["MemTotal"]))
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def find_ceiling(
+    try_batch: Callable[[int], ProbeResult],
+    precision: str,
+    *,
+    start: int,
+    cap: int,
+    budget_bytes: int | None = None,
+    granularity: int = 8,
+) -> Ceiling:
+    """Find the largest batch size in ``[1, cap]`` whose probe fits.
+
+    Args:
+        try_batch: runs a short probe at a batch size and returns its result.
+        precision: the mode being measured (for the record and the logs).
+        start: the first size tried (the workload's base batch size is a good start).
+        cap: the largest size ever tried.
+        budget_bytes: peak memory a fitting size may use; None skips the margin check.
+        granularity: the binary search stops when the bracket is this narrow; multiples of 8
+            suit tensor cores. Sizes below it are searched at 1.
+
+    Returns:
+        A Ceiling with the size, what limited it and every try in order.
+
+    Example:
+        >>> c = find_ceiling(lambda bs: fake_probe(bs), "fp32", start=16, cap=1024)  # doctest: +SKIP
+        >>> c.sizes_tried
+        [16, 32, 64, 128, 96, 80, 72]
+    """
+    tries: list[CeilingTry] = []
+
+    def fits(bs: int) -> bool:
+        result = try_batch(bs)
+        peak = result.peak_memory
+        ok = result.outcome not in _FAILS and result.outcome != "crashed"
+        note = result.reason if not ok else ""
+        if ok and budget_bytes is not None and peak is not None and peak > budget_bytes:
+            ok = False
+            note = f"peak {peak / 2**20:.0f} MiB leaves less than the margin free ({budget_bytes / 2**20:.0f} MiB allowed)"
+        tries.append(
+            CeilingTry(batch_size=bs, fits=ok, outcome=result.outcome, peak_memory=peak, note=note)
+        )
+        verdict = "fits" if ok else f"does not fit ({note or result.outcome})"
+        logger.info("ceiling {} bs={} → {}", precision, bs, verdict)
+        return ok
+
+    start = max(1, min(start, cap))
+    lo, hi = 0, None
+    bs = start
+    # 1. Doubling.
+    while True:
+        if fits(bs):
+            lo = bs
+            if bs >= cap:
+                break
+            bs = min(bs * 2, cap)
+        else:
+            hi = bs
+            break
+    # 2. Binary search inside (lo, hi).
+    if hi is not None:
+        while hi - lo > (granularity if lo >= granularity else 1):
+            step = granularity if lo >= granularity else 1
+            mid = lo + max(step, ((hi - lo) // 2) // step * step)
+            if mid >= hi:
+                break
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+    if hi is None:
+        limited_by = "cap"
+    else:
+        last_fail = next(t for t in reversed(tries) if not t.fits)
+        limited_by = "memory" if last_fail.outcome in _FAILS else "margin"
+    logger.info("ceiling {} = {} (limited by {}, {} tries)", precision, lo, limited_by, len(tries))
+    return Ceiling(precision=precision, batch_size=lo, limited_by=limited_by, tries=tries)

@@ -1,0 +1,81 @@
+"""ProbeResult: what one probe measured and how it ended."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.spec import Candidate
+
+__all__ = ["Outcome", "ProbeResult"]
+
+# completed   ran to the end (or to its time limit, then `truncated`); figures are valid
+# diverged    non-finite or blown-up loss, or a failing GradScaler; `reason` names step and value
+# oom         the device ran out of memory at this batch size
+# unsupported the device cannot run this precision mode (or autocast silently fell back)
+# crashed     the worker died or the probe raised; a bug or a broken workload, not a measurement
+Outcome = Literal["completed", "diverged", "oom", "unsupported", "crashed"]
+
+
+class ProbeResult(BaseModel):
+    """The measurements and the outcome of one probe.
+
+    Losses keep every step (warmup included); non-finite values survive a JSON round trip as
+    the strings ``"NaN"``/``"Infinity"``.
+    """
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+    candidate: Candidate
+    workload: str
+    device: str
+    outcome: Outcome
+    reason: str = ""
+    # samples/s over the timed steps only
+    throughput: float = 0.0
+    step_time: float | None = None
+    warmup_steps: int = 0
+    timed_steps: int = 0
+    planned_steps: int = 0
+    timed_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    # Host time spent in divergence checks inside the timed window (includes the sync they cause).
+    check_seconds: float = 0.0
+    truncated: bool = False
+    peak_memory_allocated: int | None = None
+    peak_memory_reserved: int | None = None
+    losses: list[float] = Field(default_factory=list)
+    # (step, GradScaler scale) at each check point; empty without a scaler.
+    scales: list[tuple[int, float]] = Field(default_factory=list)
+    skipped_steps: int = 0
+    seed: int = 0
+    autocast_dtype: str | None = None
+    batch_size: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """True when the probe completed and its figures can be used."""
+        return self.outcome == "completed"
+
+    @property
+    def peak_memory(self) -> int | None:
+        """Reserved peak where known (what the device really gave up), else allocated."""
+        return (
+            self.peak_memory_reserved
+            if self.peak_memory_reserved is not None
+            else self.peak_memory_allocated
+        )
+
+    def summary(self) -> str:
+        """One line for logs: ``fp16 bs=128 lr=0.1 → completed 812.3 samples/s``."""
+        c = self.candidate
+        head = f"{c.precision} bs={c.batch_size} lr={c.learning_rate:.3g}"
+        if c.precision == "fp16":
+            head += f" init_scale={c.init_scale:g}"
+        if self.outcome == "completed":
+            tail = f"{self.throughput:.1f} samples/s"
+            if self.truncated:
+                tail += f" (time limit, {self.timed_steps} timed steps)"
+            return f"{head} → {tail}"
+        return f"{head} → {self.outcome}: {self.reason}"

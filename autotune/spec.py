@@ -1,0 +1,308 @@
+"""Pydantic models for what goes in: the study spec, a candidate and probe settings.
+
+This module is the only place where defaults live; every default carries its reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from autotune.errors import SpecError, format_validation_error
+
+__all__ = [
+    "PRECISIONS",
+    "Candidate",
+    "Duration",
+    "PrecisionName",
+    "ProbeSettings",
+    "Range",
+    "SearchSpace",
+    "StudySpec",
+    "ValidationSettings",
+    "format_duration",
+    "load_spec",
+    "parse_duration",
+]
+
+PrecisionName = Literal["fp32", "tf32", "fp16", "bf16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+
+_DURATION = re.compile(
+    r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?$"
+)
+
+
+def parse_duration(value: Any, field: str = "budget") -> float:
+    """Parse ``30m``, ``1h30m``, ``90s``, ``1.5h`` or a number of seconds into seconds.
+
+    Args:
+        value: the text or number to parse.
+        field: the field name used in the error message.
+
+    Returns:
+        The duration in seconds, always positive.
+
+    Raises:
+        ValueError: naming the field and the value when it is not a positive duration.
+
+    Example:
+        >>> parse_duration("1h30m")
+        5400.0
+    """
+    if isinstance(value, bool):
+        raise ValueError(
+            f"{field} must be a duration like 30m, 1h30m or 90s, got {field}={value!r}"
+        )
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            match = _DURATION.match(text)
+            if not text or match is None:
+                raise ValueError(
+                    f"{field} must be a duration like 30m, 1h30m or 90s, got {field}={value!r}"
+                ) from None
+            seconds = (
+                float(match["h"] or 0) * 3600 + float(match["m"] or 0) * 60 + float(match["s"] or 0)
+            )
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        raise ValueError(f"{field} must be positive, got {field}={value!r}; try 30m")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """``5400`` → ``"1h30m"``; ``95`` → ``"1m35s"``; ``2.5`` → ``"2.5s"``."""
+    if seconds < 60:
+        return f"{seconds:g}s"
+    total = round(seconds)
+    h, rest = divmod(total, 3600)
+    m, s = divmod(rest, 60)
+    return "".join(f"{n}{u}" for n, u in ((h, "h"), (m, "m"), (s, "s")) if n)
+
+
+Duration = Annotated[
+    float,
+    BeforeValidator(lambda v: parse_duration(v, "duration")),
+    PlainSerializer(format_duration, return_type=str),
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Candidate(_Model):
+    """One point of the search space: what a probe trains with."""
+
+    precision: PrecisionName
+    batch_size: int = Field(gt=0)
+    learning_rate: float = Field(gt=0, allow_inf_nan=False)
+    # GradScaler's own defaults; only fp16 uses them.
+    init_scale: float = Field(default=2.0**16, gt=0, allow_inf_nan=False)
+    growth_interval: int = Field(default=2000, gt=0)
+    # None: follow the workload's preference.
+    channels_last: bool | None = None
+
+
+class ProbeSettings(_Model):
+    """How long one probe runs and what it calls divergence."""
+
+    # Untimed steps first: cudnn autotune, allocator growth and scaler calibration happen here.
+    warmup_steps: int = Field(default=3, ge=0)
+    # Timed steps: enough for a steady-state mean, short enough for many trials per budget.
+    steps: int = Field(default=20, gt=0)
+    # One host read of the loss every k steps keeps the check well under 2% of step time.
+    check_every: int = Field(default=10, gt=0)
+    # A loss this many times above its first value is a blow-up, not noise.
+    loss_blowup_factor: float = Field(default=10.0, gt=1)
+    # Past warmup, GradScaler should rarely skip; more than this share of skips is divergence.
+    max_skip_rate: float = Field(default=0.25, ge=0, le=1)
+    # Soft limit: the probe stops and is scored on the steps it finished.
+    time_limit: Duration = 120.0
+    seed: int = 0
+
+
+class Range(_Model):
+    """A closed interval ``[min, max]``."""
+
+    min: float = Field(gt=0, allow_inf_nan=False)
+    max: float = Field(gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if self.min > self.max:
+            raise ValueError(
+                f"min must not be above max, got min={self.min:g}, max={self.max:g}; "
+                "swap them or widen the range"
+            )
+        return self
+
+
+class IntRange(_Model):
+    """A closed integer interval ``[min, max]``."""
+
+    min: int = Field(gt=0)
+    max: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntRange:
+        if self.min > self.max:
+            raise ValueError(
+                f"min must not be above max, got min={self.min}, max={self.max}; "
+                "swap them or raise max"
+            )
+        return self
+
+
+class SearchSpace(_Model):
+    """What the search may choose from. The device and the batch ceilings cut it further."""
+
+    precisions: list[PrecisionName] = Field(default_factory=lambda: list(PRECISIONS), min_length=1)
+    # Batch sizes are tried on a ladder of powers of two (and the workload's base size) inside this.
+    batch_size: IntRange = Field(default_factory=lambda: IntRange(min=16, max=1024))
+    # Multiplier on the learning rate after the batch-size scaling rule; 1.0 is the rule itself.
+    lr_multiplier: Range = Field(default_factory=lambda: Range(min=0.25, max=4.0))
+    # linear for SGD-like optimizers, sqrt for Adam-like; auto asks the workload.
+    lr_scaling: Literal["auto", "linear", "sqrt", "none"] = "auto"
+    # Powers of two in this range are tried for fp16's GradScaler; 2^16 is torch's default.
+    init_scale: Range = Field(default_factory=lambda: Range(min=2.0**8, max=2.0**20))
+
+    @field_validator("precisions")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(value))
+
+
+class ValidationSettings(_Model):
+    """How the best candidates are checked again before they become the config."""
+
+    # The best few feasible candidates get a longer, fresh-seed rerun.
+    top_k: int = Field(default=2, ge=1)
+    # Longer than the search probes so the parity check sees more of the curve.
+    steps: int = Field(default=40, gt=0)
+    # A rerun slower than this share below its search throughput did not reproduce.
+    throughput_tolerance: float = Field(default=0.2, ge=0, lt=1)
+
+
+class StudySpec(_Model):
+    """A whole study: what to tune, within which bounds, for how long, stored where.
+
+    Example:
+        >>> spec = StudySpec(name="tiny", workload="autotune.workloads:tiny_convnet", budget="90s")
+        >>> spec.budget
+        90.0
+    """
+
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    workload: str = Field(min_length=1)
+    device: str = "auto"
+    budget: Duration = 1800.0
+    space: SearchSpace = Field(default_factory=SearchSpace)
+    probe: ProbeSettings = Field(default_factory=ProbeSettings)
+    validation: ValidationSettings = Field(default_factory=ValidationSettings)
+    # Relative: the candidate's smoothed loss may be at most 5% above the fp32 reference's.
+    parity_tolerance: float = Field(default=0.05, ge=0)
+    # Share of device memory a chosen batch must leave free: the box is shared.
+    memory_margin: float = Field(default=0.10, ge=0, lt=1)
+    # Default objective; time_to_loss estimates the wall time to reach the reference's loss.
+    objective: Literal["throughput", "time_to_loss"] = "throughput"
+    # SQLite beside the specs: embedded, no set-up. Use PostgreSQL for many workers.
+    storage: str = "sqlite:///studies/autotune.db"
+    # Seeds the sampler; probes derive theirs from it.
+    seed: int = 0
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        value = value.strip().lower()
+        if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
+            return value
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got device={value!r}")
+
+    def space_fingerprint(self) -> str:
+        """A short hash of everything that shapes the search space, for resume checks."""
+        shape = {
+            "workload": self.workload,
+            "space": self.space.model_dump(mode="json"),
+            "probe": self.probe.model_dump(mode="json", exclude={"time_limit"}),
+            "objective": self.objective,
+        }
+        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+    def with_overrides(self, overrides: dict[str, Any]) -> StudySpec:
+        """Return a copy with dotted-path overrides applied, e.g. ``{"probe.steps": 10}``.
+
+        Raises:
+            SpecError: naming the field when a path or a value is invalid.
+        """
+        data = self.model_dump(mode="json")
+        for path, value in overrides.items():
+            if value is None:
+                continue
+            node = data
+            parts = path.split(".")
+            for part in parts[:-1]:
+                if not isinstance(node.get(part), dict):
+                    raise SpecError(
+                        f"unknown spec field {path!r}; see the fields in studies/*.yaml"
+                    )
+                node = node[part]
+            if parts[-1] not in node:
+                raise SpecError(f"unknown spec field {path!r}; see the fields in studies/*.yaml")
+            node[parts[-1]] = value
+        return parse_spec(data, source="study spec (after command-line overrides)")
+
+
+def parse_spec(data: Any, source: str = "study spec") -> StudySpec:
+    """Validate a mapping into a StudySpec, raising SpecError with one line per bad field."""
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"invalid {source}: expected a mapping of fields, got {type(data).__name__}"
+        )
+    try:
+        return StudySpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(exc, source)) from None
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Read a study spec from a YAML (or JSON) file.
+
+    Args:
+        path: the file, e.g. ``studies/resnet18.yaml``.
+
+    Returns:
+        The validated StudySpec.
+
+    Raises:
+        SpecError: the file is missing, is not YAML, or has invalid fields.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(
+            f"study spec {str(path)!r} does not exist; pass a file like studies/tiny.yaml"
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"study spec {str(path)!r} is not valid YAML: {exc}") from None
+    return parse_spec(data, source=f"study spec {str(path)!r}")

@@ -1,0 +1,246 @@
+"""Probes in an isolated process: one persistent worker per device.
+
+An OOM can leave an allocator fragmented, a CUDA error can poison a context, a probe can hang:
+a worker process contains all of it. The worker imports torch once and keeps loaded workloads,
+so a trial costs only its probe. A probe that outlives its hard time limit, or a worker that
+dies, becomes a ``crashed`` result with the reason, and the next call starts a fresh worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from typing import Any
+
+from loguru import logger
+
+from autotune.errors import AutotuneError, WorkloadError
+from autotune.result import ProbeResult
+from autotune.spec import Candidate, ProbeSettings
+
+__all__ = ["InProcessRunner", "ProbeWorker", "Runner"]
+
+# Seconds a probe may run past its own soft time limit before the worker is killed.
+_GRACE = 15.0
+
+
+def _serve(conn: Any, device: str) -> None:
+    """The worker's loop: receive a probe request, run it, send the result back."""
+    # Ctrl-C goes to the whole process group; the parent decides what to do with it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from autotune.probe import run_probe
+    from autotune.workloads import load_workload
+
+    cache: dict[str, Any] = {}
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        if request is None:
+            return
+        ref, candidate_json, settings_json = request
+        try:
+            if ref not in cache:
+                cache[ref] = load_workload(ref)
+            result = run_probe(
+                cache[ref],
+                Candidate.model_validate_json(candidate_json),
+                device,
+                ProbeSettings.model_validate_json(settings_json),
+            )
+            conn.send(("result", result.model_dump_json()))
+        except AutotuneError as exc:
+            conn.send(("user_error", type(exc).__name__, str(exc)))
+        except Exception as exc:  # a bug in the workload or in autotune: a crashed probe
+            conn.send(("crash", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+
+
+class Runner:
+    """Runs probes. ``ProbeWorker`` isolates them; ``InProcessRunner`` does not."""
+
+    def run(
+        self,
+        workload: str,
+        candidate: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float | None = None,
+    ) -> ProbeResult:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the runner holds."""
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _crashed(
+    workload: str, candidate: Candidate, device: str, settings: ProbeSettings, reason: str
+) -> ProbeResult:
+    return ProbeResult(
+        candidate=candidate,
+        workload=workload,
+        device=device,
+        outcome="crashed",
+        reason=reason,
+        seed=settings.seed,
+        planned_steps=settings.steps,
+        batch_size=candidate.batch_size,
+    )
+
+
+class ProbeWorker(Runner):
+    """A persistent worker process for one device.
+
+    Args:
+        device: the device probes run on, e.g. ``cpu`` or ``cuda:1``.
+
+    Example:
+        >>> with ProbeWorker("cpu") as worker:  # doctest: +SKIP
+        ...     result = worker.run("tiny_mlp", candidate, ProbeSettings(steps=5), timeout=30)
+    """
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        self._proc: Any = None
+        self._conn: Any = None
+        self.starts = 0
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(
+            target=_serve,
+            args=(child, self.device),
+            daemon=True,
+            name=f"autotune-worker-{self.device}",
+        )
+        proc.start()
+        child.close()
+        if not parent.poll(120) or parent.recv()[0] != "ready":
+            proc.kill()
+            raise RuntimeError("the probe worker did not start within 120 s")
+        self._proc, self._conn = proc, parent
+        self.starts += 1
+        logger.debug("worker pid {} started for {}", proc.pid, self.device)
+
+    def _stop(self, kill: bool = False) -> None:
+        if self._proc is None:
+            return
+        try:
+            if not kill:
+                self._conn.send(None)
+                self._proc.join(5)
+        except (OSError, BrokenPipeError):
+            pass
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+        self._conn.close()
+        self._proc = self._conn = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def run(
+        self,
+        workload: str,
+        candidate: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float | None = None,
+    ) -> ProbeResult:
+        """Run one probe in the worker; restart the worker when it died or hung.
+
+        Args:
+            workload: the workload reference (the worker imports it).
+            candidate: what to train with.
+            settings: probe settings; ``time_limit`` is the soft limit.
+            timeout: the hard limit in seconds; default ``time_limit`` plus a grace period.
+
+        Returns:
+            The probe's result; ``crashed`` with a reason when the worker hung or died.
+
+        Raises:
+            WorkloadError, SpecError, DeviceError: the user's mistake, raised again here.
+        """
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        hard = timeout if timeout is not None else settings.time_limit + _GRACE
+        started = time.perf_counter()
+        try:
+            self._conn.send((workload, candidate.model_dump_json(), settings.model_dump_json()))
+            ready = self._conn.poll(hard)
+            reply = self._conn.recv() if ready else None
+        except (EOFError, OSError, BrokenPipeError):
+            code = self._proc.exitcode if self._proc is not None else None
+            self._stop(kill=True)
+            return _crashed(
+                workload,
+                candidate,
+                self.device,
+                settings,
+                f"worker process died (exit code {code}) during the probe",
+            )
+        if reply is None:
+            self._stop(kill=True)
+            return _crashed(
+                workload,
+                candidate,
+                self.device,
+                settings,
+                f"probe exceeded its hard time limit of {hard:.0f}s; worker stopped "
+                f"after {time.perf_counter() - started:.0f}s",
+            )
+        kind = reply[0]
+        if kind == "result":
+            return ProbeResult.model_validate_json(reply[1])
+        if kind == "user_error":
+            from autotune import errors
+
+            raise getattr(errors, reply[1], WorkloadError)(reply[2])
+        logger.debug("probe crashed in worker:\n{}", reply[2])
+        return _crashed(workload, candidate, self.device, settings, reply[1])
+
+    def close(self) -> None:
+        self._stop()
+
+
+class InProcessRunner(Runner):
+    """Runs probes in this process: no isolation and no hard limit, but no start-up cost."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        self._cache: dict[str, Any] = {}
+
+    def run(
+        self,
+        workload: str,
+        candidate: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float | None = None,
+    ) -> ProbeResult:
+        from autotune.probe import run_probe
+        from autotune.workloads import load_workload
+
+        if workload not in self._cache:
+            self._cache[workload] = load_workload(workload)
+        try:
+            return run_probe(self._cache[workload], candidate, self.device, settings)
+        except AutotuneError:
+            raise
+        except Exception as exc:
+            return _crashed(
+                workload, candidate, self.device, settings, f"{type(exc).__name__}: {exc}"
+            )

@@ -1,0 +1,19 @@
+"""Workloads: the interface, the built-ins and the reference loader."""
+
+from autotune.workloads._base import Batch, Workload, cross_entropy_loss, synthetic_batches
+from autotune.workloads._builtin import BUILTINS, resnet18, tiny_convnet, tiny_gpt, tiny_mlp
+from autotune.workloads._loader import load_workload, normalize_reference
+
+__all__ = [
+    "BUILTINS",
+    "Batch",
+    "Workload",
+    "cross_entropy_loss",
+    "load_workload",
+    "normalize_reference",
+    "resnet18",
+    "synthetic_batches",
+    "tiny_convnet",
+    "tiny_gpt",
+    "tiny_mlp",
+]

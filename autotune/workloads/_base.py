@@ -1,0 +1,84 @@
+"""The Workload interface: everything a probe needs to train a model for a few steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+__all__ = ["Batch", "Workload", "cross_entropy_loss", "synthetic_batches"]
+
+Batch = tuple[Any, ...]
+
+
+def cross_entropy_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """The default loss: ``cross_entropy(model(inputs), targets)``."""
+    inputs, targets = batch
+    logits = model(inputs)
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+@dataclass
+class Workload:
+    """A model, its data and its optimizer, as a probe and a training run need them.
+
+    Args:
+        name: a short name for logs and reports.
+        build_model: makes a fresh model on the CPU (the probe moves it).
+        make_batches: ``(batch_size, device, generator) -> iterator of batches``; each batch is a
+            tuple of tensors already on the device (synthetic tensors, or a DataLoader's output
+            moved there). The iterator must not end before the probe does.
+        build_optimizer: ``(params, lr) -> optimizer``.
+        base_lr: the learning rate the workload was tuned at, at ``base_batch_size``.
+        base_batch_size: the batch size ``base_lr`` belongs to.
+        loss: ``(model, batch) -> scalar loss tensor``; cross entropy on ``model(batch[0])`` by
+            default.
+        channels_last: whether 4-d inputs and the model should use channels_last memory format.
+        lr_scaling: how the learning rate follows the batch size: ``linear`` for SGD-like
+            optimizers, ``sqrt`` for Adam-like ones.
+        accuracy: optional ``(model, batch) -> share correct`` for training reports.
+
+    Example:
+        >>> from autotune.workloads import tiny_mlp
+        >>> wl = tiny_mlp()
+        >>> wl.base_batch_size
+        64
+    """
+
+    name: str
+    build_model: Callable[[], nn.Module]
+    make_batches: Callable[[int, torch.device, torch.Generator], Iterator[Batch]]
+    build_optimizer: Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
+    base_lr: float
+    base_batch_size: int
+    loss: Callable[[nn.Module, Batch], torch.Tensor] = cross_entropy_loss
+    channels_last: bool = False
+    lr_scaling: Literal["linear", "sqrt"] = "linear"
+    accuracy: Callable[[nn.Module, Batch], float] | None = None
+    description: str = ""
+    # Set by the loader: the reference this workload was loaded from.
+    reference: str = field(default="", compare=False)
+
+
+def synthetic_batches(
+    make_batch: Callable[[int, torch.Generator], Batch],
+    batch_size: int,
+    device: torch.device,
+    generator: torch.Generator,
+    *,
+    pool: int = 4,
+) -> Iterator[Batch]:
+    """Cycle through a small pool of batches made up front and moved to the device.
+
+    Making the pool before the first step keeps data generation and host-to-device copies out
+    of the timed window, which is what a DataLoader with prefetching looks like at steady state.
+    """
+    batches = [
+        tuple(t.to(device, non_blocking=True) for t in make_batch(batch_size, generator))
+        for _ in range(pool)
+    ]
+    while True:
+        yield from batches

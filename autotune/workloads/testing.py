@@ -1,0 +1,131 @@
+"""Workloads that misbehave on purpose: they let tests (and users) see each outcome on a CPU.
+
+Each is importable by reference, e.g. ``autotune.workloads.testing:oom_above_64``, so worker
+processes can load them too.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from autotune.workloads._base import Batch, Workload, synthetic_batches
+from autotune.workloads._builtin import _class_images, tiny_convnet, tiny_mlp
+
+__all__ = [
+    "OOM_LIMIT",
+    "diverging",
+    "fp16_overflow",
+    "make_oom_workload",
+    "non_scalar_loss",
+    "oom_above_64",
+]
+
+OOM_LIMIT = 64
+
+
+class _FakeOOM(nn.Module):
+    """Raises ``torch.OutOfMemoryError`` for batches above ``limit``, as a full device would."""
+
+    def __init__(self, inner: nn.Module, limit: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.limit:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {x.shape[0] * 4} MiB (fake, limit {self.limit})"
+            )
+        return self.inner(x)
+
+
+def make_oom_workload(limit: int) -> Workload:
+    """The tiny convnet, but any batch larger than ``limit`` runs out of memory."""
+    base = tiny_convnet()
+    base.name = f"oom_above_{limit}"
+    inner = base.build_model
+    base.build_model = lambda: _FakeOOM(inner(), limit)
+    return base
+
+
+def oom_above_64() -> Workload:
+    """The tiny convnet with a fake memory ceiling at batch size 64."""
+    return make_oom_workload(OOM_LIMIT)
+
+
+def diverging() -> Workload:
+    """Linear regression with plain SGD: fine at its base lr 0.01, explodes above lr ~0.5.
+
+    SGD on a quadratic diverges once lr exceeds 2 / (largest Hessian eigenvalue); the inputs'
+    scale puts that edge near 0.5.
+    """
+    gen = torch.Generator().manual_seed(7)
+    w_true = torch.randn(32, 1, generator=gen)
+
+    def make(bs: int, g: torch.Generator) -> Batch:
+        x = 1.5 * torch.randn(bs, 32, generator=g)
+        return x, x @ w_true
+
+    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+    return Workload(
+        name="diverging",
+        build_model=lambda: nn.Linear(32, 1),
+        make_batches=lambda bs, dev, g: synthetic_batches(make, bs, dev, g),
+        build_optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr),
+        base_lr=0.01,
+        base_batch_size=32,
+        loss=loss,
+        description="linear regression, plain SGD; diverges above lr ~0.5",
+    )
+
+
+# Typical |activation| after `amplify` is ~0.5 * 0.06 * sqrt(64) * gain: about 2e5 > 65504.
+_GAIN = 1e6
+
+
+class _Overflow(nn.Module):
+    """Scales activations past fp16's largest value (65504) in one named layer: ``amplify``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(64, 64)
+        self.amplify = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 10)
+        with torch.no_grad():
+            self.amplify.weight.mul_(_GAIN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.embed(x))
+        h = self.amplify(h)
+        return self.head(h / _GAIN)
+
+
+def fp16_overflow() -> Workload:
+    """Trains fine in fp32 and bf16; fp16 overflows to inf in the layer ``amplify``."""
+    make = _class_images(10, (64,), noise=1.5)
+    return Workload(
+        name="fp16_overflow",
+        build_model=_Overflow,
+        make_batches=lambda bs, dev, g: synthetic_batches(make, bs, dev, g),
+        build_optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
+        base_lr=0.001,
+        base_batch_size=64,
+        description="MLP with one layer whose activations exceed fp16's range",
+    )
+
+
+def non_scalar_loss() -> Workload:
+    """Breaks the contract: its loss is a vector, not a scalar."""
+    wl = tiny_mlp()
+    wl.name = "non_scalar_loss"
+
+    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(model(x), y, reduction="none")
+
+    wl.loss = loss
+    return wl
