@@ -42,7 +42,7 @@ class Ceiling(BaseModel):
 
     precision: str
     batch_size: int = Field(ge=0, description="largest size that fit; 0 when none did")
-    limited_by: str = Field(description="cap, memory or margin")
+    limited_by: str = Field(description="cap, memory, margin or time")
     tries: list[CeilingTry] = Field(default_factory=list)
 
     @property
@@ -77,6 +77,7 @@ def find_ceiling(
     cap: int,
     budget_bytes: int | None = None,
     granularity: int = 8,
+    stop_when: Callable[[ProbeResult], bool] | None = None,
 ) -> Ceiling:
     """Find the largest batch size in ``[1, cap]`` whose probe fits.
 
@@ -88,6 +89,9 @@ def find_ceiling(
         budget_bytes: peak memory a fitting size may use; None skips the margin check.
         granularity: the binary search stops when the bracket is this narrow; multiples of 8
             suit tensor cores. Sizes below it are searched at 1.
+        stop_when: a try for which this is true ends the search (e.g. a probe that ran out of
+            its time limit: larger batches only take longer); the ceiling is then the largest
+            size that fit so far, limited by ``time``.
 
     Returns:
         A Ceiling with the size, what limited it and every try in order.
@@ -98,9 +102,12 @@ def find_ceiling(
         [16, 32, 64, 128, 96, 80, 72]
     """
     tries: list[CeilingTry] = []
+    stopped = [False]
 
     def fits(bs: int) -> bool:
         result = try_batch(bs)
+        if stop_when is not None and stop_when(result):
+            stopped[0] = True
         peak = result.peak_memory
         ok = result.outcome not in _FAILS and result.outcome != "crashed"
         note = result.reason if not ok else ""
@@ -121,7 +128,7 @@ def find_ceiling(
     while True:
         if fits(bs):
             lo = bs
-            if bs >= cap:
+            if bs >= cap or stopped[0]:
                 break
             bs = min(bs * 2, cap)
         else:
@@ -129,7 +136,7 @@ def find_ceiling(
             break
     # 2. Binary search inside (lo, hi).
     if hi is not None:
-        while hi - lo > (granularity if lo >= granularity else 1):
+        while not stopped[0] and hi - lo > (granularity if lo >= granularity else 1):
             step = granularity if lo >= granularity else 1
             mid = lo + max(step, ((hi - lo) // 2) // step * step)
             if mid >= hi:
@@ -138,10 +145,13 @@ def find_ceiling(
                 lo = mid
             else:
                 hi = mid
-    if hi is None:
+    if hi is None and lo >= cap:
         limited_by = "cap"
+    elif stopped[0]:
+        limited_by = "time"
     else:
+        assert hi is not None
         last_fail = next(t for t in reversed(tries) if not t.fits)
-        limited_by = "memory" if last_fail.outcome in _FAILS else "margin"
+        limited_by = {"oom": "memory", "crashed": "crash"}.get(last_fail.outcome, "margin")
     logger.info("ceiling {} = {} (limited by {}, {} tries)", precision, lo, limited_by, len(tries))
     return Ceiling(precision=precision, batch_size=lo, limited_by=limited_by, tries=tries)

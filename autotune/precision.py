@@ -196,6 +196,8 @@ def snapshot_backend_flags() -> dict[str, Any]:
     if _new_api():
         flags["matmul.fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
         flags["cudnn.conv.fp32_precision"] = torch.backends.cudnn.conv.fp32_precision
+        # torch.set_float32_matmul_precision (leave_no_trace restores it) also sets this one.
+        flags["mkldnn.matmul.fp32_precision"] = torch.backends.mkldnn.matmul.fp32_precision
     else:  # pragma: no cover - torch < 2.9
         flags["matmul.allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
         flags["cudnn.allow_tf32"] = torch.backends.cudnn.allow_tf32
@@ -208,6 +210,7 @@ def restore_backend_flags(flags: dict[str, Any]) -> None:
     if "matmul.fp32_precision" in flags:
         torch.backends.cuda.matmul.fp32_precision = flags["matmul.fp32_precision"]
         torch.backends.cudnn.conv.fp32_precision = flags["cudnn.conv.fp32_precision"]
+        torch.backends.mkldnn.matmul.fp32_precision = flags["mkldnn.matmul.fp32_precision"]
     else:  # pragma: no cover - torch < 2.9
         torch.backends.cuda.matmul.allow_tf32 = flags["matmul.allow_tf32"]
         torch.backends.cudnn.allow_tf32 = flags["cudnn.allow_tf32"]

@@ -40,7 +40,7 @@ from autotune.precision import (
     unsupported_modes,
 )
 from autotune.result import ProbeResult
-from autotune.spec import Candidate, ProbeSettings
+from autotune.spec import Candidate, ProbeSettings, format_duration
 from autotune.workloads import Workload
 
 __all__ = ["global_state", "leave_no_trace", "run_probe"]
@@ -194,6 +194,8 @@ def run_probe(
     if reason is not None:
         return ProbeResult(**base, outcome="unsupported", reason=reason)
     with leave_no_trace():
+        # A caller inside torch.no_grad() still gets a training run; the mode is restored.
+        torch.set_grad_enabled(True)
         torch.manual_seed(settings.seed)
         random.seed(settings.seed)
         apply_backend_flags(mode)
@@ -363,8 +365,8 @@ def _loop(
             if over_time and not last:
                 out["truncated"] = True
                 logger.info(
-                    "probe stopped at its time limit of {:.0f}s after {} steps",
-                    settings.time_limit,
+                    "probe stopped at its time limit of {} after {} steps",
+                    format_duration(settings.time_limit),
                     done,
                 )
                 break
@@ -377,8 +379,8 @@ def _loop(
         t_end = time.perf_counter()
     finally:
         hook.remove()
-    out["warmup_steps"] = min(done, warmup)
-    out["skipped_steps"] = done - applied[0]
+        # Also on divergence: the skips are part of the evidence the reason refers to.
+        out["skipped_steps"] = done - applied[0]
     if t_start is not None and done > warmup:
         timed_steps, seconds = done - warmup, t_end - t_start
     elif done > 1 and t_first is not None:
@@ -386,6 +388,8 @@ def _loop(
         timed_steps, seconds = done - 1, t_end - t_first
     else:
         timed_steps, seconds = done, t_end - started
+    # Stopped inside warmup: the steps scored as timed are no longer warmup.
+    out["warmup_steps"] = done - timed_steps
     out["timed_steps"] = timed_steps
     out["timed_seconds"] = seconds
     out["check_seconds"] = check_seconds
@@ -396,6 +400,6 @@ def _loop(
         out["truncated"] = True
         if not out.get("reason"):
             out["reason"] = (
-                f"time limit {settings.time_limit:.0f}s reached: scored on "
+                f"time limit {format_duration(settings.time_limit)} reached: scored on "
                 f"{timed_steps} of {settings.steps} timed steps"
             )

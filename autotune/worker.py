@@ -8,9 +8,13 @@ dies, becomes a ``crashed`` result with the reason, and the next call starts a f
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import contextlib
+import json
 import os
+import select
 import signal
+import subprocess
+import sys
 import time
 import traceback
 from typing import Any
@@ -27,23 +31,21 @@ __all__ = ["InProcessRunner", "ProbeWorker", "Runner"]
 _GRACE = 15.0
 
 
-def _serve(conn: Any, device: str) -> None:
-    """The worker's loop: receive a probe request, run it, send the result back."""
+def _serve(requests: Any, replies: Any, device: str) -> None:
+    """The worker's loop: read a probe request line, run it, write the reply line."""
     # Ctrl-C goes to the whole process group; the parent decides what to do with it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from autotune.probe import run_probe
     from autotune.workloads import load_workload
 
+    def send(*message: Any) -> None:
+        replies.write(json.dumps(message) + "\n")
+        replies.flush()
+
     cache: dict[str, Any] = {}
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            request = conn.recv()
-        except (EOFError, OSError):
-            return
-        if request is None:
-            return
-        ref, candidate_json, settings_json = request
+    send("ready", os.getpid())
+    for line in requests:
+        ref, candidate_json, settings_json = json.loads(line)
         try:
             if ref not in cache:
                 cache[ref] = load_workload(ref)
@@ -53,11 +55,21 @@ def _serve(conn: Any, device: str) -> None:
                 device,
                 ProbeSettings.model_validate_json(settings_json),
             )
-            conn.send(("result", result.model_dump_json()))
+            send("result", result.model_dump_json())
         except AutotuneError as exc:
-            conn.send(("user_error", type(exc).__name__, str(exc)))
+            send("user_error", type(exc).__name__, str(exc))
         except Exception as exc:  # a bug in the workload or in autotune: a crashed probe
-            conn.send(("crash", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            send("crash", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+def main() -> None:
+    """Entry point of a worker process: ``python -m autotune.worker DEVICE REQ_FD REPLY_FD``."""
+    device, req_fd, reply_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    # The parent logs every decision; the worker only says what goes wrong.
+    logger.remove()
+    logger.add(sys.stderr, level=os.environ.get("AUTOTUNE_WORKER_LOG_LEVEL", "WARNING"))
+    with os.fdopen(req_fd, "r") as requests, os.fdopen(reply_fd, "w") as replies:
+        _serve(requests, replies, device)
 
 
 class Runner:
@@ -111,42 +123,63 @@ class ProbeWorker(Runner):
 
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
-        self._proc: Any = None
-        self._conn: Any = None
+        self._proc: subprocess.Popen | None = None
+        self._requests: Any = None
+        self._replies: Any = None
         self.starts = 0
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(
-            target=_serve,
-            args=(child, self.device),
-            daemon=True,
-            name=f"autotune-worker-{self.device}",
+        # A fresh interpreter, not a fork: CUDA cannot be forked, and the caller's main module
+        # is never re-imported.
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune.worker", self.device, str(req_r), str(rep_w)],
+            pass_fds=(req_r, rep_w),
+            stdin=subprocess.DEVNULL,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])
+                ),
+            },
         )
-        proc.start()
-        child.close()
-        if not parent.poll(120) or parent.recv()[0] != "ready":
-            proc.kill()
+        os.close(req_r)
+        os.close(rep_w)
+        self._proc = proc
+        self._requests = os.fdopen(req_w, "w")
+        self._replies = os.fdopen(rep_r, "r")
+        reply = self._recv(120)
+        if reply is None or reply[0] != "ready":
+            self._stop(kill=True)
             raise RuntimeError("the probe worker did not start within 120 s")
-        self._proc, self._conn = proc, parent
         self.starts += 1
         logger.debug("worker pid {} started for {}", proc.pid, self.device)
+
+    def _recv(self, timeout: float) -> list | None:
+        """One reply line, or None when none came within ``timeout`` or the worker is gone."""
+        ready, _, _ = select.select([self._replies], [], [], timeout)
+        if not ready:
+            return None
+        line = self._replies.readline()
+        if not line:
+            raise EOFError("worker closed its pipe")
+        return json.loads(line)
 
     def _stop(self, kill: bool = False) -> None:
         if self._proc is None:
             return
-        try:
-            if not kill:
-                self._conn.send(None)
-                self._proc.join(5)
-        except (OSError, BrokenPipeError):
-            pass
-        if self._proc.is_alive():
+        for f in (self._requests, self._replies):
+            with contextlib.suppress(OSError):
+                f.close()
+        if kill:
             self._proc.kill()
-            self._proc.join(5)
-        self._conn.close()
-        self._proc = self._conn = None
+        try:
+            self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(5)
+        self._proc = self._requests = self._replies = None
 
     @property
     def pid(self) -> int | None:
@@ -174,16 +207,20 @@ class ProbeWorker(Runner):
         Raises:
             WorkloadError, SpecError, DeviceError: the user's mistake, raised again here.
         """
-        if self._proc is None or not self._proc.is_alive():
+        if self._proc is None or self._proc.poll() is not None:
+            self._stop(kill=True)
             self._start()
         hard = timeout if timeout is not None else settings.time_limit + _GRACE
         started = time.perf_counter()
         try:
-            self._conn.send((workload, candidate.model_dump_json(), settings.model_dump_json()))
-            ready = self._conn.poll(hard)
-            reply = self._conn.recv() if ready else None
-        except (EOFError, OSError, BrokenPipeError):
-            code = self._proc.exitcode if self._proc is not None else None
+            self._requests.write(
+                json.dumps([workload, candidate.model_dump_json(), settings.model_dump_json()])
+                + "\n"
+            )
+            self._requests.flush()
+            reply = self._recv(hard)
+        except (EOFError, OSError, ValueError):
+            code = self._proc.poll() if self._proc is not None else None
             self._stop(kill=True)
             return _crashed(
                 workload,
@@ -213,6 +250,9 @@ class ProbeWorker(Runner):
         return _crashed(workload, candidate, self.device, settings, reply[1])
 
     def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                self._requests.close()
         self._stop()
 
 
@@ -244,3 +284,7 @@ class InProcessRunner(Runner):
             return _crashed(
                 workload, candidate, self.device, settings, f"{type(exc).__name__}: {exc}"
             )
+
+
+if __name__ == "__main__":
+    main()

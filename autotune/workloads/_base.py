@@ -69,13 +69,16 @@ def synthetic_batches(
     device: torch.device,
     generator: torch.Generator,
     *,
-    pool: int = 4,
+    samples: int = 8192,
 ) -> Iterator[Batch]:
-    """Cycle through a small pool of batches made up front and moved to the device.
+    """Cycle through a pool of batches made up front and moved to the device.
 
     Making the pool before the first step keeps data generation and host-to-device copies out
     of the timed window, which is what a DataLoader with prefetching looks like at steady state.
+    The pool holds about ``samples`` distinct samples (at least 4 batches), so a probe does not
+    see the same batch again before it has seen that many: short runs learn, not memorize.
     """
+    pool = max(4, -(-samples // batch_size))
     batches = [
         tuple(t.to(device, non_blocking=True) for t in make_batch(batch_size, generator))
         for _ in range(pool)

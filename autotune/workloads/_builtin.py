@@ -16,9 +16,14 @@ __all__ = ["BUILTINS", "resnet18", "tiny_convnet", "tiny_gpt", "tiny_mlp"]
 _DATA_SEED = 1234
 
 
-def _class_images(classes: int, shape: tuple[int, ...], noise: float):
-    """Images drawn around one fixed prototype per class: a classifier can learn them."""
-    protos = torch.randn((classes, *shape), generator=torch.Generator().manual_seed(_DATA_SEED))
+def _class_images(classes: int, shape: tuple[int, ...], noise: float, signal: float = 0.5):
+    """Images drawn around one fixed prototype per class: a classifier can learn them.
+
+    ``signal`` scales the prototypes against unit-variance noise: at 0.5 a convnet's loss falls
+    steadily over a few hundred steps instead of dropping to zero in a few dozen.
+    """
+    gen = torch.Generator().manual_seed(_DATA_SEED)
+    protos = signal * torch.randn((classes, *shape), generator=gen)
 
     def make(batch_size: int, gen: torch.Generator) -> Batch:
         y = torch.randint(0, classes, (batch_size,), generator=gen)
@@ -88,7 +93,7 @@ def tiny_convnet() -> Workload:
         build_model=_TinyConvNet,
         make_batches=lambda bs, dev, gen: synthetic_batches(make, bs, dev, gen),
         build_optimizer=_sgd,
-        base_lr=0.05,
+        base_lr=0.2,
         base_batch_size=32,
         channels_last=True,
         lr_scaling="linear",

@@ -1,0 +1,43 @@
+# Two commands do all set-up on a fresh machine:
+#   make search   creates .venv, installs autotune, runs the default study with a short budget
+#   make test     creates .venv, installs the dev extras, runs ruff and pytest
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Short enough for a first look on any machine; use `autotune search --budget 30m` for real.
+BUDGET ?= 3m
+SPEC ?= studies/resnet18.yaml
+OUT ?= gpu-check-out
+
+.PHONY: search test lint format gpu-check clean
+
+$(VENV)/.runtime: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(VENV)/.runtime $@
+
+search: $(VENV)/.runtime
+	$(BIN)/autotune search $(SPEC) --budget $(BUDGET)
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+format: $(VENV)/.dev
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# On a CUDA machine: every gpu-marked test and the GPU benchmarks, results under $(OUT).
+gpu-check:
+	bash scripts/gpu-check.sh $(OUT)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

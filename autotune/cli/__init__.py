@@ -1,0 +1,24 @@
+"""The ``autotune`` command: a thin shell that parses into models, calls the library, prints.
+
+A user's mistake prints one ``error:`` message naming the field and the fix, and exits 2;
+Ctrl-C exits 130 after saying how to resume. Each group of commands lives in its own module
+and registers itself on the shared app.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from autotune.cli import _search  # noqa: F401  (registers its commands)
+from autotune.cli._app import app, err_console
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)

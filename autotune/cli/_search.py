@@ -1,0 +1,197 @@
+"""``autotune search`` and ``autotune probe``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+import autotune
+from autotune.cli._app import app, console, err_console, fail, parse_sets, setup_logging
+from autotune.errors import AutotuneError, SpecError
+
+DEFAULT_SPEC = Path("studies/resnet18.yaml")
+
+
+@app.command()
+def search(
+    spec_file: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Study spec YAML; studies/resnet18.yaml when omitted.", show_default=False
+        ),
+    ] = None,
+    budget: Annotated[
+        str | None, typer.Option(help="Wall time for the whole job: 30m, 1h30m, 90s.")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda:N.")] = None,
+    workload: Annotated[
+        str | None, typer.Option(help="package.module:function or a built-in name.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Study name (also the output folder).")] = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder; studies/<name>/ by default.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override any spec field: --set probe.steps=10."),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every probe.")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Only warnings and the summary.")
+    ] = False,
+) -> None:
+    """Search precision × batch size × lr × init_scale within a budget; write best.json."""
+    setup_logging(verbose, quiet)
+    from autotune.search import Budget, SearchInterrupted, run_search
+    from autotune.spec import load_spec
+
+    try:
+        path = spec_file or DEFAULT_SPEC
+        if spec_file is None and not path.is_file():
+            raise SpecError(
+                f"no spec given and the default {str(DEFAULT_SPEC)!r} is not here; run from the "
+                "project folder or pass a spec file, e.g. autotune search studies/tiny.yaml"
+            )
+        spec = load_spec(path)
+        overrides: dict[str, Any] = {
+            "budget": budget,
+            "device": device,
+            "workload": workload,
+            "name": name,
+            "storage": storage,
+            "seed": seed,
+        }
+        overrides.update(parse_sets(set_))
+        spec = spec.with_overrides(overrides)
+        clock = Budget(spec.budget, started=autotune.STARTED)
+        result = run_search(spec, out_dir=out, budget=clock)
+    except SearchInterrupted as exc:
+        err_console.print(f"[yellow]{exc}[/]", highlight=False)
+        raise typer.Exit(130) from None
+    except AutotuneError as exc:
+        fail(str(exc))
+        return
+    _print_summary(result)
+
+
+def _fmt_tp(value: Any) -> str:
+    return f"{value:,.1f}" if isinstance(value, (int, float)) and value else "—"
+
+
+def _print_summary(result: Any) -> None:
+    cfg = result.config
+    ev = cfg.evidence
+    table = Table(title=f"study {cfg.study!r}: {cfg.workload} on {cfg.environment.device}")
+    for col in ("", "settings", "samples/s", "vs fp32", "outcome"):
+        table.add_column(col)
+    winner = f"{cfg.precision} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}"
+    if cfg.grad_scaler.enabled:
+        winner += f" init_scale={cfg.grad_scaler.init_scale:g}"
+    status = "validated" if ev.validated else "NOT validated: fp32 fallback"
+    table.add_row("winner", winner, _fmt_tp(ev.throughput), f"{ev.speedup:.2f}x", status)
+    ref_tp = result.baselines["reference"].get("throughput")
+    for role, label in (("reference", "fp32 reference"), ("amp_recipe", "plain AMP recipe")):
+        b = result.baselines[role]
+        tp = b.get("throughput")
+        ratio = f"{tp / ref_tp:.2f}x" if tp and ref_tp else "—"
+        outcome = b.get("outcome", "")
+        if b.get("reason") and outcome != "completed":
+            outcome += f": {b['reason']}"
+        table.add_row(label, b.get("label", "—"), _fmt_tp(tp), ratio, outcome)
+    console.print(table)
+    if ev.cut:
+        console.print("[bold]cut from the space:[/]")
+        for key, why in ev.cut.items():
+            console.print(f"  {key}: {why}", highlight=False)
+    if result.rejected:
+        console.print("[bold]main rejections:[/]")
+        for line in result.rejected[:6]:
+            console.print(f"  {line}", highlight=False)
+    t = ev.trials
+    console.print(
+        f"trials: {t.complete} complete, {t.pruned} pruned, {t.failed} failed; "
+        f"lr scaling: {ev.lr_scaling}; {result.elapsed:.1f}s elapsed",
+        highlight=False,
+    )
+    if ev.validation_note:
+        console.print(f"validation: {ev.validation_note}", highlight=False)
+    console.print(f"config written to [bold]{result.path}[/]", highlight=False)
+
+
+@app.command()
+def probe(
+    workload: Annotated[
+        str, typer.Option(help="package.module:function or a built-in name.")
+    ] = "resnet18",
+    precision: Annotated[str, typer.Option(help="fp32, tf32, fp16 or bf16.")] = "fp32",
+    batch_size: Annotated[
+        int | None, typer.Option(help="Batch size; the workload's base size by default.")
+    ] = None,
+    lr: Annotated[
+        float | None, typer.Option(help="Learning rate; the workload's base lr by default.")
+    ] = None,
+    init_scale: Annotated[float, typer.Option(help="GradScaler init_scale (fp16).")] = 2.0**16,
+    warmup: Annotated[int, typer.Option(help="Untimed warmup steps.")] = 3,
+    steps: Annotated[int, typer.Option(help="Timed steps.")] = 20,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda:N.")] = "auto",
+    time_limit: Annotated[
+        str, typer.Option(help="Soft time limit: the probe stops and is scored.")
+    ] = "120s",
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the ProbeResult as JSON.")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run one probe of a workload under one setting and print what it measured."""
+    setup_logging(verbose, quiet=not verbose)
+    from pydantic import ValidationError
+
+    from autotune.errors import format_validation_error
+    from autotune.probe import run_probe
+    from autotune.spec import Candidate, ProbeSettings
+    from autotune.workloads import load_workload
+
+    try:
+        wl = load_workload(workload)
+        errors: list[str] = []
+        cand = settings = None
+        try:
+            cand = Candidate(
+                precision=precision,
+                batch_size=wl.base_batch_size if batch_size is None else batch_size,
+                learning_rate=wl.base_lr if lr is None else lr,
+                init_scale=init_scale,
+            )
+        except ValidationError as exc:
+            errors.append(format_validation_error(exc, "probe arguments"))
+        try:
+            settings = ProbeSettings(warmup_steps=warmup, steps=steps, time_limit=time_limit)
+        except ValidationError as exc:
+            errors.append(format_validation_error(exc, "probe arguments"))
+        if cand is None or settings is None:
+            lines = [errors[0].splitlines()[0]] + [ln for e in errors for ln in e.splitlines()[1:]]
+            raise SpecError("\n".join(lines))
+        result = run_probe(wl, cand, device, settings)
+    except AutotuneError as exc:
+        fail(str(exc))
+        return
+    if json_out:
+        console.print_json(result.model_dump_json())
+        return
+    console.print(result.summary(), highlight=False)
+    if result.ok:
+        mem = result.peak_memory
+        console.print(
+            f"  {result.timed_steps} timed steps in {result.timed_seconds:.2f}s "
+            f"({result.wall_seconds:.2f}s wall); peak memory "
+            f"{'—' if mem is None else f'{mem / 2**20:.1f} MiB'}; "
+            f"loss {result.losses[0]:.4g} → {result.losses[-1]:.4g}; skipped steps {result.skipped_steps}",
+            highlight=False,
+        )
+    if result.outcome not in ("completed",):
+        raise typer.Exit(1)

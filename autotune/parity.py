@@ -1,0 +1,69 @@
+"""Convergence parity: does a candidate learn as well as the fp32 reference, sample for sample?
+
+Two runs with different batch sizes take different numbers of steps for the same samples, so
+curves are compared on a samples-seen axis: each run's loss is averaged over the second half of
+the samples both runs have seen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+__all__ = ["parity_gap", "smoothed_loss_at", "time_to_loss"]
+
+# Average the loss over the second half of the shared range: short probes are noisy per step.
+_WINDOW = 0.5
+
+
+def smoothed_loss_at(losses: Sequence[float], batch_size: int, samples: float) -> float | None:
+    """Mean loss over the steps whose samples-seen fall in ``[samples / 2, samples]``.
+
+    Returns None when no step falls in the window or a loss there is not finite.
+    """
+    lo = (1 - _WINDOW) * samples
+    window = [v for i, v in enumerate(losses) if lo <= (i + 1) * batch_size <= samples]
+    if not window:
+        # Fewer steps than the window needs: take the step closest to `samples`.
+        i = min(len(losses), max(1, round(samples / batch_size))) - 1
+        window = [losses[i]] if 0 <= i < len(losses) else []
+    if not window or not all(math.isfinite(v) for v in window):
+        return None
+    return sum(window) / len(window)
+
+
+def parity_gap(
+    losses: Sequence[float], batch_size: int, ref_losses: Sequence[float], ref_batch_size: int
+) -> tuple[float, float, float] | None:
+    """Relative loss gap to the reference at an equal number of samples seen.
+
+    Returns:
+        ``(gap, loss, ref_loss)`` where ``gap = (loss - ref_loss) / |ref_loss|`` (positive: the
+        candidate learns worse), or None when either curve is empty or not finite there.
+
+    Example:
+        >>> gap, loss, ref = parity_gap([2.0, 1.0], 64, [2.0, 1.5, 1.0, 0.9], 32)
+        >>> round(gap, 3), loss, ref
+        (0.053, 1.0, 0.95)
+    """
+    if not losses or not ref_losses:
+        return None
+    samples = min(len(losses) * batch_size, len(ref_losses) * ref_batch_size)
+    loss = smoothed_loss_at(losses, batch_size, samples)
+    ref = smoothed_loss_at(ref_losses, ref_batch_size, samples)
+    if loss is None or ref is None:
+        return None
+    return (loss - ref) / max(abs(ref), 1e-12), loss, ref
+
+
+def time_to_loss(
+    losses: Sequence[float], batch_size: int, throughput: float, target: float
+) -> float | None:
+    """Seconds to first reach ``target`` (running mean of 3 steps), or None if never reached."""
+    if throughput <= 0:
+        return None
+    for i in range(len(losses)):
+        window = losses[max(0, i - 2) : i + 1]
+        if all(math.isfinite(v) for v in window) and sum(window) / len(window) <= target:
+            return (i + 1) * batch_size / throughput
+    return None

@@ -1,0 +1,600 @@
+"""The search: an Optuna study over precision × batch size × learning rate × init_scale.
+
+The phases, all inside one wall-clock budget:
+
+1. **Hardware**: modes the device cannot really run are cut from the space, with reasons.
+2. **Ceilings**: the largest batch that fits, per mode; the ladder above it is cut.
+3. **Search**: the fp32 reference and the plain AMP recipe are enqueued first; then the sampler
+   proposes candidates. Each runs as a probe in the worker. Completed trials report throughput
+   with a convergence-parity constraint; diverged, OOM and unsupported trials are PRUNED with the
+   reason (the sampler learns from them); a crashed worker is FAIL.
+4. **Validation** (:mod:`autotune.validate`): the best feasible candidates are re-run longer,
+   with a fresh seed, beside the fp32 reference.
+5. **Artifact**: ``best.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from loguru import logger
+from optuna.trial import TrialState
+
+from autotune.ceilings import Ceiling, find_ceiling, memory_budget
+from autotune.config import TunedConfig
+from autotune.errors import AutotuneError
+from autotune.parity import parity_gap, time_to_loss
+from autotune.precision import resolve_device, unsupported_modes
+from autotune.result import ProbeResult
+from autotune.spec import Candidate, ProbeSettings, StudySpec
+from autotune.storage import open_study
+from autotune.worker import ProbeWorker, Runner
+from autotune.workloads import Workload, load_workload, normalize_reference
+
+__all__ = [
+    "Budget",
+    "SearchInterrupted",
+    "SearchResult",
+    "batch_ladder",
+    "lr_for",
+    "reference_factor",
+    "run_search",
+]
+
+# Share of the budget the ceiling phase may use at most.
+_CEILING_SHARE = 0.25
+# Share of the budget held back for validation.
+_VALIDATION_SHARE = 0.3
+# Seconds held back for writing the artifact.
+_WRITE_RESERVE = 2.0
+# A probe may overrun its soft limit by about one step; the hard limit adds this much.
+_HARD_GRACE = 15.0
+# The fp32 reference runs up to this many times the probe length (see reference_factor) ...
+_MAX_REFERENCE_FACTOR = 8
+# ... within this share of the budget.
+_REFERENCE_SHARE = 0.15
+
+
+def reference_factor(largest_batch: int, base_batch: int) -> int:
+    """How many times longer the reference probe runs, so it sees as many samples as a probe of
+    the largest batch size does (capped at 8).
+
+    Example:
+        >>> reference_factor(1024, 128)
+        8
+    """
+    return max(1, min(_MAX_REFERENCE_FACTOR, math.ceil(largest_batch / base_batch)))
+
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+class SearchInterrupted(AutotuneError):
+    """Ctrl-C: the trials done so far are saved in the storage; running again resumes."""
+
+
+@dataclass
+class Budget:
+    """The whole job's wall-clock budget, counted from ``started`` (a ``time.monotonic()``)."""
+
+    total: float
+    started: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def left(self) -> float:
+        return self.total - self.elapsed()
+
+
+@dataclass
+class SearchResult:
+    """What a search produced: the config, where it was written and the study behind it."""
+
+    config: TunedConfig
+    path: Path
+    study: optuna.Study
+    baselines: dict[str, dict[str, Any]]
+    rejected: list[str]
+    cut: dict[str, str]
+    ceilings: dict[str, int]
+    elapsed: float
+
+
+def batch_ladder(lo: int, hi: int, base: int) -> list[int]:
+    """Powers of two in ``[lo, hi]``, plus ``lo``, ``hi`` and the workload's base batch size.
+
+    Example:
+        >>> batch_ladder(16, 1000, 128)
+        [16, 32, 64, 128, 256, 512, 1000]
+    """
+    sizes = {2**k for k in range(0, 31) if lo <= 2**k <= hi} | {lo, hi, base}
+    return sorted(sizes)
+
+
+def lr_for(rule: str, base_lr: float, base_batch: int, batch_size: int, multiplier: float) -> float:
+    """The learning rate for a batch size: the scaling rule, times the sampled multiplier.
+
+    ``linear``: lr ∝ batch (SGD-like); ``sqrt``: lr ∝ √batch (Adam-like); ``none``: lr fixed.
+
+    Example:
+        >>> lr_for("linear", 0.1, 128, 512, 1.0)
+        0.4
+    """
+    ratio = batch_size / base_batch
+    factor = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[rule]
+    return base_lr * factor * multiplier
+
+
+def _finite(values: list[float]) -> list[float | None]:
+    """Losses for storage: NaN and inf become null (storage never holds NaN)."""
+    return [v if math.isfinite(v) else None for v in values]
+
+
+def _powers_of_two(lo: float, hi: float) -> list[float]:
+    out = [2.0**k for k in range(0, 40) if lo <= 2.0**k <= hi]
+    return sorted(set(out) | {2.0**16})
+
+
+class _Search:
+    def __init__(
+        self,
+        spec: StudySpec,
+        runner: Runner,
+        budget: Budget,
+        out_dir: Path,
+        on_event: Event | None,
+    ) -> None:
+        self.spec = spec
+        self.runner = runner
+        self.budget = budget
+        self.out_dir = out_dir
+        self.emit = on_event or (lambda kind, data: None)
+        self.ref = normalize_reference(spec.workload)
+        self.workload: Workload = load_workload(self.ref)
+        self.device = resolve_device(spec.device)
+        self.rule = (
+            self.workload.lr_scaling if spec.space.lr_scaling == "auto" else spec.space.lr_scaling
+        )
+        self.cut: dict[str, str] = {}
+        self.ceilings: dict[str, int] = {}
+        self.probe_seconds: list[float] = []
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _lr(self, batch_size: int, multiplier: float) -> float:
+        wl = self.workload
+        return lr_for(self.rule, wl.base_lr, wl.base_batch_size, batch_size, multiplier)
+
+    def _probe(self, candidate: Candidate, settings: ProbeSettings) -> ProbeResult:
+        left = self.budget.left()
+        hard = min(settings.time_limit + _HARD_GRACE, max(settings.time_limit + 1.0, left))
+        t0 = time.monotonic()
+        result = self.runner.run(self.ref, candidate, settings, timeout=hard)
+        self.probe_seconds.append(time.monotonic() - t0)
+        return result
+
+    # ---- phase 1: hardware ------------------------------------------------------------------
+
+    def hardware(self) -> list[str]:
+        unsupported = unsupported_modes(self.device)
+        modes = []
+        for name in dict.fromkeys(["fp32", *self.spec.space.precisions]):
+            if name in unsupported:
+                self.cut[name] = unsupported[name]
+                logger.info("cut {}: {}", name, unsupported[name])
+            else:
+                modes.append(name)
+        self.emit("hardware", {"modes": modes, "cut": dict(self.cut)})
+        return modes
+
+    # ---- phase 2: ceilings ------------------------------------------------------------------
+
+    def find_ceilings(self, study: optuna.Study, modes: list[str]) -> None:
+        space = self.spec.space
+        key = f"ceilings:{self.device}"
+        stored = study.user_attrs.get(key)
+        if isinstance(stored, dict) and all(m in stored for m in modes):
+            self.ceilings = {m: int(stored[m]) for m in modes}
+            logger.info("ceilings from the stored study: {}", self.ceilings)
+            return
+        # A fresh worker's first probe pays one-time costs (kernel libraries, allocator): pay
+        # them here, so the first ceiling try is timed like the others.
+        self._probe(
+            Candidate(
+                precision="fp32",
+                batch_size=space.batch_size.min,
+                learning_rate=self._lr(space.batch_size.min, 1.0),
+            ),
+            ProbeSettings(
+                warmup_steps=0,
+                steps=1,
+                check_every=1,
+                time_limit=max(1.0, 0.05 * self.budget.total),
+            ),
+        )
+        phase_end = self.budget.elapsed() + _CEILING_SHARE * self.budget.total
+        budget_bytes = memory_budget(self.device, self.spec.memory_margin)
+        start = min(max(self.workload.base_batch_size, space.batch_size.min), space.batch_size.max)
+        for i, mode in enumerate(modes):
+            self.emit("phase", {"phase": "ceilings", "mode": mode})
+            share = max(1.0, (phase_end - self.budget.elapsed()) / (len(modes) - i))
+            # Per try: a slice of this mode's share; a try that runs out of it stops the doubling.
+            limit = max(1.0, min(self.spec.probe.time_limit, share / 4))
+            # One untimed step (first-use costs of the mode's kernels), one timed step.
+            settings = ProbeSettings(
+                warmup_steps=1, steps=1, check_every=1, time_limit=limit, seed=self.spec.probe.seed
+            )
+
+            def try_batch(
+                bs: int, mode: str = mode, settings: ProbeSettings = settings
+            ) -> ProbeResult:
+                cand = Candidate(precision=mode, batch_size=bs, learning_rate=self._lr(bs, 1.0))
+                return self._probe(cand, settings)
+
+            ceiling = find_ceiling(
+                try_batch,
+                mode,
+                start=start,
+                cap=space.batch_size.max,
+                budget_bytes=budget_bytes,
+                # Stop doubling once a try at twice this size would not fit in the limit.
+                stop_when=lambda r, limit=limit: (
+                    r.outcome == "crashed" or (r.step_time or 0.0) * 2 * 2 > limit
+                ),
+            )
+            self.ceilings[mode] = ceiling.batch_size
+            self._record_ceiling(mode, ceiling)
+        study.set_user_attr(key, dict(self.ceilings))
+
+    def _record_ceiling(self, mode: str, ceiling: Ceiling) -> None:
+        if ceiling.batch_size < self.spec.space.batch_size.max:
+            self.cut[f"{mode} batch>{ceiling.batch_size}"] = (
+                f"{mode} ceiling is {ceiling.batch_size} (limited by {ceiling.limited_by})"
+            )
+        self.emit("ceiling", {"mode": mode, "ceiling": ceiling.model_dump()})
+
+    # ---- phase 3: search --------------------------------------------------------------------
+
+    def enqueue_baselines(self, study: optuna.Study, modes: list[str]) -> None:
+        base = self.workload.base_batch_size
+        study.enqueue_trial(
+            {"precision": "fp32", "batch_size": base, "lr_multiplier": 1.0},
+            user_attrs={"role": "reference"},
+            skip_if_exists=True,
+        )
+        if "fp16" in modes:
+            study.enqueue_trial(
+                {
+                    "precision": "fp16",
+                    "batch_size": base,
+                    "lr_multiplier": 1.0,
+                    "init_scale": 2.0**16,
+                },
+                user_attrs={"role": "amp_recipe"},
+                skip_if_exists=True,
+            )
+        # Each other mode at the reference's own settings: the same curve, only faster or not.
+        for mode in modes:
+            if mode not in ("fp32", "fp16"):
+                study.enqueue_trial(
+                    {"precision": mode, "batch_size": base, "lr_multiplier": 1.0},
+                    user_attrs={"role": f"{mode}_at_base"},
+                    skip_if_exists=True,
+                )
+
+    def reference(self, study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get("role") == "reference" and t.user_attrs.get("losses"):
+                return t
+        return None
+
+    def validation_reserve(self, study: optuna.Study) -> float:
+        """Seconds validation will need: the reference and the top-k reruns, from the search's
+        own probe times, with room to spare; a share of the budget until there are figures."""
+        from autotune.validate import feasible_best
+
+        val, probe = self.spec.validation, self.spec.probe
+        ratio = (probe.warmup_steps + val.steps) / (probe.warmup_steps + probe.steps)
+        ref = self.reference(study)
+        best = feasible_best(study, self.spec.objective == "throughput", val.top_k)
+        if ref is None or not best:
+            return _VALIDATION_SHARE * self.budget.total
+        seconds = [float(t.user_attrs.get("probe_seconds") or 0) for t in best]
+        ref_seconds = float(ref.user_attrs.get("probe_seconds") or 0)
+        need = 1.5 * ratio * (sum(seconds) + ref_seconds) + 2.0
+        return min(_VALIDATION_SHARE * self.budget.total, need)
+
+    def search(self, study: optuna.Study, modes: list[str], end_at: float) -> None:
+        space = self.spec.space
+        ladder = batch_ladder(
+            space.batch_size.min, space.batch_size.max, self.workload.base_batch_size
+        )
+        top = max(self.ceilings.values(), default=0)
+        ladder = [b for b in ladder if b <= max(top, self.workload.base_batch_size)]
+        lr_lo = min(space.lr_multiplier.min, 1.0)
+        lr_hi = max(space.lr_multiplier.max, 1.0)
+        scales = _powers_of_two(space.init_scale.min, space.init_scale.max)
+        self.emit("phase", {"phase": "search"})
+        while True:
+            deadline = end_at - self.validation_reserve(study)
+            left = deadline - self.budget.elapsed()
+            typical = statistics.median(self.probe_seconds[-10:]) if self.probe_seconds else 0.0
+            if left < max(1.0, 0.25 * typical):
+                logger.info("search phase over: {:.0f}s left for it", max(0.0, left))
+                return
+            trial = study.ask()
+            try:
+                self._trial(study, trial, modes, ladder, (lr_lo, lr_hi), scales, left)
+            except KeyboardInterrupt:
+                trial.set_user_attr("outcome", "interrupted")
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            except AutotuneError:
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+
+    def _trial(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        modes: list[str],
+        ladder: list[int],
+        lr_range: tuple[float, float],
+        scales: list[float],
+        left: float,
+    ) -> None:
+        precision = trial.suggest_categorical("precision", modes)
+        batch_size = trial.suggest_categorical("batch_size", ladder)
+        multiplier = trial.suggest_float("lr_multiplier", *lr_range, log=True)
+        init_scale = 2.0**16
+        if precision == "fp16":
+            init_scale = trial.suggest_categorical("init_scale", scales)
+        lr = self._lr(batch_size, multiplier)
+        cand = Candidate(
+            precision=precision, batch_size=batch_size, learning_rate=lr, init_scale=init_scale
+        )
+        trial.set_user_attr("learning_rate", lr)
+        trial.set_user_attr("lr_scaling", self.rule)
+        self.emit("trial", {"number": trial.number, "candidate": cand.model_dump()})
+
+        # Same parameters as a finished trial: reuse its measurement, spend no budget.
+        twin = self._twin(study, trial)
+        if twin is not None:
+            self._copy(study, trial, twin)
+            return
+        ceiling = self.ceilings.get(precision, 0)
+        if batch_size > ceiling and trial.user_attrs.get("role") is None:
+            self._prune(
+                study,
+                trial,
+                "above_ceiling",
+                f"batch_size={batch_size} is above the {precision} ceiling {ceiling}",
+            )
+            return
+        settings = self._settings_for(trial, ladder, left)
+        result = self._probe(cand, settings)
+        logger.info("trial {}: {}", trial.number, result.summary())
+        self._attrs(trial, result)
+        if result.outcome == "completed":
+            self._complete(study, trial, result)
+        elif result.outcome == "crashed":
+            if "hard time limit" in result.reason:
+                # Far too slow to finish one step in time: a measurement, not a crash.
+                self._prune(study, trial, "too_slow", result.reason)
+                return
+            trial.set_user_attr("outcome", "crashed")
+            trial.set_user_attr("reason", result.reason)
+            study.tell(trial, state=TrialState.FAIL)
+            self.emit(
+                "result", {"number": trial.number, "outcome": "crashed", "reason": result.reason}
+            )
+        else:
+            if result.outcome == "oom":
+                lower = max([b for b in ladder if b < batch_size], default=0)
+                if lower < self.ceilings.get(precision, 0):
+                    logger.info("{} bs={} → OOM, ceiling now {}", precision, batch_size, lower)
+                    self.ceilings[precision] = lower
+                    study.set_user_attr(f"ceilings:{self.device}", dict(self.ceilings))
+            self._prune(study, trial, result.outcome, result.reason)
+
+    def _settings_for(self, trial: optuna.Trial, ladder: list[int], left: float) -> ProbeSettings:
+        """Probe settings for a trial. The fp32 reference runs longer: parity compares curves at
+        equal samples seen, so it must have seen as many samples as the largest batch's probe."""
+        probe = self.spec.probe
+        limit = max(1.0, min(probe.time_limit, left))
+        if trial.user_attrs.get("role") != "reference":
+            return probe.model_copy(update={"time_limit": limit})
+        factor = reference_factor(max(ladder), self.workload.base_batch_size)
+        limit = max(1.0, min(probe.time_limit * factor, _REFERENCE_SHARE * self.budget.total, left))
+        return probe.model_copy(update={"steps": probe.steps * factor, "time_limit": limit})
+
+    def _twin(self, study: optuna.Study, trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
+        params = trial.params
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            if t.number != trial.number and t.params == params and "outcome" in t.user_attrs:
+                return t
+        return None
+
+    def _copy(
+        self, study: optuna.Study, trial: optuna.Trial, twin: optuna.trial.FrozenTrial
+    ) -> None:
+        for k, v in twin.user_attrs.items():
+            if k != "role":
+                trial.set_user_attr(k, v)
+        trial.set_user_attr("duplicate_of", twin.number)
+        if twin.state == TrialState.COMPLETE:
+            for k, v in twin.constraints.items():
+                trial.set_constraint(k, v)
+            study.tell(trial, twin.value)
+        else:
+            study.tell(trial, state=TrialState.PRUNED)
+
+    def _attrs(self, trial: optuna.Trial, result: ProbeResult) -> None:
+        trial.set_user_attr("outcome", result.outcome)
+        trial.set_user_attr("reason", result.reason)
+        trial.set_user_attr("throughput", result.throughput)
+        trial.set_user_attr("peak_memory_bytes", result.peak_memory)
+        trial.set_user_attr("skipped_steps", result.skipped_steps)
+        trial.set_user_attr("timed_steps", result.timed_steps)
+        trial.set_user_attr("truncated", result.truncated)
+        trial.set_user_attr("probe_seconds", round(result.wall_seconds, 3))
+        trial.set_user_attr("losses", _finite(result.losses))
+        trial.set_user_attr("scales", [[s, v] for s, v in result.scales])
+        trial.set_user_attr("seed", result.seed)
+
+    def _prune(self, study: optuna.Study, trial: optuna.Trial, outcome: str, reason: str) -> None:
+        trial.set_user_attr("outcome", outcome)
+        trial.set_user_attr("reason", reason)
+        study.tell(trial, state=TrialState.PRUNED)
+        logger.info("trial {} pruned: {}: {}", trial.number, outcome, reason)
+        self.emit("result", {"number": trial.number, "outcome": outcome, "reason": reason})
+
+    def _complete(self, study: optuna.Study, trial: optuna.Trial, result: ProbeResult) -> None:
+        ref = self.reference(study)
+        tol = self.spec.parity_tolerance
+        gap = None
+        if trial.user_attrs.get("role") == "reference" or ref is None:
+            constraint = 0.0
+        else:
+            ref_losses = [v for v in ref.user_attrs["losses"] if v is not None]
+            measured = parity_gap(
+                result.losses, result.batch_size, ref_losses, ref.params["batch_size"]
+            )
+            if measured is None:
+                constraint = 1.0
+                trial.set_user_attr("reason", "parity: loss curve not comparable")
+            else:
+                gap, loss, ref_loss = measured
+                constraint = gap - tol
+                trial.set_user_attr("loss", loss)
+                trial.set_user_attr("ref_loss", ref_loss)
+                trial.set_user_attr("parity_gap", gap)
+                if constraint > 0:
+                    trial.set_user_attr(
+                        "reason",
+                        f"parity: loss {loss:.4g} is {gap:+.1%} vs the fp32 reference's {ref_loss:.4g} "
+                        f"(tolerance {tol:.0%})",
+                    )
+        trial.set_constraint("parity", constraint)
+        if self.spec.objective == "time_to_loss":
+            value = self._time_to_loss(result, ref)
+            if value is None:
+                trial.set_constraint("reaches_reference_loss", 1.0)
+                value = result.timed_seconds * 1e3 + 1e6
+        else:
+            value = result.throughput
+        study.tell(trial, value)
+        feasible = constraint <= 0
+        trial_outcome = "completed" if feasible else "infeasible"
+        self.emit(
+            "result",
+            {
+                "number": trial.number,
+                "outcome": trial_outcome,
+                "throughput": result.throughput,
+                "gap": gap,
+                "best": self._best_value(study),
+            },
+        )
+
+    def _time_to_loss(
+        self, result: ProbeResult, ref: optuna.trial.FrozenTrial | None
+    ) -> float | None:
+        losses = result.losses
+        if ref is None:
+            target = min(v for v in losses if math.isfinite(v)) if losses else math.inf
+        else:
+            finite = [v for v in ref.user_attrs["losses"] if v is not None]
+            target = sum(finite[-3:]) / max(1, len(finite[-3:]))
+        return time_to_loss(losses, result.batch_size, result.throughput, target)
+
+    def _best_value(self, study: optuna.Study) -> float | None:
+        try:
+            return study.best_value
+        except ValueError:
+            return None
+
+
+def run_search(
+    spec: StudySpec,
+    *,
+    out_dir: str | Path | None = None,
+    runner: Runner | None = None,
+    budget: Budget | None = None,
+    on_event: Event | None = None,
+) -> SearchResult:
+    """Search a spec's space within its budget and write the validated config.
+
+    Args:
+        spec: the study spec (budget, space, probe lengths, storage...).
+        out_dir: where ``best.json`` goes; ``studies/<name>/`` by default.
+        runner: runs probes; a :class:`ProbeWorker` on the spec's device by default.
+        budget: the clock to count against; starts now by default (the CLI starts it earlier).
+        on_event: called with ``(kind, data)`` as phases, trials and results happen.
+
+    Returns:
+        The SearchResult with the TunedConfig and the path it was written to.
+
+    Raises:
+        SpecError, WorkloadError, DeviceError, StorageError: the user's mistake, named.
+        SearchInterrupted: Ctrl-C; the trials so far are saved, the same command resumes.
+    """
+    from autotune.validate import validate_and_build
+
+    budget = budget or Budget(spec.budget)
+    out = Path(out_dir) if out_dir is not None else Path("studies") / spec.name
+    own_runner = runner is None
+    search = _Search(
+        spec, runner or ProbeWorker(str(resolve_device(spec.device))), budget, out, on_event
+    )
+    study = open_study(spec)
+    logger.info(
+        "study {!r}: workload {} on {}, budget {:.0f}s, {} trials stored",
+        spec.name,
+        search.ref,
+        search.device,
+        spec.budget,
+        len(study.trials),
+    )
+    try:
+        modes = search.hardware()
+        search.find_ceilings(study, modes)
+        modes = [m for m in modes if search.ceilings.get(m, 0) > 0 or m == "fp32"]
+        search.enqueue_baselines(study, modes)
+        search.search(study, modes, budget.total - _WRITE_RESERVE)
+        search.emit("phase", {"phase": "validation"})
+        config, baselines, rejected = validate_and_build(
+            search, study, budget.total - _WRITE_RESERVE
+        )
+    except KeyboardInterrupt:
+        done = len(
+            study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        )
+        raise SearchInterrupted(
+            f"interrupted: {done} finished trials of study {spec.name!r} are saved in its storage; "
+            "run the same command again to resume"
+        ) from None
+    finally:
+        if own_runner:
+            search.runner.close()
+    path = config.save(out / "best.json")
+    study.set_user_attr("best_config", str(path))
+    logger.info("wrote {} after {:.1f}s of a {:.0f}s budget", path, budget.elapsed(), budget.total)
+    return SearchResult(
+        config=config,
+        path=path,
+        study=study,
+        baselines=baselines,
+        rejected=rejected,
+        cut=search.cut,
+        ceilings=search.ceilings,
+        elapsed=budget.elapsed(),
+    )

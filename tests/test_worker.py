@@ -1,0 +1,151 @@
+"""Probe runners: the worker process returns the same results, re-raises user errors, and
+survives crashes and hangs. One worker is shared by the module: each start costs seconds."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import WorkloadError
+from autotune.probe import run_probe
+from autotune.result import ProbeResult
+from autotune.spec import Candidate, ProbeSettings
+from autotune.worker import InProcessRunner, ProbeWorker
+from autotune.workloads import load_workload
+
+SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2)
+CRASHING = "autotune_test_crashing_workload:crashes"
+
+
+@pytest.fixture(scope="module")
+def crashing_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A workload whose loss raises a plain exception: a bug in user code, not a user mistake.
+
+    It is on sys.path and PYTHONPATH before the worker starts, so the worker can import it too.
+    """
+    folder = tmp_path_factory.mktemp("user_code")
+    (folder / "autotune_test_crashing_workload.py").write_text(
+        textwrap.dedent(
+            """
+            from autotune.workloads import tiny_mlp
+
+            def crashes():
+                wl = tiny_mlp()
+
+                def loss(model, batch):
+                    raise ValueError("label 11 is out of range for 10 classes")
+
+                wl.loss = loss
+                return wl
+            """
+        )
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(folder))
+        mp.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+        )
+        yield
+    sys.modules.pop("autotune_test_crashing_workload", None)
+
+
+@pytest.fixture(scope="module")
+def worker(crashing_module: None) -> Iterator[ProbeWorker]:
+    with ProbeWorker("cpu") as w:
+        yield w
+
+
+def cand(precision: str = "fp32", batch_size: int = 16, lr: float = 0.05) -> Candidate:
+    return Candidate(precision=precision, batch_size=batch_size, learning_rate=lr)
+
+
+def test_worker_result_matches_an_in_process_probe(worker: ProbeWorker) -> None:
+    remote = worker.run("tiny_mlp", cand(), SHORT, timeout=60)
+    local = run_probe(load_workload("tiny_mlp"), cand(), "cpu", SHORT)
+    assert isinstance(remote, ProbeResult)
+    assert remote.outcome == local.outcome == "completed"
+    assert remote.workload == local.workload == "autotune.workloads:tiny_mlp"
+    assert remote.losses == pytest.approx(local.losses, rel=1e-5)
+    assert remote.throughput > 0
+
+
+@pytest.mark.parametrize(
+    ("ref", "candidate", "outcome"),
+    [
+        ("autotune.workloads.testing:fp16_overflow", cand("fp16", 32, 0.001), "diverged"),
+        ("autotune.workloads.testing:oom_above_64", cand("fp32", 128), "oom"),
+        (CRASHING, cand(), "crashed"),
+    ],
+)
+def test_failures_come_back_as_outcomes_and_the_worker_lives_on(
+    worker: ProbeWorker, ref: str, candidate: Candidate, outcome: str
+) -> None:
+    worker.run("tiny_mlp", cand(), SHORT, timeout=60)
+    pid = worker.pid
+    r = worker.run(ref, candidate, SHORT, timeout=60)
+    assert r.outcome == outcome, r.reason
+    if outcome == "diverged":
+        assert math.isnan(r.losses[-1])  # NaN survives the trip between processes
+    if outcome == "crashed":
+        assert r.reason == "ValueError: label 11 is out of range for 10 classes"
+    assert worker.pid == pid
+
+
+@pytest.mark.parametrize(
+    ("ref", "expected"),
+    [
+        ("no_such_package_xyz.mod:fn", "cannot import module 'no_such_package_xyz.mod'"),
+        ("autotune.workloads.testing:non_scalar_loss", "loss must be a scalar tensor"),
+    ],
+    ids=["bad-reference", "broken-contract"],
+)
+def test_user_errors_are_raised_in_the_parent(worker: ProbeWorker, ref: str, expected: str) -> None:
+    with pytest.raises(WorkloadError, match=expected) as info:
+        worker.run(ref, cand(), SHORT, timeout=60)
+    assert ref.split(":")[0] in str(info.value)
+    assert worker.run("tiny_mlp", cand(), SHORT, timeout=60).outcome == "completed"
+
+
+def test_hard_timeout_kills_the_probe_and_the_next_run_restarts_the_worker(
+    worker: ProbeWorker,
+) -> None:
+    worker.run("tiny_mlp", cand(), SHORT, timeout=60)
+    pid, starts = worker.pid, worker.starts
+    endless = ProbeSettings(warmup_steps=1, steps=1_000_000)
+    started = time.perf_counter()
+    r = worker.run("tiny_gpt", cand(batch_size=8, lr=0.003), endless, timeout=2)
+    assert time.perf_counter() - started < 10
+    assert r.outcome == "crashed"
+    assert "hard time limit of 2s" in r.reason
+    assert (r.planned_steps, r.batch_size) == (1_000_000, 8)
+    after = worker.run("tiny_mlp", cand(), SHORT, timeout=60)
+    assert after.outcome == "completed", after.reason
+    assert worker.pid != pid
+    assert worker.starts == starts + 1
+
+
+def test_in_process_runner_turns_a_crash_into_an_outcome(crashing_module: None) -> None:
+    runner = InProcessRunner("cpu")
+    r = runner.run(CRASHING, cand(), SHORT)
+    assert r.outcome == "crashed"
+    assert r.reason == "ValueError: label 11 is out of range for 10 classes"
+    with pytest.raises(WorkloadError, match="loss must be a scalar tensor"):
+        runner.run("autotune.workloads.testing:non_scalar_loss", cand(), SHORT)
+    assert runner.run("tiny_mlp", cand(), SHORT).outcome == "completed"
+
+
+def test_close_ends_the_worker_process(worker: ProbeWorker) -> None:
+    worker.run("tiny_mlp", cand(), SHORT, timeout=60)
+    pid = worker.pid
+    assert pid is not None
+    worker.close()
+    assert worker.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
