@@ -72,6 +72,9 @@ def format_validation_error(exc: object, source: str) -> str:
             shown = shown[:77] + "..."
         if err.get("type") == "missing":
             lines.append(f"  {loc}: required field is missing")
+        elif err.get("type") == "value_error":
+            # Our own validators already name the field, the value and the fix.
+            lines.append(f"  {loc}: {msg.removeprefix('Value error, ')}")
         else:
             lines.append(f"  {loc}: {msg}, got {loc.rsplit('.', 1)[-1]}={shown}")
     return "\n".join(lines)

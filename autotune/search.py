@@ -53,7 +53,7 @@ _CEILING_SHARE = 0.25
 # Share of the budget held back for validation.
 _VALIDATION_SHARE = 0.3
 # Seconds held back for writing the artifact.
-_WRITE_RESERVE = 2.0
+_WRITE_RESERVE = 0.5
 # A probe may overrun its soft limit by about one step; the hard limit adds this much.
 _HARD_GRACE = 15.0
 # The fp32 reference runs up to this many times the probe length (see reference_factor) ...
@@ -205,29 +205,23 @@ class _Search:
             self.ceilings = {m: int(stored[m]) for m in modes}
             logger.info("ceilings from the stored study: {}", self.ceilings)
             return
-        # A fresh worker's first probe pays one-time costs (kernel libraries, allocator): pay
-        # them here, so the first ceiling try is timed like the others.
-        self._probe(
-            Candidate(
-                precision="fp32",
-                batch_size=space.batch_size.min,
-                learning_rate=self._lr(space.batch_size.min, 1.0),
-            ),
-            ProbeSettings(
-                warmup_steps=0,
-                steps=1,
-                check_every=1,
-                time_limit=max(1.0, 0.05 * self.budget.total),
-            ),
-        )
         phase_end = self.budget.elapsed() + _CEILING_SHARE * self.budget.total
         budget_bytes = memory_budget(self.device, self.spec.memory_margin)
         start = min(max(self.workload.base_batch_size, space.batch_size.min), space.batch_size.max)
         for i, mode in enumerate(modes):
             self.emit("phase", {"phase": "ceilings", "mode": mode})
-            share = max(1.0, (phase_end - self.budget.elapsed()) / (len(modes) - i))
+            share = (phase_end - self.budget.elapsed()) / (len(modes) - i)
+            if share < 0.5:
+                # Out of ceiling time: the mode keeps the base batch size, which the baselines run.
+                self.ceilings[mode] = start
+                self.cut[f"{mode} batch>{start}"] = (
+                    f"{mode} ceiling not measured above {start}: no time left"
+                )
+                continue
+            if not self._warm_up(mode, start, share):
+                continue
             # Per try: a slice of this mode's share; a try that runs out of it stops the doubling.
-            limit = max(1.0, min(self.spec.probe.time_limit, share / 4))
+            limit = max(0.5, min(self.spec.probe.time_limit, share / 4))
             # One untimed step (first-use costs of the mode's kernels), one timed step.
             settings = ProbeSettings(
                 warmup_steps=1, steps=1, check_every=1, time_limit=limit, seed=self.spec.probe.seed
@@ -253,6 +247,27 @@ class _Search:
             self.ceilings[mode] = ceiling.batch_size
             self._record_ceiling(mode, ceiling)
         study.set_user_attr(key, dict(self.ceilings))
+
+    def _warm_up(self, mode: str, batch_size: int, share: float) -> bool:
+        """Pay a mode's first-use costs (kernel compilation, library set-up) once, untimed.
+
+        On some CPUs the first bf16 step takes seconds. A mode that cannot finish one step
+        within its share is too slow for this budget: it is cut, with the measurement.
+        """
+        limit = max(1.0, share / 2)
+        cand = Candidate(
+            precision=mode, batch_size=batch_size, learning_rate=self._lr(batch_size, 1.0)
+        )
+        settings = ProbeSettings(warmup_steps=0, steps=1, check_every=1, time_limit=limit)
+        result = self._probe(cand, settings)
+        if result.outcome in ("completed", "diverged"):
+            return True
+        self.ceilings[mode] = 0
+        self.cut[mode] = (
+            f"{mode} could not run one step at batch_size={batch_size}: {result.outcome}: {result.reason}"
+        )
+        logger.info("cut {}: {}", mode, self.cut[mode])
+        return False
 
     def _record_ceiling(self, mode: str, ceiling: Ceiling) -> None:
         if ceiling.batch_size < self.spec.space.batch_size.max:
@@ -309,7 +324,7 @@ class _Search:
             return _VALIDATION_SHARE * self.budget.total
         seconds = [float(t.user_attrs.get("probe_seconds") or 0) for t in best]
         ref_seconds = float(ref.user_attrs.get("probe_seconds") or 0)
-        need = 1.5 * ratio * (sum(seconds) + ref_seconds) + 2.0
+        need = 1.5 * ratio * (sum(seconds) + ref_seconds) + 0.5
         return min(_VALIDATION_SHARE * self.budget.total, need)
 
     def search(self, study: optuna.Study, modes: list[str], end_at: float) -> None:

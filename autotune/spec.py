@@ -73,6 +73,8 @@ def parse_duration(value: Any, field: str = "budget") -> float:
         seconds = float(value)
     else:
         text = str(value).strip().lower().replace(" ", "")
+        if text.startswith("-"):
+            raise ValueError(f"{field} must be positive, got {field}={value!r}; try 30m")
         try:
             seconds = float(text)
         except ValueError:
@@ -101,7 +103,7 @@ def format_duration(seconds: float) -> str:
 
 Duration = Annotated[
     float,
-    BeforeValidator(lambda v: parse_duration(v, "duration")),
+    BeforeValidator(lambda v, info: parse_duration(v, info.field_name or "duration")),
     PlainSerializer(format_duration, return_type=str),
 ]
 

@@ -1,0 +1,187 @@
+"""The search end to end, on CPU, with test-sized workloads and budgets of seconds."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune import load_config
+from autotune.errors import StorageError
+from autotune.search import Budget, batch_ladder, lr_for, reference_factor, run_search
+from autotune.spec import StudySpec, load_spec
+from autotune.worker import InProcessRunner
+
+STUDIES = Path(__file__).resolve().parent.parent / "studies"
+
+
+def tiny_spec(tmp_path: Path, **overrides) -> StudySpec:
+    spec = load_spec(STUDIES / "tiny.yaml")
+    fields = {"storage": f"sqlite:///{tmp_path / 'study.db'}", "device": "cpu", **overrides}
+    return spec.with_overrides(fields)
+
+
+def trials_by_state(study: optuna.Study, state: TrialState) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(state,))
+
+
+def test_ladder_and_lr_rules() -> None:
+    assert batch_ladder(16, 256, 32) == [16, 32, 64, 128, 256]
+    assert batch_ladder(16, 100, 48) == [16, 32, 48, 64, 100]
+    assert lr_for("linear", 0.1, 128, 512, 1.0) == pytest.approx(0.4)
+    assert lr_for("sqrt", 0.1, 128, 512, 1.0) == pytest.approx(0.2)
+    assert lr_for("none", 0.1, 128, 512, 2.0) == pytest.approx(0.2)
+    assert reference_factor(1024, 128) == 8
+    assert reference_factor(4096, 16) == 8
+    assert reference_factor(64, 128) == 1
+
+
+def test_end_to_end_search_writes_a_config_that_loads_and_keeps_its_budget(tmp_path: Path) -> None:
+    """The real path: a worker process, a 20 s budget, best.json written and loadable."""
+    spec = tiny_spec(tmp_path, budget="20s")
+    started = time.monotonic()
+    result = run_search(spec, out_dir=tmp_path / "out")
+    elapsed = time.monotonic() - started
+    # Budgets under 10 minutes may overrun by at most 30 s; aim much closer.
+    assert elapsed < 20 + 30, elapsed
+    assert result.path == tmp_path / "out" / "best.json"
+    cfg = load_config(result.path)
+    assert cfg == result.config
+    assert cfg.study == "tiny" and cfg.workload == "autotune.workloads:tiny_convnet"
+    # On this CPU fp16 autocast is far slower than fp32: the search measures it and never picks it.
+    assert cfg.precision != "fp16"
+    assert spec.space.batch_size.min <= cfg.batch_size <= spec.space.batch_size.max
+    assert cfg.evidence.trials.complete >= 2
+    assert cfg.environment.torch
+    # Both baselines ran and are comparable.
+    roles = {t.user_attrs.get("role"): t for t in result.study.trials}
+    assert roles["reference"].state == TrialState.COMPLETE
+    assert roles["reference"].params["precision"] == "fp32"
+    assert roles["amp_recipe"].params == {
+        "precision": "fp16",
+        "batch_size": 32,
+        "lr_multiplier": 1.0,
+        "init_scale": 65536.0,
+    }
+    fp16 = [
+        t.user_attrs["throughput"]
+        for t in trials_by_state(result.study, TrialState.COMPLETE)
+        if t.params["precision"] == "fp16"
+    ]
+    assert fp16 and max(fp16) < roles["reference"].user_attrs["throughput"]
+    # tf32 is cut on CPU, with the reason recorded in the config.
+    assert "tf32" in cfg.evidence.cut and "CUDA" in cfg.evidence.cut["tf32"]
+    # Nothing written to storage is NaN.
+    for t in result.study.trials:
+        assert t.value is None or t.value == t.value
+
+
+def test_diverging_workload_never_yields_a_config_above_its_stable_lr(tmp_path: Path) -> None:
+    spec = tiny_spec(
+        tmp_path,
+        name="diverging",
+        workload="autotune.workloads.testing:diverging",
+        budget="15s",
+        space={
+            "precisions": ["fp32", "bf16"],
+            "batch_size": {"min": 32, "max": 32},
+            "lr_multiplier": {"min": 1.0, "max": 1000.0},
+        },
+    )
+    result = run_search(spec, out_dir=tmp_path / "out", runner=InProcessRunner("cpu"))
+    pruned = trials_by_state(result.study, TrialState.PRUNED)
+    diverged = [t for t in pruned if t.user_attrs.get("outcome") == "diverged"]
+    assert diverged, "high learning rates must diverge"
+    for t in diverged:
+        assert "at step" in t.user_attrs["reason"]
+    lowest_diverged = min(t.user_attrs["learning_rate"] for t in diverged)
+    assert result.config.learning_rate < lowest_diverged
+    # Diverged trials are PRUNED (the sampler learns from them), never FAIL.
+    assert not trials_by_state(result.study, TrialState.FAIL)
+
+
+def test_oom_workload_never_yields_a_batch_above_its_ceiling(tmp_path: Path) -> None:
+    spec = tiny_spec(
+        tmp_path,
+        name="oom",
+        workload="autotune.workloads.testing:oom_above_64",
+        budget="15s",
+        space={"precisions": ["fp32", "bf16"], "batch_size": {"min": 16, "max": 512}},
+    )
+    result = run_search(spec, out_dir=tmp_path / "out", runner=InProcessRunner("cpu"))
+    # The exact ceiling search is tested on its own; here the search must respect it.
+    assert 0 < max(result.ceilings.values()) <= 64
+    assert result.config.batch_size <= 64
+    for t in result.study.trials:
+        if t.params.get("batch_size", 0) > 64:
+            assert t.state == TrialState.PRUNED
+            assert t.user_attrs["outcome"] in ("oom", "above_ceiling")
+
+
+def test_fp16_overflow_trials_are_pruned_with_the_reason(tmp_path: Path) -> None:
+    spec = tiny_spec(
+        tmp_path,
+        name="overflow",
+        workload="autotune.workloads.testing:fp16_overflow",
+        budget="12s",
+        space={"precisions": ["fp32", "fp16"], "batch_size": {"min": 64, "max": 64}},
+    )
+    result = run_search(spec, out_dir=tmp_path / "out", runner=InProcessRunner("cpu"))
+    amp = next(t for t in result.study.trials if t.user_attrs.get("role") == "amp_recipe")
+    assert amp.state == TrialState.PRUNED
+    assert amp.user_attrs["outcome"] == "diverged"
+    assert "loss=nan at step 0" in amp.user_attrs["reason"]
+    assert result.config.precision == "fp32"
+    assert any("fp16" in line and "diverged" in line for line in result.rejected)
+
+
+def test_running_again_resumes_the_same_study(tmp_path: Path) -> None:
+    spec = tiny_spec(tmp_path, name="resume", budget="8s")
+    runner = InProcessRunner("cpu")
+    first = run_search(spec, out_dir=tmp_path / "out", runner=runner)
+    finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    before = {
+        t.number: (t.state, t.value, t.params) for t in first.study.get_trials(states=finished)
+    }
+    assert before, "the first run finished no trial"
+    second = run_search(spec, out_dir=tmp_path / "out", runner=runner)
+    after = {
+        t.number: (t.state, t.value, t.params) for t in second.study.get_trials(states=finished)
+    }
+    assert len(after) > len(before)
+    # Nothing finished is lost or overwritten.
+    assert {n: after[n] for n in before} == before
+    # The baselines were not enqueued a second time.
+    roles = [t.user_attrs.get("role") for t in second.study.trials]
+    assert roles.count("reference") == 1
+
+
+def test_a_study_name_with_a_different_space_is_refused_and_kept(tmp_path: Path) -> None:
+    spec = tiny_spec(tmp_path, name="fixed", budget="6s")
+    run_search(spec, out_dir=tmp_path / "out", runner=InProcessRunner("cpu"))
+    stored = optuna.load_study(study_name="fixed", storage=spec.storage)
+    count = len(stored.trials)
+    changed = spec.with_overrides({"space.batch_size.max": 128})
+    with pytest.raises(StorageError, match="already exists .* different space") as err:
+        run_search(changed, out_dir=tmp_path / "out", runner=InProcessRunner("cpu"))
+    assert "--name fixed-2" in str(err.value)
+    assert len(optuna.load_study(study_name="fixed", storage=spec.storage).trials) == count
+
+
+def test_a_storage_url_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
+    spec = tiny_spec(tmp_path, storage="nosuchdb://user:secret@localhost/x")
+    with pytest.raises(StorageError, match="cannot be opened") as err:
+        run_search(spec, out_dir=tmp_path / "out", runner=InProcessRunner("cpu"))
+    assert "secret" not in str(err.value)
+
+
+def test_budget_counts_from_the_given_clock(tmp_path: Path) -> None:
+    """A clock that has already spent most of the budget leaves time only for the essentials."""
+    spec = tiny_spec(tmp_path, name="late", budget="10s")
+    clock = Budget(10.0, started=time.monotonic() - 6.0)
+    result = run_search(spec, out_dir=tmp_path / "out", runner=InProcessRunner("cpu"), budget=clock)
+    assert clock.elapsed() < 10 + 30
+    assert result.path.is_file()
