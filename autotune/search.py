@@ -470,7 +470,10 @@ class _Search:
         trial.set_user_attr("reason", reason)
         study.tell(trial, state=TrialState.PRUNED)
         logger.info("trial {} pruned: {}: {}", trial.number, outcome, reason)
-        self.emit("result", {"number": trial.number, "outcome": outcome, "reason": reason})
+        self.emit(
+            "result",
+            {"number": trial.number, "outcome": outcome, "reason": reason, **self.standing(study)},
+        )
 
     def _complete(self, study: optuna.Study, trial: optuna.Trial, result: ProbeResult) -> None:
         ref = self.reference(study)
@@ -516,7 +519,7 @@ class _Search:
                 "outcome": trial_outcome,
                 "throughput": result.throughput,
                 "gap": gap,
-                "best": self._best_value(study),
+                **self.standing(study),
             },
         )
 
@@ -531,11 +534,25 @@ class _Search:
             target = sum(finite[-3:]) / max(1, len(finite[-3:]))
         return time_to_loss(losses, result.batch_size, result.throughput, target)
 
-    def _best_value(self, study: optuna.Study) -> float | None:
+    def standing(self, study: optuna.Study) -> dict[str, Any]:
+        """The best feasible trial so far and the fp32 reference's throughput, for progress."""
+        ref = self.reference(study)
+        out: dict[str, Any] = {
+            "reference_throughput": ref.user_attrs.get("throughput") if ref else None,
+            "best": None,
+            "best_params": None,
+            "best_throughput": None,
+        }
         try:
-            return study.best_value
+            best = study.best_trial
         except ValueError:
-            return None
+            return out
+        out.update(
+            best=best.value,
+            best_params=dict(best.params),
+            best_throughput=best.user_attrs.get("throughput"),
+        )
+        return out
 
 
 def run_search(
