@@ -205,7 +205,8 @@ class _Search:
             self.ceilings = {m: int(stored[m]) for m in modes}
             logger.info("ceilings from the stored study: {}", self.ceilings)
             return
-        phase_end = self.budget.elapsed() + _CEILING_SHARE * self.budget.total
+        self.runner.start()
+        phase_end = self.budget.elapsed() + _CEILING_SHARE * self.budget.left()
         budget_bytes = memory_budget(self.device, self.spec.memory_margin)
         start = min(max(self.workload.base_batch_size, space.batch_size.min), space.batch_size.max)
         for i, mode in enumerate(modes):
@@ -237,7 +238,7 @@ class _Search:
                 try_batch,
                 mode,
                 start=start,
-                cap=space.batch_size.max,
+                cap=max(space.batch_sizes) if space.batch_sizes else space.batch_size.max,
                 budget_bytes=budget_bytes,
                 # Stop doubling once a try at twice this size would not fit in the limit.
                 stop_when=lambda r, limit=limit: (
@@ -329,9 +330,12 @@ class _Search:
 
     def search(self, study: optuna.Study, modes: list[str], end_at: float) -> None:
         space = self.spec.space
-        ladder = batch_ladder(
-            space.batch_size.min, space.batch_size.max, self.workload.base_batch_size
-        )
+        if space.batch_sizes:
+            ladder = sorted(set(space.batch_sizes) | {self.workload.base_batch_size})
+        else:
+            ladder = batch_ladder(
+                space.batch_size.min, space.batch_size.max, self.workload.base_batch_size
+            )
         top = max(self.ceilings.values(), default=0)
         ladder = [b for b in ladder if b <= max(top, self.workload.base_batch_size)]
         lr_lo = min(space.lr_multiplier.min, 1.0)
@@ -368,7 +372,11 @@ class _Search:
     ) -> None:
         precision = trial.suggest_categorical("precision", modes)
         batch_size = trial.suggest_categorical("batch_size", ladder)
-        multiplier = trial.suggest_float("lr_multiplier", *lr_range, log=True)
+        if self.spec.space.lr_multipliers:
+            choices = sorted(set(self.spec.space.lr_multipliers) | {1.0})
+            multiplier = trial.suggest_categorical("lr_multiplier", choices)
+        else:
+            multiplier = trial.suggest_float("lr_multiplier", *lr_range, log=True)
         init_scale = 2.0**16
         if precision == "fp16":
             init_scale = trial.suggest_categorical("init_scale", scales)

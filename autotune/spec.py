@@ -181,8 +181,14 @@ class SearchSpace(_Model):
     precisions: list[PrecisionName] = Field(default_factory=lambda: list(PRECISIONS), min_length=1)
     # Batch sizes are tried on a ladder of powers of two (and the workload's base size) inside this.
     batch_size: IntRange = Field(default_factory=lambda: IntRange(min=16, max=1024))
+    # Explicit batch sizes instead of the ladder (still cut by the ceilings).
+    batch_sizes: list[Annotated[int, Field(gt=0)]] | None = Field(default=None, min_length=1)
     # Multiplier on the learning rate after the batch-size scaling rule; 1.0 is the rule itself.
     lr_multiplier: Range = Field(default_factory=lambda: Range(min=0.25, max=4.0))
+    # Explicit multipliers instead of the continuous range.
+    lr_multipliers: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
+        default=None, min_length=1
+    )
     # linear for SGD-like optimizers, sqrt for Adam-like; auto asks the workload.
     lr_scaling: Literal["auto", "linear", "sqrt", "none"] = "auto"
     # Powers of two in this range are tried for fp16's GradScaler; 2^16 is torch's default.

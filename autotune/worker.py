@@ -85,6 +85,9 @@ class Runner:
     ) -> ProbeResult:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def start(self) -> None:
+        """Pay the start-up cost now (a worker process importing torch), not in the first probe."""
+
     def close(self) -> None:
         """Release what the runner holds."""
 
@@ -127,6 +130,11 @@ class ProbeWorker(Runner):
         self._requests: Any = None
         self._replies: Any = None
         self.starts = 0
+
+    def start(self) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            self._stop(kill=True)
+            self._start()
 
     def _start(self) -> None:
         # A fresh interpreter, not a fork: CUDA cannot be forked, and the caller's main module

@@ -21,7 +21,7 @@ app = typer.Typer(
     help="Find the fastest numerically safe mixed-precision training setup, measured.",
 )
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
