@@ -16,9 +16,13 @@ The phases, all inside one wall-clock budget:
 from __future__ import annotations
 
 import math
+import signal
 import statistics
+import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,18 +33,19 @@ from optuna.trial import TrialState
 
 from autotune.ceilings import Ceiling, find_ceiling, memory_budget
 from autotune.config import TunedConfig
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, StorageError
 from autotune.parity import parity_gap, time_to_loss
 from autotune.precision import resolve_device, unsupported_modes
 from autotune.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings, StudySpec
-from autotune.storage import open_study
+from autotune.storage import claim, fail_stale, heartbeat, open_study, owner_id
 from autotune.worker import ProbeWorker, Runner
 from autotune.workloads import Workload, load_workload, normalize_reference
 
 __all__ = [
     "Budget",
     "SearchInterrupted",
+    "SearchStopped",
     "SearchResult",
     "batch_ladder",
     "lr_for",
@@ -56,6 +61,8 @@ _VALIDATION_SHARE = 0.3
 _WRITE_RESERVE = 0.5
 # A probe may overrun its soft limit by about one step; the hard limit adds this much.
 _HARD_GRACE = 15.0
+# No ordinary trial may take more than this share of the budget.
+_TRIAL_SHARE = 0.1
 # The fp32 reference runs up to this many times the probe length (see reference_factor) ...
 _MAX_REFERENCE_FACTOR = 8
 # ... within this share of the budget.
@@ -74,38 +81,71 @@ def reference_factor(largest_batch: int, base_batch: int) -> int:
 
 
 Event = Callable[[str, dict[str, Any]], None]
+# Called before each probe with its candidate; may block until the device has room.
+Gate = Callable[[Candidate], None]
 
 
 class SearchInterrupted(AutotuneError):
     """Ctrl-C: the trials done so far are saved in the storage; running again resumes."""
 
 
+class SearchStopped(AutotuneError):
+    """The caller asked the search to stop (a cancel, or a service draining)."""
+
+
 @dataclass
 class Budget:
-    """The whole job's wall-clock budget, counted from ``started`` (a ``time.monotonic()``)."""
+    """The whole job's wall-clock budget, counted from ``started`` (a ``time.monotonic()``).
+
+    Time spent inside :meth:`paused` (waiting for a busy device) does not count: a study's
+    budget is probe time, not queue time.
+    """
 
     total: float
     started: float = field(default_factory=time.monotonic)
+    paused_seconds: float = 0.0
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return time.monotonic() - self.started - self.paused_seconds
 
     def left(self) -> float:
         return self.total - self.elapsed()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.paused_seconds += time.monotonic() - t0
+
+    @classmethod
+    def shared(cls, study: optuna.Study) -> Budget | None:
+        """The budget window the study's current run opened, as seen by a joining worker.
+
+        Returns None when the study has no open window (nobody started a search on it).
+        """
+        window = study.user_attrs.get("budget_window")
+        if not isinstance(window, dict):
+            return None
+        ago = time.time() - float(window["started_at"])
+        return cls(total=float(window["seconds"]), started=time.monotonic() - ago)
 
 
 @dataclass
 class SearchResult:
     """What a search produced: the config, where it was written and the study behind it."""
 
-    config: TunedConfig
-    path: Path
+    config: TunedConfig | None
+    path: Path | None
     study: optuna.Study
     baselines: dict[str, dict[str, Any]]
     rejected: list[str]
     cut: dict[str, str]
     ceilings: dict[str, int]
     elapsed: float
+    # Who validated: this process, or another worker of the same study.
+    validated_by: str = ""
 
 
 def batch_ladder(lo: int, hi: int, base: int) -> list[int]:
@@ -151,8 +191,12 @@ class _Search:
         budget: Budget,
         out_dir: Path,
         on_event: Event | None,
+        gate: Gate | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> None:
         self.spec = spec
+        self.gate = gate
+        self.should_stop = should_stop or (lambda: False)
         self.runner = runner
         self.budget = budget
         self.out_dir = out_dir
@@ -174,6 +218,11 @@ class _Search:
         return lr_for(self.rule, wl.base_lr, wl.base_batch_size, batch_size, multiplier)
 
     def _probe(self, candidate: Candidate, settings: ProbeSettings) -> ProbeResult:
+        if self.should_stop():
+            raise SearchStopped(f"study {self.spec.name!r} was asked to stop")
+        if self.gate is not None:
+            with self.budget.paused():
+                self.gate(candidate)
         left = self.budget.left()
         hard = min(settings.time_limit + _HARD_GRACE, max(settings.time_limit + 1.0, left))
         t0 = time.monotonic()
@@ -349,12 +398,23 @@ class _Search:
             if left < max(1.0, 0.25 * typical):
                 logger.info("search phase over: {:.0f}s left for it", max(0.0, left))
                 return
-            trial = study.ask()
+            if self.should_stop():
+                raise SearchStopped(f"study {self.spec.name!r} was asked to stop")
+            # Trials whose worker died (no heartbeat) are failed here and retried once.
+            fail_stale(study)
+            with warnings.catch_warnings():
+                # Heartbeats are recorded by this loop (storage.heartbeat), not by optimize().
+                warnings.filterwarnings("ignore", message="Heartbeat of storage")
+                trial = study.ask()
             try:
-                self._trial(study, trial, modes, ladder, (lr_lo, lr_hi), scales, left)
-            except KeyboardInterrupt:
+                with heartbeat(study, trial):
+                    self._trial(study, trial, modes, ladder, (lr_lo, lr_hi), scales, left)
+            except (KeyboardInterrupt, SearchStopped) as exc:
                 trial.set_user_attr("outcome", "interrupted")
+                trial.set_user_attr("reason", "stopped before the trial finished")
                 study.tell(trial, state=TrialState.FAIL)
+                if isinstance(exc, SearchStopped):
+                    self._retry(study, trial)
                 raise
             except AutotuneError:
                 study.tell(trial, state=TrialState.FAIL)
@@ -404,6 +464,9 @@ class _Search:
             return
         settings = self._settings_for(trial, ladder, left)
         result = self._probe(cand, settings)
+        if self.should_stop():
+            # The probe was cut short by the stop itself (Ctrl-C kills the worker's probe).
+            raise SearchStopped(f"study {self.spec.name!r} was asked to stop")
         logger.info("trial {}: {}", trial.number, result.summary())
         self._attrs(trial, result)
         if result.outcome == "completed":
@@ -416,6 +479,8 @@ class _Search:
             trial.set_user_attr("outcome", "crashed")
             trial.set_user_attr("reason", result.reason)
             study.tell(trial, state=TrialState.FAIL)
+            logger.warning("trial {} failed: {}", trial.number, result.reason)
+            self._retry(study, trial)
             self.emit(
                 "result", {"number": trial.number, "outcome": "crashed", "reason": result.reason}
             )
@@ -428,12 +493,24 @@ class _Search:
                     study.set_user_attr(f"ceilings:{self.device}", dict(self.ceilings))
             self._prune(study, trial, result.outcome, result.reason)
 
+    def _retry(self, study: optuna.Study, trial: optuna.Trial) -> None:
+        """A crashed or interrupted trial runs once more (a crash may be the worker, not the
+        candidate); a retry that fails too stays failed."""
+        if trial.user_attrs.get("retry_of") is not None or not trial.params:
+            return
+        attrs = {k: v for k, v in trial.user_attrs.items() if k in ("role",)}
+        study.enqueue_trial(dict(trial.params), user_attrs={**attrs, "retry_of": trial.number})
+        logger.info("trial {} will be retried once", trial.number)
+
     def _settings_for(self, trial: optuna.Trial, ladder: list[int], left: float) -> ProbeSettings:
         """Probe settings for a trial. The fp32 reference runs longer: parity compares curves at
         equal samples seen, so it must have seen as many samples as the largest batch's probe."""
         probe = self.spec.probe
         limit = max(1.0, min(probe.time_limit, left))
         if trial.user_attrs.get("role") != "reference":
+            # A mode far slower than the rest (fp16 on many CPUs) shows it in a few steps; a
+            # short budget should not spend a large slice of itself proving it.
+            limit = max(1.0, min(limit, max(3.0, _TRIAL_SHARE * self.budget.total)))
             return probe.model_copy(update={"time_limit": limit})
         factor = reference_factor(max(ladder), self.workload.base_batch_size)
         limit = max(1.0, min(probe.time_limit * factor, _REFERENCE_SHARE * self.budget.total, left))
@@ -570,6 +647,10 @@ def run_search(
     runner: Runner | None = None,
     budget: Budget | None = None,
     on_event: Event | None = None,
+    gate: Gate | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    join: bool = False,
+    handle_sigint: bool = False,
 ) -> SearchResult:
     """Search a spec's space within its budget and write the validated config.
 
@@ -579,42 +660,90 @@ def run_search(
         runner: runs probes; a :class:`ProbeWorker` on the spec's device by default.
         budget: the clock to count against; starts now by default (the CLI starts it earlier).
         on_event: called with ``(kind, data)`` as phases, trials and results happen.
+        gate: called before each probe with its candidate; may block while the device is busy
+            (that time does not count against the budget).
+        should_stop: polled before each trial; True stops the search with SearchStopped.
+        join: join a study another process started (``autotune worker``): use its spec and
+            its budget window instead of opening a new one.
+        handle_sigint: make Ctrl-C stop cleanly: the probe in flight is stopped, the trial is
+            recorded as interrupted (and retried on resume), then SearchInterrupted is raised.
+            A second Ctrl-C interrupts at once.
 
     Returns:
-        The SearchResult with the TunedConfig and the path it was written to.
+        The SearchResult with the TunedConfig and the path it was written to. When another
+        worker of the same study validates, ``config`` is what it stored so far (maybe None).
 
     Raises:
         SpecError, WorkloadError, DeviceError, StorageError: the user's mistake, named.
         SearchInterrupted: Ctrl-C; the trials so far are saved, the same command resumes.
+        SearchStopped: ``should_stop`` said so; the interrupted trial is retried on resume.
     """
     from autotune.validate import validate_and_build
 
-    budget = budget or Budget(spec.budget)
+    study = open_study(spec, create=not join)
+    if join:
+        budget = Budget.shared(study)
+        if budget is None:
+            raise StorageError(
+                f"study {spec.name!r} has no running search to join; start one with "
+                f"`autotune search ... --storage <url>` first"
+            )
+    else:
+        budget = budget or Budget(spec.budget)
+        window = {"started_at": time.time() - budget.elapsed(), "seconds": budget.total}
+        study.set_user_attr("budget_window", window)
     out = Path(out_dir) if out_dir is not None else Path("studies") / spec.name
     own_runner = runner is None
-    search = _Search(
-        spec, runner or ProbeWorker(str(resolve_device(spec.device))), budget, out, on_event
-    )
-    study = open_study(spec)
+    runner = runner or ProbeWorker(str(resolve_device(spec.device)))
+    interrupted = threading.Event()
+
+    def stop_requested() -> bool:
+        return interrupted.is_set() or (should_stop is not None and should_stop())
+
+    search = _Search(spec, runner, budget, out, on_event, gate=gate, should_stop=stop_requested)
+    previous_handler = None
+    if handle_sigint and threading.current_thread() is threading.main_thread():
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if interrupted.is_set():
+                raise KeyboardInterrupt
+            interrupted.set()
+            runner.interrupt()
+
+        previous_handler = signal.signal(signal.SIGINT, on_sigint)
     logger.info(
-        "study {!r}: workload {} on {}, budget {:.0f}s, {} trials stored",
+        "study {!r}: workload {} on {}, budget {:.0f}s ({:.0f}s left), {} trials stored",
         spec.name,
         search.ref,
         search.device,
-        spec.budget,
+        budget.total,
+        budget.left(),
         len(study.trials),
     )
+    validated_by = ""
+    config = None
+    baselines: dict[str, dict[str, Any]] = {}
+    rejected: list[str] = []
     try:
         modes = search.hardware()
         search.find_ceilings(study, modes)
         modes = [m for m in modes if search.ceilings.get(m, 0) > 0 or m == "fp32"]
         search.enqueue_baselines(study, modes)
         search.search(study, modes, budget.total - _WRITE_RESERVE)
-        search.emit("phase", {"phase": "validation"})
-        config, baselines, rejected = validate_and_build(
-            search, study, budget.total - _WRITE_RESERVE
-        )
-    except KeyboardInterrupt:
+        # Validation runs once per budget window, by whichever worker gets there first.
+        window = study.user_attrs.get("budget_window", {})
+        me = owner_id()
+        validated_by = claim(study, f"validation:{window.get('started_at', 0)}", me)
+        if validated_by == me:
+            search.emit("phase", {"phase": "validation"})
+            config, baselines, rejected = validate_and_build(
+                search, study, budget.total - _WRITE_RESERVE
+            )
+        else:
+            logger.info("validation of study {!r} is done by {}", spec.name, validated_by)
+    except (KeyboardInterrupt, SearchStopped) as exc:
+        if isinstance(exc, SearchStopped) and not interrupted.is_set():
+            raise
         done = len(
             study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         )
@@ -623,11 +752,21 @@ def run_search(
             "run the same command again to resume"
         ) from None
     finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
         if own_runner:
             search.runner.close()
-    path = config.save(out / "best.json")
-    study.set_user_attr("best_config", str(path))
-    logger.info("wrote {} after {:.1f}s of a {:.0f}s budget", path, budget.elapsed(), budget.total)
+    path = None
+    if config is not None:
+        path = config.save(out / "best.json")
+        study.set_user_attr("best_config", str(path))
+        study.set_user_attr("tuned_config", config.model_dump(mode="json"))
+        logger.info(
+            "wrote {} after {:.1f}s of a {:.0f}s budget", path, budget.elapsed(), budget.total
+        )
+    else:
+        stored = study.user_attrs.get("tuned_config")
+        config = TunedConfig.model_validate(stored) if isinstance(stored, dict) else None
     return SearchResult(
         config=config,
         path=path,
@@ -637,4 +776,5 @@ def run_search(
         cut=search.cut,
         ceilings=search.ceilings,
         elapsed=budget.elapsed(),
+        validated_by=validated_by,
     )

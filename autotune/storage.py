@@ -2,16 +2,54 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
-from sqlalchemy.exc import SQLAlchemyError
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from autotune.errors import StorageError
 from autotune.spec import StudySpec
 
-__all__ = ["mask_url", "open_storage", "open_study"]
+__all__ = [
+    "HEARTBEAT_INTERVAL",
+    "claim",
+    "fail_stale",
+    "heartbeat",
+    "mask_url",
+    "open_storage",
+    "open_study",
+    "owner_id",
+]
+
+# A running trial's worker records a heartbeat this often (seconds) ...
+HEARTBEAT_INTERVAL = 2
+# ... and a trial without one for this long is stale: failed, and retried once elsewhere.
+GRACE_PERIOD = 8
+
+_CLAIMS = sa.Table(
+    "autotune_claims",
+    sa.MetaData(),
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("what", sa.String(128), primary_key=True),
+    sa.Column("owner", sa.String(512), nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
+
+def owner_id() -> str:
+    """Who this process is, for claims and logs: ``host:pid``."""
+    import os
+
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def mask_url(url: str) -> str:
@@ -39,9 +77,28 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             f"storage {mask_url(url)!r} is not a database URL; use sqlite:///studies/autotune.db "
             "or postgresql://user:password@host/db"
         )
+    engine_kwargs = {}
+    if url.startswith("postgresql"):
+        # A wrong host or password should fail in seconds, not hang a worker.
+        engine_kwargs = {"connect_args": {"connect_timeout": 5}, "pool_pre_ping": True}
     try:
-        return optuna.storages.RDBStorage(url)
-    except (SQLAlchemyError, ImportError, ValueError, OSError) as exc:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url,
+                engine_kwargs=engine_kwargs,
+                heartbeat_interval=HEARTBEAT_INTERVAL,
+                grace_period=GRACE_PERIOD,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=1
+                ),
+            )
+    except ImportError as exc:
+        raise StorageError(
+            f"storage {mask_url(url)!r} needs a database driver that is not installed ({exc}); "
+            "for PostgreSQL: pip install 'autotune[postgres]'"
+        ) from None
+    except (SQLAlchemyError, ValueError, OSError) as exc:
         detail = str(exc).splitlines()[0][:300]
         raise StorageError(
             f"storage {mask_url(url)!r} cannot be opened: {detail}; check the URL, the server and "
@@ -49,8 +106,15 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         ) from None
 
 
-def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage | None = None) -> optuna.Study:
+def open_study(
+    spec: StudySpec, storage: optuna.storages.BaseStorage | None = None, *, create: bool = True
+) -> optuna.Study:
     """Create the spec's study, or load it to resume when it exists with the same space.
+
+    Args:
+        spec: the study spec; its name, storage URL, space and seed.
+        storage: an already opened storage; opened from ``spec.storage`` when None.
+        create: False to only join an existing study (a worker), never create one.
 
     Raises:
         StorageError: the storage cannot be opened, or a study of this name exists with a
@@ -75,6 +139,12 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage | None = No
                 f"Use --name {spec.name}-2 for a new study, or run with the spec it was made with"
             )
         return study
+    if not create:
+        known = ", ".join(sorted(existing)) or "none"
+        raise StorageError(
+            f"study {spec.name!r} does not exist in {mask_url(spec.storage)!r} (studies there: "
+            f"{known}); start it with `autotune search` or `autotune submit` first"
+        )
     study = optuna.create_study(
         study_name=spec.name, storage=storage, sampler=sampler, direction=direction
     )
@@ -82,3 +152,71 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage | None = No
     study.set_user_attr("workload", spec.workload)
     study.set_user_attr("spec", spec.model_dump(mode="json"))
     return study
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fail trials whose worker stopped sending heartbeats; each is retried once (WAITING)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+@contextmanager
+def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """Record the trial's heartbeat every HEARTBEAT_INTERVAL seconds while the block runs.
+
+    Optuna only beats inside ``optimize()``; the ask/tell loop here beats for itself, so a
+    worker that dies mid-trial leaves a stale trial that another process fails and retries.
+    """
+    storage = study._storage
+    if not hasattr(storage, "record_heartbeat"):
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            # A missed beat is retried; the grace period covers it.
+            with contextlib.suppress(Exception):
+                storage.record_heartbeat(trial._trial_id)
+            if stop.wait(HEARTBEAT_INTERVAL):
+                return
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def claim(study: optuna.Study, what: str, owner: str | None = None) -> str:
+    """Claim a once-per-study job (e.g. validation) in the study's database.
+
+    Returns:
+        The owner of the claim: ``owner`` when this call won it, else whoever holds it.
+    """
+    owner = owner or owner_id()
+    storage = study._storage
+    # Optuna wraps an RDBStorage in a cache; the engine lives on the backend.
+    engine = getattr(getattr(storage, "_backend", storage), "engine", None)
+    if engine is None:  # in-memory storage: one process, nothing to race
+        return owner
+    _CLAIMS.create(engine, checkfirst=True)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                _CLAIMS.insert().values(
+                    study=study.study_name, what=what, owner=owner, at=time.time()
+                )
+            )
+        return owner
+    except IntegrityError:
+        with engine.begin() as conn:
+            row = conn.execute(
+                sa.select(_CLAIMS.c.owner).where(
+                    (_CLAIMS.c.study == study.study_name) & (_CLAIMS.c.what == what)
+                )
+            ).first()
+        return row[0] if row else owner

@@ -148,7 +148,13 @@ def validate_and_build(
     amp_trial = roles.get("amp_recipe")
     baselines = {"reference": _baseline(ref_trial), "amp_recipe": _baseline(amp_trial)}
     rejected = rejection_summary(study)
-    best = feasible_best(study, maximize, val.top_k)
+    best = feasible_best(study, maximize, val.top_k + 1)
+    # Only candidates that beat the reference are worth validating: if none does, the fastest
+    # safe setting measured is the reference itself.
+    if ref_trial is not None and ref_trial.value is not None:
+        better = (lambda v: v > ref_trial.value) if maximize else (lambda v: v < ref_trial.value)
+        best = [t for t in best if t.number != ref_trial.number and better(t.value)]
+    best = best[: val.top_k]
     settings = spec.probe.model_copy(update={"steps": val.steps, "seed": spec.probe.seed + 1})
     ref_cand = Candidate(
         precision="fp32",
@@ -256,7 +262,11 @@ def validate_and_build(
         )
     else:
         cand = ref_cand
-        why = "no feasible candidate to validate" if not best else "no candidate passed validation"
+        why = (
+            "no feasible candidate measured faster than the fp32 reference"
+            if not best
+            else "no candidate passed validation"
+        )
         if notes:
             why += " (" + "; ".join(notes) + ")"
         logger.warning("{}: falling back to the fp32 reference settings", why)

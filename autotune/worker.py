@@ -88,6 +88,9 @@ class Runner:
     def start(self) -> None:
         """Pay the start-up cost now (a worker process importing torch), not in the first probe."""
 
+    def interrupt(self) -> None:
+        """Stop the probe in flight at once (Ctrl-C); its ``run`` returns a crashed result."""
+
     def close(self) -> None:
         """Release what the runner holds."""
 
@@ -130,6 +133,12 @@ class ProbeWorker(Runner):
         self._requests: Any = None
         self._replies: Any = None
         self.starts = 0
+
+    def interrupt(self) -> None:
+        # Safe from a signal handler: only sends a signal; run() sees the pipe close.
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
 
     def start(self) -> None:
         if self._proc is None or self._proc.poll() is not None:
