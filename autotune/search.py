@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import signal
+import socket
 import statistics
 import threading
 import time
@@ -248,7 +249,8 @@ class _Search:
 
     def find_ceilings(self, study: optuna.Study, modes: list[str]) -> None:
         space = self.spec.space
-        key = f"ceilings:{self.device}"
+        # Per machine and device: workers on other boxes may have other GPUs.
+        key = f"ceilings:{socket.gethostname()}:{self.device}"
         stored = study.user_attrs.get(key)
         if isinstance(stored, dict) and all(m in stored for m in modes):
             self.ceilings = {m: int(stored[m]) for m in modes}
@@ -446,6 +448,7 @@ class _Search:
         )
         trial.set_user_attr("learning_rate", lr)
         trial.set_user_attr("lr_scaling", self.rule)
+        trial.set_user_attr("worker", owner_id())
         self.emit("trial", {"number": trial.number, "candidate": cand.model_dump()})
 
         # Same parameters as a finished trial: reuse its measurement, spend no budget.
@@ -490,7 +493,8 @@ class _Search:
                 if lower < self.ceilings.get(precision, 0):
                     logger.info("{} bs={} → OOM, ceiling now {}", precision, batch_size, lower)
                     self.ceilings[precision] = lower
-                    study.set_user_attr(f"ceilings:{self.device}", dict(self.ceilings))
+                    key = f"ceilings:{socket.gethostname()}:{self.device}"
+                    study.set_user_attr(key, dict(self.ceilings))
             self._prune(study, trial, result.outcome, result.reason)
 
     def _retry(self, study: optuna.Study, trial: optuna.Trial) -> None:

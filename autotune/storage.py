@@ -81,6 +81,30 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     if url.startswith("postgresql"):
         # A wrong host or password should fail in seconds, not hang a worker.
         engine_kwargs = {"connect_args": {"connect_timeout": 5}, "pool_pre_ping": True}
+    for attempt in range(3):
+        try:
+            return _rdb(url, engine_kwargs)
+        except ImportError as exc:
+            raise StorageError(
+                f"storage {mask_url(url)!r} needs a database driver that is not installed "
+                f"({exc}); for PostgreSQL: pip install 'autotune[postgres]'"
+            ) from None
+        except (SQLAlchemyError, ValueError, OSError) as exc:
+            text = str(exc)
+            # Workers starting together on a fresh database race to create its tables; the
+            # losers see "already exists" / a duplicate key, and the tables are there now.
+            if attempt < 2 and ("already exists" in text or "duplicate key" in text):
+                time.sleep(0.5 + attempt)
+                continue
+            detail = text.splitlines()[0][:300] if text else type(exc).__name__
+            raise StorageError(
+                f"storage {mask_url(url)!r} cannot be opened: {mask_url(detail)}; check the URL, "
+                "the server and the credentials"
+            ) from None
+    raise AssertionError("unreachable")
+
+
+def _rdb(url: str, engine_kwargs: dict) -> optuna.storages.RDBStorage:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -93,17 +117,8 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                     max_retry=1
                 ),
             )
-    except ImportError as exc:
-        raise StorageError(
-            f"storage {mask_url(url)!r} needs a database driver that is not installed ({exc}); "
-            "for PostgreSQL: pip install 'autotune[postgres]'"
-        ) from None
-    except (SQLAlchemyError, ValueError, OSError) as exc:
-        detail = str(exc).splitlines()[0][:300]
-        raise StorageError(
-            f"storage {mask_url(url)!r} cannot be opened: {detail}; check the URL, the server and "
-            "the credentials"
-        ) from None
+    except optuna.exceptions.StorageInternalError as exc:
+        raise SQLAlchemyError(str(exc.__cause__ or exc)) from exc
 
 
 def open_study(
@@ -131,6 +146,14 @@ def open_study(
     if spec.name in existing:
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
         stored = study.user_attrs.get("space_fingerprint")
+        for _ in range(20):
+            if stored is not None:
+                break
+            # Another worker has just created it and is writing its attributes.
+            time.sleep(0.25)
+            stored = optuna.load_study(study_name=spec.name, storage=storage).user_attrs.get(
+                "space_fingerprint"
+            )
         if stored != fingerprint:
             raise StorageError(
                 f"study {spec.name!r} already exists in {mask_url(spec.storage)!r} with a different "
@@ -145,9 +168,13 @@ def open_study(
             f"study {spec.name!r} does not exist in {mask_url(spec.storage)!r} (studies there: "
             f"{known}); start it with `autotune search` or `autotune submit` first"
         )
-    study = optuna.create_study(
-        study_name=spec.name, storage=storage, sampler=sampler, direction=direction
-    )
+    try:
+        study = optuna.create_study(
+            study_name=spec.name, storage=storage, sampler=sampler, direction=direction
+        )
+    except optuna.exceptions.DuplicatedStudyError:
+        # Another worker created it a moment ago: join it.
+        return open_study(spec, storage, create=False)
     study.set_user_attr("space_fingerprint", fingerprint)
     study.set_user_attr("workload", spec.workload)
     study.set_user_attr("spec", spec.model_dump(mode="json"))
@@ -203,7 +230,8 @@ def claim(study: optuna.Study, what: str, owner: str | None = None) -> str:
     engine = getattr(getattr(storage, "_backend", storage), "engine", None)
     if engine is None:  # in-memory storage: one process, nothing to race
         return owner
-    _CLAIMS.create(engine, checkfirst=True)
+    with contextlib.suppress(SQLAlchemyError):  # another worker may be creating it right now
+        _CLAIMS.create(engine, checkfirst=True)
     try:
         with engine.begin() as conn:
             conn.execute(

@@ -19,6 +19,8 @@ __all__ = [
     "make_oom_workload",
     "non_scalar_loss",
     "oom_above_64",
+    "sleepy",
+    "tiny_gradients",
 ]
 
 OOM_LIMIT = 64
@@ -129,3 +131,64 @@ def non_scalar_loss() -> Workload:
 
     wl.loss = loss
     return wl
+
+
+# The loss is multiplied by this: tiny_mlp's gradients (at most ~1e-2) shrink below ~1e-11, so at
+# GradScaler's default 2^16 a third of the hidden layer's scaled values fall below fp16's smallest
+# subnormal 2^-24 (6e-8) and flush to zero, while fp32 and bf16 (8 exponent bits) hold them.
+_TINY_LOSS = 1e-9
+
+
+def tiny_gradients() -> Workload:
+    """The tiny MLP with its loss scaled by 1e-9: fp16's gradients underflow at init_scale 2^16.
+
+    Adam ignores the gradients' scale (with an eps far below them), so fp32 and bf16 train as
+    tiny_mlp does; fp16 keeps them only with a larger init_scale (diagnose says 2^23).
+    """
+    wl = tiny_mlp()
+    wl.name = "tiny_gradients"
+    wl.description = "tiny MLP, loss scaled by 1e-9, Adam: fp16 gradients underflow at 2^16"
+
+    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        return _TINY_LOSS * nn.functional.cross_entropy(model(x), y)
+
+    wl.loss = loss
+    wl.build_optimizer = lambda params, lr: torch.optim.Adam(params, lr=lr, eps=1e-30)
+    wl.base_lr = 1e-3
+    return wl
+
+
+def _sleep_seconds() -> float:
+    import os
+
+    return float(os.environ.get("AUTOTUNE_SLEEPY_SECONDS", "0.05"))
+
+
+def sleepy() -> Workload:
+    """A step that takes a fixed wall time and almost no compute: for scale-out measurements.
+
+    Each loss call sleeps ``AUTOTUNE_SLEEPY_SECONDS`` (default 0.05 s), so a probe's time is
+    known in advance and workers on one machine do not compete for its cores.
+    """
+    import time
+
+    base = tiny_mlp()
+
+    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        time.sleep(_sleep_seconds())
+        x, y = batch
+        return nn.functional.cross_entropy(model(x), y)
+
+    return Workload(
+        name="sleepy",
+        build_model=base.build_model,
+        make_batches=lambda bs, dev, g: synthetic_batches(
+            _class_images(10, (64,), noise=1.5), bs, dev, g, samples=256
+        ),
+        build_optimizer=base.build_optimizer,
+        base_lr=base.base_lr,
+        base_batch_size=32,
+        loss=loss,
+        description="tiny MLP whose every step sleeps a fixed time",
+    )

@@ -1,0 +1,152 @@
+"""Many workers on one study in a shared storage: PostgreSQL and SQLite pass the same tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SPEC = """\
+name: dist
+workload: autotune.workloads.testing:sleepy
+device: cpu
+budget: {budget}
+space:
+  precisions: [fp32]
+  batch_sizes: [16, 32, 64]
+  lr_multipliers: [0.5, 1.0, 2.0]
+probe: {{warmup_steps: 1, steps: {steps}, check_every: 2, time_limit: 20s}}
+validation: {{top_k: 1, steps: 2}}
+parity_tolerance: 10.0
+"""
+
+
+def start_worker(spec: Path, storage: str, out: Path, sleep: float) -> subprocess.Popen:
+    env = {**os.environ, "AUTOTUNE_SLEEPY_SECONDS": str(sleep), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "worker",
+            str(spec),
+            "--storage",
+            storage,
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def write_spec(tmp_path: Path, budget: str, steps: int) -> Path:
+    path = tmp_path / "dist.yaml"
+    path.write_text(SPEC.format(budget=budget, steps=steps))
+    return path
+
+
+def test_three_workers_finish_one_study_with_every_trial_accounted_for_once(
+    storage_url: str, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, "15s", steps=3)
+    procs = [start_worker(spec, storage_url, tmp_path / f"w{i}", sleep=0.05) for i in range(3)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    study = optuna.load_study(study_name="dist", storage=storage_url)
+    trials = study.get_trials(deepcopy=False)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    finished = [t for t in trials if t.state.is_finished()]
+    assert len({t.number for t in finished}) == len(finished) >= 6
+    # Each finished trial was run (and recorded) by exactly one worker.
+    owners = [t.user_attrs.get("worker") for t in finished]
+    assert all(owners)
+    assert len(set(owners)) >= 2, "the study should have been shared between workers"
+    # Validation ran once: exactly one worker wrote best.json.
+    written = [p for p in (tmp_path / f"w{i}" / "best.json" for i in range(3)) if p.is_file()]
+    assert len(written) == 1
+    assert study.user_attrs["tuned_config"]["study"] == "dist"
+
+
+def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
+    storage_url: str, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, "28s", steps=5)
+    victim = start_worker(spec, storage_url, tmp_path / "victim", sleep=0.4)
+    survivor = None
+    killed_trial = None
+    try:
+        deadline = time.monotonic() + 60
+        me = None
+        while time.monotonic() < deadline and killed_trial is None:
+            time.sleep(0.3)
+            try:
+                study = optuna.load_study(study_name="dist", storage=storage_url)
+            except KeyError:
+                continue
+            if survivor is None:
+                survivor = start_worker(spec, storage_url, tmp_path / "survivor", sleep=0.4)
+            running = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+            for t in running:
+                me = t.user_attrs.get("worker", "")
+                if me.endswith(f":{victim.pid}") and "precision" in t.params:
+                    killed_trial = t.number
+                    break
+        assert killed_trial is not None, "the victim never ran a trial"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        out = survivor.communicate(timeout=120)[0]
+        assert survivor.returncode == 0, out[-3000:]
+    finally:
+        for p in (victim, survivor):
+            if p is not None and p.poll() is None:
+                p.kill()
+    study = optuna.load_study(study_name="dist", storage=storage_url)
+    trials = study.get_trials(deepcopy=False)
+    dead = trials[killed_trial]
+    assert dead.state == TrialState.FAIL
+    # The stale-trial callback records the failed trial's number on its retry.
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == killed_trial]
+    assert retries and retries[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert retries[0].params == dead.params
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert study.user_attrs["tuned_config"]["study"] == "dist"
+
+
+@pytest.mark.parametrize("what", ["password", "port"])
+def test_a_worker_with_a_wrong_url_fails_fast_and_clearly(postgres_server: dict, what: str) -> None:
+    s = postgres_server
+    if what == "password":
+        url = f"postgresql://{s['user']}:wrong@{s['host']}:{s['port']}/postgres"
+        needle = "password authentication failed"
+    else:
+        url = f"postgresql://{s['user']}:{s['password']}@127.0.0.1:1/postgres"
+        needle = "Connection refused"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "worker", "--study", "x", "--storage", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert time.monotonic() - started < 30
+    err = proc.stderr
+    assert "cannot be opened" in err and needle in err
+    assert "Traceback" not in err
+    # The password never appears in the message.
+    assert s["password"] not in err and ":wrong@" not in err
