@@ -127,13 +127,13 @@ def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
 
 
 @pytest.mark.parametrize("what", ["password", "port"])
-def test_a_worker_with_a_wrong_url_fails_fast_and_clearly(postgres_server: dict, what: str) -> None:
+def test_a_worker_with_a_wrong_url_fails_fast_and_clearly(postgres_server, what: str) -> None:
     s = postgres_server
     if what == "password":
-        url = f"postgresql://{s['user']}:wrong@{s['host']}:{s['port']}/postgres"
+        url = s.url(password="wrong")
         needle = "password authentication failed"
     else:
-        url = f"postgresql://{s['user']}:{s['password']}@127.0.0.1:1/postgres"
+        url = f"postgresql://{s.user}:{s.password}@127.0.0.1:1/postgres"
         needle = "Connection refused"
     started = time.monotonic()
     proc = subprocess.run(
@@ -149,4 +149,4 @@ def test_a_worker_with_a_wrong_url_fails_fast_and_clearly(postgres_server: dict,
     assert "cannot be opened" in err and needle in err
     assert "Traceback" not in err
     # The password never appears in the message.
-    assert s["password"] not in err and ":wrong@" not in err
+    assert s.password not in err and ":wrong@" not in err
