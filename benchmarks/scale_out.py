@@ -81,6 +81,14 @@ def run(url: str, n: int, spec_path: Path, step_seconds: float) -> dict:
             raise SystemExit(f"a worker failed:\n{err[-2000:]}")
     study = optuna.load_study(study_name="scale", storage=url)
     trials = probed_trials(study)
+    if not trials:
+        return {
+            "workers": n,
+            "trials": 0,
+            "minutes": 0.0,
+            "trials_per_minute": 0.0,
+            "workers_seen": 0,
+        }
     start = min(t.datetime_start for t in trials)
     end = max(t.datetime_complete for t in trials)
     minutes = (end - start).total_seconds() / 60

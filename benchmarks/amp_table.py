@@ -1,0 +1,216 @@
+"""The AMP comparison table, reproduced and beaten, in one run on one device.
+
+For ResNet-18 at CIFAR size (the model the usual AMP write-up measures) it trains, on the same
+synthetic samples:
+
+1. fp32 — IEEE fp32, TF32 off, at the workload's base batch size and lr;
+2. the plain AMP recipe — fp16 autocast with torch's default GradScaler, same batch size and lr;
+3. the config `autotune search` finds with a short budget (or one given with --config).
+
+For each: the time for a fixed number of samples (an "epoch" of synthetic data), samples/s,
+peak memory, the final loss after the same samples, achieved TFLOP/s (FLOPs counted with
+torch.utils.flop_counter) and its share of the device's dense peak for the precision used, and
+the ratios to fp32. Only measured figures are printed.
+
+    python benchmarks/amp_table.py                         # GPU: 50k samples, 3-minute search
+    python benchmarks/amp_table.py --device cpu            # smaller, so it also runs here
+    python benchmarks/amp_table.py --config studies/resnet18/best.json --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from autotune import load_config
+from autotune.config import TunedConfig
+from autotune.precision import autocast, backend_flags, get_mode, resolve_device
+from autotune.search import run_search
+from autotune.spec import Candidate, load_spec
+from autotune.train import TrainResult, TrainSettings, baseline_candidate, held_out_batches, train
+from autotune.workloads import Workload, load_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Dense (no sparsity) tensor-core peaks in TFLOP/s from the vendors' data sheets, by precision
+# mode; matched against torch.cuda.get_device_name(). fp32 is the non-tensor-core FP32 rate.
+PEAKS: dict[str, dict[str, float]] = {
+    "H200": {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
+    "H100": {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "fp16": 362.0, "bf16": 362.0},
+    "A10": {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0},
+    "L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
+    "V100": {"fp32": 15.7, "fp16": 125.0},
+    "T4": {"fp32": 8.1, "fp16": 65.0},
+}
+
+
+def dense_peak(device: torch.device, precision: str) -> float | None:
+    """The device's dense peak TFLOP/s for a precision mode, or None when unknown."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, peaks in PEAKS.items():  # ordered: "H100 PCIe" is tried before "H100"
+        if key in name:
+            return peaks.get(precision)
+    return None
+
+
+def flops_per_sample(workload: Workload, device: torch.device, precision: str) -> float:
+    """FLOPs of one training step (forward and backward) per sample, counted by torch."""
+    model = workload.build_model().to(device)
+    batch = next(workload.make_batches(4, device, torch.Generator().manual_seed(0)))
+    mode = get_mode(precision)
+    counter = FlopCounterMode(display=False)
+    with backend_flags(mode), counter, autocast(mode, device):
+        loss = workload.loss(model, batch)
+        loss.backward()
+    return counter.get_total_flops() / 4
+
+
+def search_config(spec_path: Path, device: torch.device, budget: str) -> TunedConfig:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = load_spec(spec_path).with_overrides(
+            {"device": str(device), "budget": budget, "storage": f"sqlite:///{tmp}/amp_table.db"}
+        )
+        result = run_search(spec, out_dir=Path(tmp) / "out")
+        assert result.config is not None
+        return result.config
+
+
+def row(name: str, result: TrainResult, flops: float, device: torch.device) -> dict[str, Any]:
+    tflops = flops * result.throughput / 1e12 if result.throughput else None
+    peak = dense_peak(device, result.precision)
+    return {
+        "setup": name,
+        "settings": result.settings(),
+        "outcome": result.outcome,
+        "samples": result.samples,
+        "seconds": result.run_seconds,
+        "throughput": result.throughput,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "final_loss": result.final_loss,
+        "accuracy": result.accuracy,
+        "tflops": tflops,
+        "peak_tflops": peak,
+        "share_of_peak": tflops / peak if (tflops and peak) else None,
+    }
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    def f(value: Any, fmt: str) -> str:
+        return "—" if value is None else format(value, fmt)
+
+    base = rows[0]
+    lines = [
+        f"Measured {meta['date']} on {meta['device']} (torch {meta['torch']}, CUDA {meta['cuda']}); "
+        f"{meta['workload']}, {meta['samples']} synthetic samples per run.",
+        "",
+        "| setup | settings | time (s) | samples/s | vs fp32 | peak memory (MiB) | vs fp32 | "
+        "final loss | TFLOP/s | share of peak |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        speed = (
+            r["throughput"] / base["throughput"] if base["throughput"] and r["throughput"] else None
+        )
+        mem = (
+            r["peak_memory_bytes"] / base["peak_memory_bytes"]
+            if base["peak_memory_bytes"] and r["peak_memory_bytes"]
+            else None
+        )
+        share = "peak unknown" if r["peak_tflops"] is None else f(r["share_of_peak"], ".1%")
+        lines.append(
+            f"| {r['setup']} | {r['settings']} | {f(r['seconds'], '.2f')} | {f(r['throughput'], ',.0f')} | "
+            f"{f(speed, '.2f')}x | {f(r['peak_memory_bytes'] and r['peak_memory_bytes'] / 2**20, ',.0f')} | "
+            f"{f(mem, '.2f')}x | {f(r['final_loss'], '.4f')} | {f(r['tflops'], '.1f')} | {share} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--workload", default="resnet18")
+    parser.add_argument("--spec", type=Path, default=ROOT / "studies" / "resnet18.yaml")
+    parser.add_argument("--budget", default=None, help="search budget; 3m on CUDA, 60s on CPU")
+    parser.add_argument("--samples", type=int, default=None, help="50000 on CUDA, 512 on CPU")
+    parser.add_argument("--config", type=Path, default=None, help="use this best.json, no search")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    device = resolve_device(args.device)
+    cuda = device.type == "cuda"
+    samples = args.samples or (50_000 if cuda else 512)
+    workload = load_workload(args.workload)
+    if args.config is not None:
+        cfg = load_config(args.config)
+    else:
+        cfg = search_config(args.spec, device, args.budget or ("3m" if cuda else "60s"))
+    settings = TrainSettings(samples=samples, samples_per_epoch=samples, warmup_steps=3)
+    setups: list[tuple[str, Candidate | TunedConfig]] = [
+        ("fp32", baseline_candidate(workload, "fp32")),
+        ("plain AMP recipe", baseline_candidate(workload, "amp")),
+        ("autotune", cfg),
+    ]
+    held = held_out_batches(workload, device, settings) if workload.accuracy else []
+    # Unmeasured steps of every setup first, so one-time costs (library set-up, first-use
+    # kernels, allocator growth) do not land in whichever run is measured first.
+    prime = settings.model_copy(update={"samples": None, "steps": 5, "eval_samples": 0})
+    for _, setup in setups:
+        train(workload, setup, device, prime, label="prime")
+    rows = []
+    for name, setup in setups:
+        result = train(workload, setup, device, settings, label=name, held_out=held)
+        flops = flops_per_sample(workload, device, result.precision)
+        rows.append(row(name, result, flops, device))
+        print(
+            f"{name:>18}: {result.settings():<36} {result.throughput:>10.1f} samples/s  "
+            f"loss {result.final_loss}",
+            flush=True,
+        )
+    from datetime import date
+
+    meta = {
+        "date": date.today().isoformat(),
+        "device": torch.cuda.get_device_name(device) if cuda else f"cpu ({device})",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "workload": workload.reference or workload.name,
+        "samples": samples,
+        "config": cfg.model_dump(mode="json"),
+    }
+    table = markdown(rows, meta)
+    print(table)
+    base = rows[0]
+    goals = {}
+    if base["throughput"] and rows[2]["throughput"] and rows[1]["throughput"]:
+        goals["tuned_vs_fp32"] = rows[2]["throughput"] / base["throughput"]
+        goals["tuned_vs_amp"] = rows[2]["throughput"] / rows[1]["throughput"]
+    if base["peak_memory_bytes"] and rows[1]["peak_memory_bytes"]:
+        goals["amp_memory_saving_same_batch"] = (
+            1 - rows[1]["peak_memory_bytes"] / base["peak_memory_bytes"]
+        )
+    if base["final_loss"] and rows[2]["final_loss"]:
+        goals["tuned_loss_gap"] = rows[2]["final_loss"] / base["final_loss"] - 1
+    for key, value in goals.items():
+        print(f"{key}: {value:.3f}")
+    out = {"meta": meta, "rows": rows, "goals": goals}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2, default=str))
+    if args.markdown:
+        args.markdown.write_text(table)
+    return out
+
+
+if __name__ == "__main__":
+    main()
