@@ -623,6 +623,41 @@ class _Search:
             target = sum(finite[-3:]) / max(1, len(finite[-3:]))
         return time_to_loss(losses, result.batch_size, result.throughput, target)
 
+    def diagnose_failures(self, study: optuna.Study) -> None:
+        """When fp16 trials diverged, diagnose the worst one layer by layer, so the config and
+        the report say *why* next to the rejection. Costs a few steps; skipped when the budget
+        cannot spare them."""
+        from autotune.diagnose import trial_candidate, worst_diverged_trial
+
+        if "fp16_diagnosis" in study.user_attrs:
+            return
+        worst = worst_diverged_trial(study.get_trials(deepcopy=False), "fp16")
+        typical = statistics.median(self.probe_seconds[-10:]) if self.probe_seconds else 5.0
+        left = self.budget.left() - _WRITE_RESERVE
+        if worst is None or left < 3 * typical:
+            return
+        cand = trial_candidate(worst, self.workload)
+        found = self.runner.diagnose(self.ref, cand, steps=3, timeout=max(2.0, min(60.0, left / 3)))
+        if found is None:
+            return
+        summary = {
+            "trial": worst.number,
+            "candidate": found["candidate"],
+            "verdict": found["verdict"],
+            "reason": found["reason"],
+            "first_nonfinite": found.get("first_nonfinite"),
+            "recommendations": [
+                f"{r['evidence']}: {r['action']}" for r in found.get("recommendations", [])
+            ],
+        }
+        study.set_user_attr("fp16_diagnosis", summary)
+        logger.info(
+            "fp16 diagnosis of trial {}: {} (first non-finite: {})",
+            worst.number,
+            found["verdict"],
+            found.get("first_nonfinite"),
+        )
+
     def standing(self, study: optuna.Study) -> dict[str, Any]:
         """The best feasible trial so far and the fp32 reference's throughput, for progress."""
         ref = self.reference(study)
@@ -740,6 +775,7 @@ def run_search(
         validated_by = claim(study, f"validation:{window.get('started_at', 0)}", me)
         if validated_by == me:
             search.emit("phase", {"phase": "validation"})
+            search.diagnose_failures(study)
             config, baselines, rejected = validate_and_build(
                 search, study, budget.total - _WRITE_RESERVE
             )

@@ -234,6 +234,7 @@ def validate_and_build(
         "rejected": rejected[:10],
         "cut": search.cut,
         "ceilings": search.ceilings,
+        "fp16_diagnosis": study.user_attrs.get("fp16_diagnosis"),
     }
     amp_tp = baselines["amp_recipe"].get("throughput")
     if accepted:

@@ -45,10 +45,23 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
     cache: dict[str, Any] = {}
     send("ready", os.getpid())
     for line in requests:
-        ref, candidate_json, settings_json = json.loads(line)
+        ref, candidate_json, settings_json, op = json.loads(line)
         try:
             if ref not in cache:
                 cache[ref] = load_workload(ref)
+            if op == "diagnose":
+                from autotune.diagnose import diagnose
+
+                settings = ProbeSettings.model_validate_json(settings_json)
+                found = diagnose(
+                    cache[ref],
+                    Candidate.model_validate_json(candidate_json),
+                    device,
+                    steps=settings.steps,
+                    seed=settings.seed,
+                )
+                send("diagnosis", found.model_dump_json())
+                continue
             result = run_probe(
                 cache[ref],
                 Candidate.model_validate_json(candidate_json),
@@ -75,6 +88,8 @@ def main() -> None:
 class Runner:
     """Runs probes. ``ProbeWorker`` isolates them; ``InProcessRunner`` does not."""
 
+    device: str = "cpu"
+
     def run(
         self,
         workload: str,
@@ -90,6 +105,27 @@ class Runner:
 
     def interrupt(self) -> None:
         """Stop the probe in flight at once (Ctrl-C); its ``run`` returns a crashed result."""
+
+    def diagnose(
+        self,
+        workload: str,
+        candidate: Candidate,
+        *,
+        steps: int = 3,
+        seed: int = 0,
+        timeout: float = 60.0,
+    ) -> dict | None:
+        """A per-layer numerics diagnosis of a candidate, as JSON; None when it could not run."""
+        from autotune.diagnose import diagnose
+        from autotune.workloads import load_workload
+
+        try:
+            found = diagnose(
+                load_workload(workload), candidate, self.device, steps=steps, seed=seed
+            )
+        except AutotuneError:
+            return None
+        return json.loads(found.model_dump_json())
 
     def close(self) -> None:
         """Release what the runner holds."""
@@ -231,7 +267,9 @@ class ProbeWorker(Runner):
         started = time.perf_counter()
         try:
             self._requests.write(
-                json.dumps([workload, candidate.model_dump_json(), settings.model_dump_json()])
+                json.dumps(
+                    [workload, candidate.model_dump_json(), settings.model_dump_json(), "probe"]
+                )
                 + "\n"
             )
             self._requests.flush()
@@ -265,6 +303,36 @@ class ProbeWorker(Runner):
             raise getattr(errors, reply[1], WorkloadError)(reply[2])
         logger.debug("probe crashed in worker:\n{}", reply[2])
         return _crashed(workload, candidate, self.device, settings, reply[1])
+
+    def diagnose(
+        self,
+        workload: str,
+        candidate: Candidate,
+        *,
+        steps: int = 3,
+        seed: int = 0,
+        timeout: float = 60.0,
+    ) -> dict | None:
+        """Run :func:`autotune.diagnose.diagnose` in the worker; its JSON, or None when the
+        worker hung or died (the diagnosis is evidence, never a reason to fail a search)."""
+        self.start()
+        settings = ProbeSettings(steps=steps, seed=seed)
+        try:
+            self._requests.write(
+                json.dumps(
+                    [workload, candidate.model_dump_json(), settings.model_dump_json(), "diagnose"]
+                )
+                + "\n"
+            )
+            self._requests.flush()
+            reply = self._recv(timeout)
+        except (EOFError, OSError, ValueError):
+            reply = None
+        if reply is None or reply[0] != "diagnosis":
+            if reply is None:
+                self._stop(kill=True)
+            return None
+        return json.loads(reply[1])
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

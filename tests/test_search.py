@@ -136,6 +136,11 @@ def test_fp16_overflow_trials_are_pruned_with_the_reason(tmp_path: Path) -> None
     assert "loss=nan at step 0" in amp.user_attrs["reason"]
     assert result.config.precision == "fp32"
     assert any("fp16" in line and "diverged" in line for line in result.rejected)
+    # The evidence says why, layer by layer: the diagnosis of the worst diverged fp16 trial.
+    diagnosis = result.config.evidence.fp16_diagnosis
+    assert diagnosis is not None and diagnosis["first_nonfinite"] == "amplify"
+    assert diagnosis["verdict"] == "fails"
+    assert any("amplify" in line for line in diagnosis["recommendations"])
 
 
 def test_running_again_resumes_the_same_study(tmp_path: Path) -> None:
