@@ -260,20 +260,10 @@ class ProbeWorker(Runner):
         Raises:
             WorkloadError, SpecError, DeviceError: the user's mistake, raised again here.
         """
-        if self._proc is None or self._proc.poll() is not None:
-            self._stop(kill=True)
-            self._start()
         hard = timeout if timeout is not None else settings.time_limit + _GRACE
         started = time.perf_counter()
         try:
-            self._requests.write(
-                json.dumps(
-                    [workload, candidate.model_dump_json(), settings.model_dump_json(), "probe"]
-                )
-                + "\n"
-            )
-            self._requests.flush()
-            reply = self._recv(hard)
+            reply = self._exchange("probe", workload, candidate, settings, hard)
         except (EOFError, OSError, ValueError):
             code = self._proc.poll() if self._proc is not None else None
             self._stop(kill=True)
@@ -304,6 +294,16 @@ class ProbeWorker(Runner):
         logger.debug("probe crashed in worker:\n{}", reply[2])
         return _crashed(workload, candidate, self.device, settings, reply[1])
 
+    def _exchange(
+        self, op: str, workload: str, candidate: Candidate, settings: ProbeSettings, timeout: float
+    ) -> list | None:
+        """Send one request (starting the worker if needed); its reply, or None on timeout."""
+        self.start()
+        request = [workload, candidate.model_dump_json(), settings.model_dump_json(), op]
+        self._requests.write(json.dumps(request) + "\n")
+        self._requests.flush()
+        return self._recv(timeout)
+
     def diagnose(
         self,
         workload: str,
@@ -315,17 +315,9 @@ class ProbeWorker(Runner):
     ) -> dict | None:
         """Run :func:`autotune.diagnose.diagnose` in the worker; its JSON, or None when the
         worker hung or died (the diagnosis is evidence, never a reason to fail a search)."""
-        self.start()
         settings = ProbeSettings(steps=steps, seed=seed)
         try:
-            self._requests.write(
-                json.dumps(
-                    [workload, candidate.model_dump_json(), settings.model_dump_json(), "diagnose"]
-                )
-                + "\n"
-            )
-            self._requests.flush()
-            reply = self._recv(timeout)
+            reply = self._exchange("diagnose", workload, candidate, settings, timeout)
         except (EOFError, OSError, ValueError):
             reply = None
         if reply is None or reply[0] != "diagnosis":
