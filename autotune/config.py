@@ -1,22 +1,37 @@
 """TunedConfig: the artifact a search emits and training loads.
 
 It records the winning settings, the evidence behind them and the environment they hold for,
-so every config knows how it was made.
+so every config knows how it was made. Loading one validates it and warns (once) when this
+machine differs from the one it was tuned on; ``cfg.session(device)`` turns it into what a
+training loop uses (:mod:`autotune.apply`), ``cfg.to_lightning()`` and friends into trainer
+arguments (:mod:`autotune.export`).
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import re
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
-from autotune.errors import ConfigError, format_validation_error
+from autotune.errors import ConfigError, EnvironmentMismatchWarning, format_validation_error
 from autotune.spec import Candidate, PrecisionName
+
+if TYPE_CHECKING:
+    from autotune.apply import AmpSession
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -26,7 +41,9 @@ __all__ = [
     "TrialCounts",
     "TunedConfig",
     "current_environment",
+    "environment_differences",
     "load_config",
+    "warn_if_environment_differs",
 ]
 
 SCHEMA_VERSION = 1
@@ -76,6 +93,8 @@ class Evidence(_Model):
     rejected: list[str] = Field(default_factory=list)
     cut: dict[str, str] = Field(default_factory=dict)
     ceilings: dict[str, int] = Field(default_factory=dict)
+    # When fp16 trials diverged: the per-layer diagnosis of the worst one (autotune diagnose).
+    fp16_diagnosis: dict[str, Any] | None = None
 
 
 class Environment(_Model):
@@ -92,7 +111,7 @@ class TunedConfig(_Model):
 
     Example:
         >>> cfg = load_config("studies/tiny/best.json")  # doctest: +SKIP
-        >>> cfg.precision, cfg.batch_size
+        >>> cfg.precision, cfg.batch_size  # doctest: +SKIP
         ('bf16', 256)
     """
 
@@ -107,6 +126,25 @@ class TunedConfig(_Model):
     evidence: Evidence
     environment: Environment
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+    @field_validator("grad_scaler")
+    @classmethod
+    def _scaler_matches_precision(
+        cls, value: GradScalerSettings, info: ValidationInfo
+    ) -> GradScalerSettings:
+        # A search writes enabled=True exactly for fp16; anything else was edited by hand and
+        # is not what validation measured.
+        precision = info.data.get("precision")
+        if precision is None:  # precision itself is invalid and already reported
+            return value
+        wanted = precision == "fp16"
+        if value.enabled != wanted:
+            raise ValueError(
+                f"grad_scaler.enabled={str(value.enabled).lower()} does not match "
+                f"precision={precision!r}: only fp16 scales the loss; set it to "
+                f"{str(wanted).lower()} or write the config again with `autotune search`"
+            )
+        return value
 
     def candidate(self) -> Candidate:
         """The config's settings as a Candidate (what a probe or a training run takes)."""
@@ -125,6 +163,62 @@ class TunedConfig(_Model):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.model_dump_json(indent=2) + "\n")
         return path
+
+    def session(self, device: str | torch.device = "auto", **options: Any) -> AmpSession:
+        """Open an AMP session with these settings for a plain PyTorch training loop.
+
+        Sets the mode's backend flags now and restores them when the session closes; see
+        :class:`autotune.apply.AmpSession` for the options.
+
+        Args:
+            device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+            **options: keyword options of :class:`~autotune.apply.AmpSession`.
+
+        Returns:
+            The open session: ``autocast()``, ``scaler``, ``prepare(model)``, ``backward(loss)``,
+            ``step(optimizer)``, ``close()``.
+
+        Raises:
+            DeviceError: the device does not exist or cannot run this precision.
+
+        Example:
+            >>> with cfg.session("cuda") as amp:  # doctest: +SKIP
+            ...     model = amp.prepare(model)
+        """
+        from autotune.apply import AmpSession
+
+        return AmpSession.from_config(self, device, **options)
+
+    def to_lightning(self) -> dict[str, Any]:
+        """Lightning settings: ``precision`` for ``Trainer``, batch size, lr, matmul precision.
+
+        Example:
+            >>> cfg.to_lightning()["precision"]  # doctest: +SKIP
+            'bf16-mixed'
+        """
+        from autotune.export import export
+
+        return export(self, "lightning").settings
+
+    def to_hf(self) -> dict[str, Any]:
+        """Hugging Face ``TrainingArguments`` keyword arguments (every key is one of its fields).
+
+        Example:
+            >>> TrainingArguments(output_dir="out", **cfg.to_hf())  # doctest: +SKIP
+        """
+        from autotune.export import export
+
+        return export(self, "hf").settings
+
+    def to_accelerate(self) -> dict[str, Any]:
+        """accelerate settings: ``mixed_precision`` for ``Accelerator``, batch size and lr.
+
+        Example:
+            >>> Accelerator(mixed_precision=cfg.to_accelerate()["mixed_precision"])  # doctest: +SKIP
+        """
+        from autotune.export import export
+
+        return export(self, "accelerate").settings
 
 
 def current_environment(device: torch.device) -> Environment:
@@ -147,11 +241,111 @@ def current_environment(device: torch.device) -> Environment:
     )
 
 
-def load_config(path: str | Path) -> TunedConfig:
-    """Read and validate a TunedConfig file.
+def one_line(message: str) -> str:
+    """A validation message with a single bad field on one line: ``invalid X: field: why``."""
+    lines = message.splitlines()
+    if len(lines) != 2:
+        return message
+    return f"{lines[0]} {lines[1].strip().removeprefix('(root): ')}"
+
+
+def _major_minor(version: str) -> tuple[int, ...] | str:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else version
+
+
+def _capability(cap: list[int] | None) -> str:
+    return "none (not a CUDA device)" if cap is None else ".".join(map(str, cap))
+
+
+def environment_differences(recorded: Environment, current: Environment) -> list[str]:
+    """What differs between where a config was tuned and here, one phrase each.
+
+    Compared: the device model, the CUDA compute capability and torch's major.minor version;
+    a patch release of torch, a CUDA runtime or a Python version does not count.
+
+    Args:
+        recorded: the config's ``environment``.
+        current: this machine's, from :func:`current_environment`.
+
+    Returns:
+        Phrases like ``"GPU model: tuned on 'NVIDIA H200', this is 'NVIDIA A100'"``; empty when
+        nothing that matters differs.
+
+    Example:
+        >>> environment_differences(cfg.environment, current_environment(device))  # doctest: +SKIP
+        ["torch: tuned with 2.9.0, this is 2.14.1"]
+    """
+    out: list[str] = []
+    if recorded.device != current.device:
+        kind = "GPU model" if recorded.capability and current.capability else "device"
+        out.append(f"{kind}: tuned on {recorded.device!r}, this is {current.device!r}")
+    if recorded.capability != current.capability:
+        out.append(
+            f"compute capability: tuned on {_capability(recorded.capability)}, "
+            f"this device has {_capability(current.capability)}"
+        )
+    if _major_minor(recorded.torch) != _major_minor(current.torch):
+        out.append(f"torch: tuned with {recorded.torch}, this is {current.torch}")
+    return out
+
+
+# (study, created_at, differences) already warned about: a config loaded in every DataLoader
+# worker or every epoch, then opened as a session, says it once per process.
+_WARNED: set[tuple[str, str, tuple[str, ...]]] = set()
+
+
+def warn_if_environment_differs(
+    config: TunedConfig,
+    device: str | torch.device = "auto",
+    *,
+    source: str | None = None,
+    stacklevel: int = 2,
+) -> list[str]:
+    """Warn once when ``device`` here differs from where ``config`` was tuned.
+
+    Args:
+        config: the tuned config.
+        device: the device training will use; ``auto`` picks as training would.
+        source: how to name the config in the message, e.g. its path.
+        stacklevel: passed to :func:`warnings.warn` so the warning points at the caller.
+
+    Returns:
+        The differences (also when the warning was already issued).
+
+    Raises:
+        DeviceError: the device does not exist.
+
+    Example:
+        >>> warn_if_environment_differs(cfg, "cuda:0")  # doctest: +SKIP
+        []
+    """
+    from autotune.precision import resolve_device
+
+    diffs = environment_differences(config.environment, current_environment(resolve_device(device)))
+    key = (config.study, config.created_at.isoformat(), tuple(diffs))
+    if diffs and key not in _WARNED:
+        _WARNED.add(key)
+        name = source or f"study {config.study!r}"
+        speedup = config.evidence.speedup
+        claim = f"its measured speedup ({speedup:.2f}x)" if speedup else "its measured speedup"
+        warnings.warn(
+            f"config {name} was tuned on another machine, so {claim} may not hold here: "
+            + "; ".join(diffs)
+            + ". Run `autotune search` on this machine to tune for it.",
+            EnvironmentMismatchWarning,
+            stacklevel=stacklevel + 1,
+        )
+    return diffs
+
+
+def load_config(path: str | Path, *, device: str | torch.device = "auto") -> TunedConfig:
+    """Read and validate a TunedConfig file; warn once if this machine differs from its own.
 
     Args:
         path: the JSON file a search wrote, e.g. ``studies/resnet18/best.json``.
+        device: the device training will use, for the environment check; ``auto`` picks the
+            current CUDA device, else the CPU.
 
     Returns:
         The validated TunedConfig.
@@ -159,8 +353,23 @@ def load_config(path: str | Path) -> TunedConfig:
     Raises:
         ConfigError: the file is missing, is not JSON, has another schema version, or a field is
             out of range; the message names the field and the fix.
+        DeviceError: ``device`` does not exist.
+
+    Warns:
+        EnvironmentMismatchWarning: the GPU model, compute capability or torch major.minor
+            differs from the config's ``environment`` (once per config and process).
+
+    Example:
+        >>> cfg = load_config("studies/tiny/best.json")  # doctest: +SKIP
+        >>> cfg.precision, cfg.batch_size, cfg.learning_rate  # doctest: +SKIP
+        ('bf16', 256, 0.4)
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(
+            f"config file {str(path)!r} is a folder; pass the JSON file in it, e.g. "
+            f"{str(path / 'best.json')!r}"
+        )
     if not path.is_file():
         raise ConfigError(
             f"config file {str(path)!r} does not exist; run `autotune search` to write one"
@@ -183,6 +392,10 @@ def load_config(path: str | Path) -> TunedConfig:
             f"schema_version={SCHEMA_VERSION}; write it again with this version's `autotune search`"
         )
     try:
-        return TunedConfig.model_validate(data)
+        config = TunedConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, f"config file {str(path)!r}")) from None
+        raise ConfigError(
+            one_line(format_validation_error(exc, f"config file {str(path)!r}"))
+        ) from None
+    warn_if_environment_differs(config, device, source=repr(str(path)), stacklevel=2)
+    return config

@@ -1,4 +1,4 @@
-"""The exceptions autotune raises for a user's mistake.
+"""The exceptions autotune raises for a user's mistake, and the warnings it issues.
 
 Every user-facing error is one message that names the field, the bad value and a fix.
 Bugs in autotune itself are ordinary Python exceptions and are not caught here.
@@ -8,15 +8,22 @@ Bugs in autotune itself are ordinary Python exceptions and are not caught here.
     ├── WorkloadError             a workload reference cannot be loaded, or breaks its contract
     ├── DeviceError               a device does not exist or cannot run what was asked
     ├── ConfigError               a TunedConfig file is missing, malformed or tampered with
-    └── StorageError              the study storage cannot be opened or holds a different study
+    ├── StorageError              the study storage cannot be opened or holds a different study
+    └── ServiceError              the tuning service cannot be reached, or refused a request
+
+    AutotuneWarning (UserWarning)     root of autotune's warnings: filter this to silence them
+    └── EnvironmentMismatchWarning    a config is used on another GPU model, capability or torch
 """
 
 from __future__ import annotations
 
 __all__ = [
     "AutotuneError",
+    "AutotuneWarning",
     "ConfigError",
     "DeviceError",
+    "EnvironmentMismatchWarning",
+    "ServiceError",
     "SpecError",
     "StorageError",
     "WorkloadError",
@@ -46,6 +53,26 @@ class ConfigError(AutotuneError, ValueError):
 
 class StorageError(AutotuneError):
     """The study storage cannot be opened, or holds a study that conflicts with the spec."""
+
+
+class ServiceError(AutotuneError):
+    """The tuning service (``autotune serve``) cannot be reached, or refused a request.
+
+    ``status`` is the HTTP status the service answered with; None when it could not be reached.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AutotuneWarning(UserWarning):
+    """Root of the warnings autotune issues; ``warnings.filterwarnings`` on it silences them."""
+
+
+class EnvironmentMismatchWarning(AutotuneWarning):
+    """A TunedConfig is used on a GPU model, compute capability or torch version it was not
+    tuned on: it still loads, but its measured speedup may not hold."""
 
 
 def format_validation_error(exc: object, source: str) -> str:

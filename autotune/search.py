@@ -269,6 +269,21 @@ class _Search:
                 self.cut[f"{mode} batch>{start}"] = (
                     f"{mode} ceiling not measured above {start}: no time left"
                 )
+                logger.info(
+                    "ceiling {} = {} (not measured: the ceiling phase is out of time)", mode, start
+                )
+                self.emit(
+                    "ceiling",
+                    {
+                        "mode": mode,
+                        "ceiling": {
+                            "precision": mode,
+                            "batch_size": start,
+                            "limited_by": "time",
+                            "tries": [],
+                        },
+                    },
+                )
                 continue
             if not self._warm_up(mode, start, share):
                 continue
@@ -540,6 +555,15 @@ class _Search:
             study.tell(trial, twin.value)
         else:
             study.tell(trial, state=TrialState.PRUNED)
+        self.emit(
+            "result",
+            {
+                "number": trial.number,
+                "outcome": "reused",
+                "reason": f"same parameters as trial {twin.number}: its measurement is reused",
+                **self.standing(study),
+            },
+        )
 
     def _attrs(self, trial: optuna.Trial, result: ProbeResult) -> None:
         trial.set_user_attr("outcome", result.outcome)

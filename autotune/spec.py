@@ -92,9 +92,9 @@ def parse_duration(value: Any, field: str = "budget") -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """``5400`` → ``"1h30m"``; ``95`` → ``"1m35s"``; ``2.5`` → ``"2.5s"``."""
+    """``5400`` → ``"1h30m"``; ``95`` → ``"1m35s"``; ``1.88415`` → ``"1.88s"``."""
     if seconds < 60:
-        return f"{seconds:g}s"
+        return f"{seconds:.3g}s"
     total = round(seconds)
     h, rest = divmod(total, 3600)
     m, s = divmod(rest, 60)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from autotune.cli import _search  # noqa: F401  (registers its commands)
+from autotune.cli import _diagnose, _export, _report, _search, _service, _train, _worker  # noqa: F401  (register their commands)
 from autotune.cli._app import app, err_console
 
 __all__ = ["app", "main"]

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any
 
 import typer
 from loguru import logger
 from rich.console import Console
+from rich.markup import escape
 
 import autotune
 from autotune.errors import SpecError
 
-__all__ = ["app", "console", "err_console", "fail", "parse_sets", "setup_logging"]
+__all__ = [
+    "app",
+    "console",
+    "err_console",
+    "fail",
+    "parse_sets",
+    "setup_logging",
+    "warn",
+]
 
 app = typer.Typer(
     add_completion=False,
@@ -24,21 +32,39 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 
-def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
-    """Human-readable logs on stderr; the library itself never configures logging."""
-    import optuna
+# Set by setup_logging: with JSON logs on stderr, error lines go out as JSON too.
+_json_logs = False
 
-    logger.remove()
+
+def setup_logging(verbose: bool = False, quiet: bool = False, *, json_lines: bool = False) -> None:
+    """Logs on stderr, human-readable or one JSON object per line (see :mod:`autotune.logs`).
+
+    Only the command line configures logging; the library never does.
+    """
+    from autotune.logs import setup_logging as configure
+
+    global _json_logs
+    _json_logs = json_lines
     level = "DEBUG" if verbose else ("WARNING" if quiet else "INFO")
-    logger.add(sys.stderr, level=level, format="{time:HH:mm:ss} | {level: <7} | {message}")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    configure(level, json_lines=json_lines, console=err_console)
+
+
+def warn(message: str) -> None:
+    """One warning line for the person at the terminal (a JSON log line under --log-json)."""
+    if _json_logs:
+        logger.warning(message)
+    else:
+        err_console.print(f"[yellow]{escape(message)}[/]", highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = 2) -> None:
-    """Print one ``error:`` line (no traceback) and exit non-zero."""
-    err_console.print(
-        f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True
-    )
+    """Print one ``error:`` line (no traceback; a JSON log line under --log-json), exit non-zero."""
+    if _json_logs:
+        logger.error("error: {}", message)
+    else:
+        err_console.print(
+            f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True
+        )
     raise typer.Exit(code)
 
 

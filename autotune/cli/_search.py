@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from loguru import logger
+from rich.markup import escape
 from rich.table import Table
 
 import autotune
-from autotune.cli._app import app, console, err_console, fail, parse_sets, setup_logging
+from autotune.cli._app import app, console, err_console, fail, parse_sets, setup_logging, warn
 from autotune.errors import AutotuneError, SpecError
+from autotune.logs import JSON_ENV, log_to_file
+from autotune.precision import resolve_device
+from autotune.progress import SearchProgress
+from autotune.storage import mask_url
 
 DEFAULT_SPEC = Path("studies/resnet18.yaml")
 
@@ -44,9 +52,18 @@ def search(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Only warnings and the summary.")
     ] = False,
+    log_json: Annotated[
+        bool,
+        typer.Option(
+            "--log-json",
+            envvar=JSON_ENV,
+            help="Logs as one JSON object per line, on stderr and in search.log.",
+        ),
+    ] = False,
 ) -> None:
-    """Search precision × batch size × lr × init_scale within a budget; write best.json."""
-    setup_logging(verbose, quiet)
+    """Search precision × batch size × lr × init_scale within a budget; write best.json and
+    report.html, with live progress on a terminal and a log in search.log."""
+    setup_logging(verbose, quiet, json_lines=log_json)
     from autotune.search import Budget, SearchInterrupted, run_search
     from autotune.spec import load_spec
 
@@ -68,15 +85,108 @@ def search(
         }
         overrides.update(parse_sets(set_))
         spec = spec.with_overrides(overrides)
-        clock = Budget(spec.budget, started=autotune.STARTED)
-        result = run_search(spec, out_dir=out, budget=clock)
-    except SearchInterrupted as exc:
-        err_console.print(f"[yellow]{exc}[/]", highlight=False)
-        raise typer.Exit(130) from None
+        where = str(resolve_device(spec.device))
     except AutotuneError as exc:
         fail(str(exc))
         return
-    _print_summary(result)
+    out_dir = out if out is not None else Path("studies") / spec.name
+    # The study's own log: every decision of every run (a resumed run appends), at DEBUG.
+    try:
+        log_file = log_to_file(out_dir / "search.log", json_lines=log_json)
+    except OSError as exc:
+        fail(
+            f"cannot write the log file in {str(out_dir)!r}: {exc}; pass --out DIR to a writable folder"
+        )
+        return
+    try:
+        logger.info("autotune {}", " ".join(mask_url(a) for a in sys.argv[1:]))
+        clock = Budget(spec.budget, started=autotune.STARTED)
+        progress = SearchProgress(
+            clock,
+            console=err_console,
+            # JSON logs are for machines, and --quiet asked for no chatter: no live view.
+            live=False if (log_json or quiet) else None,
+            title=f"{spec.name} · {spec.workload} on {where}",
+            parity_tolerance=spec.parity_tolerance,
+        )
+        try:
+            with progress:
+                result = run_search(
+                    spec, out_dir=out_dir, budget=clock, on_event=progress, handle_sigint=True
+                )
+        except SearchInterrupted as exc:
+            warn(str(exc))
+            warn(f"to see the trials so far: autotune report {_report_args(spec, out)}")
+            raise typer.Exit(130) from None
+        except AutotuneError as exc:
+            fail(str(exc))
+            return
+        _log_outcome(result)
+        if result.config is None:
+            console.print(
+                f"validation of study {spec.name!r} is done by {result.validated_by}; its "
+                "config will be in the study's storage",
+                highlight=False,
+            )
+        else:
+            _print_summary(result)
+        _write_report(spec, out_dir)
+    finally:
+        logger.remove(log_file)
+
+
+def _report_args(spec: Any, out: Path | None) -> str:
+    """The arguments of the `autotune report` command that reads this search's study."""
+    from autotune.report import DEFAULT_STORAGE
+
+    args = [spec.name]
+    if spec.storage != DEFAULT_STORAGE:
+        args += ["--storage", mask_url(spec.storage)]
+    if out is not None:
+        args += ["--out", str(out)]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def _log_outcome(result: Any) -> None:
+    """The search's final decisions, into the log file too (the summary table is stdout only)."""
+    for line in result.rejected:
+        if "failed validation" in line:
+            logger.info("rejected in validation: {}", line)
+    cfg = result.config
+    if cfg is None:
+        return
+    ev = cfg.evidence
+    logger.bind(
+        event="config",
+        precision=cfg.precision,
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        throughput=ev.throughput,
+        speedup=ev.speedup,
+        validated=ev.validated,
+    ).info(
+        "config: {} bs={} lr={:.3g} at {:.1f} samples/s, {:.2f}x the fp32 reference ({})",
+        cfg.precision,
+        cfg.batch_size,
+        cfg.learning_rate,
+        ev.throughput,
+        ev.speedup,
+        "validated" if ev.validated else "not validated: fp32 fallback",
+    )
+
+
+def _write_report(spec: Any, out_dir: Path) -> None:
+    """Write report.html beside best.json. The search's result is already saved: a report that
+    cannot be written is a warning, not a failed search."""
+    from autotune.report import write_report
+
+    try:
+        path = write_report(spec.name, storage=spec.storage, out_dir=out_dir)
+    except (OSError, AutotuneError) as exc:
+        warn(f"report not written: {exc}; try again with autotune report {spec.name}")
+        return
+    logger.debug("wrote {}", path)
+    console.print(f"report written to [bold]{escape(str(path))}[/]", highlight=False)
 
 
 def _fmt_tp(value: Any) -> str:

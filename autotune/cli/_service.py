@@ -1,0 +1,358 @@
+"""``autotune serve`` and its client commands: ``submit``, ``status``, ``result``, ``cancel``."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from autotune.cli._app import app, console, fail, setup_logging
+from autotune.errors import AutotuneError, SpecError
+
+if TYPE_CHECKING:
+    from autotune.service import ServiceClient
+
+DEFAULT_SERVER = "http://127.0.0.1:8765"
+
+Server = Annotated[
+    str,
+    typer.Option(envvar="AUTOTUNE_SERVER", help="The service's URL."),
+]
+Token = Annotated[
+    str | None,
+    typer.Option(
+        envvar="AUTOTUNE_TOKEN", help="Bearer token, if the service needs one.", show_default=False
+    ),
+]
+
+
+def _client(server: str, token: str | None) -> ServiceClient:
+    from autotune.service import ServiceClient
+
+    return ServiceClient(server, token)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Listen on host:port now, so a taken port is one clear error before anything starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SpecError(
+            f"cannot listen on {host}:{port}: {exc.strerror}; is another service running there? "
+            "Pick another --port"
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; anything but loopback needs a token.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    devices: Annotated[
+        str | None,
+        typer.Option(help="cpu, or GPU indices like 0,1; every visible GPU by default."),
+    ] = None,
+    storage: Annotated[
+        str, typer.Option(help="Study storage URL; the queue lives in the same database.")
+    ] = "sqlite:///studies/autotune.db",
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help="File holding the token for submit/cancel (else AUTOTUNE_TOKEN)."),
+    ] = None,
+    workload_dir: Annotated[
+        list[Path] | None,
+        typer.Option(help="A folder whose packages may be workloads; repeat for more."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Each study writes <out>/<name>/best.json.")] = Path(
+        "studies"
+    ),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every request.")] = False,
+) -> None:
+    """Run the tuning service: queue studies, run their probes where there is room, serve status
+    and results over HTTP (API docs at /docs). SIGTERM or Ctrl-C drains it."""
+    import sys
+
+    setup_logging(verbose)
+    import uvicorn
+
+    from autotune.service import (
+        TuningService,
+        check_bind,
+        create_app,
+        load_token,
+        parse_devices,
+    )
+    from autotune.storage import mask_url
+
+    try:
+        token = load_token(token_file)
+        check_bind(host, token)
+        names = parse_devices(devices)
+        dirs = []
+        for d in workload_dir or []:
+            if not d.is_dir():
+                raise SpecError(f"--workload-dir {str(d)!r} is not a folder; pass an existing one")
+            dirs.append(d.resolve())
+        # The service and its workers import workloads from these folders (and nothing else
+        # outside the built-ins: the policy checks every submitted reference first).
+        if os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())
+        for d in reversed(dirs):
+            sys.path.insert(0, str(d))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [*map(str, dirs), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+        sock = _bind(host, port)
+        service = TuningService(storage, names, out_dir=out, workload_dirs=dirs, token=token)
+        recovered = service.recover()
+    except AutotuneError as exc:
+        fail(str(exc))
+        return
+    shown = f"[{host}]" if ":" in host else host
+    console.print(
+        f"autotune service on http://{shown}:{port} (API docs: /docs) · devices "
+        f"{', '.join(names)} · storage {mask_url(storage)} · "
+        f"{'token required for changes' if token else 'no token (loopback only)'}",
+        highlight=False,
+    )
+    if recovered:
+        console.print(
+            f"resuming after an unclean stop: {', '.join(recovered)} back in the queue",
+            highlight=False,
+        )
+    config = uvicorn.Config(
+        create_app(service),
+        log_config=None,
+        access_log=verbose,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+@app.command()
+def submit(
+    spec_file: Annotated[Path, typer.Argument(help="Study spec, YAML or JSON.")],
+    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    server: Server = DEFAULT_SERVER,
+    token: Token = None,
+) -> None:
+    """Queue a study spec on the service."""
+    try:
+        try:
+            text = spec_file.read_text()
+        except OSError as exc:
+            raise SpecError(
+                f"study spec {str(spec_file)!r} cannot be read ({exc.strerror}); pass a file like "
+                "studies/tiny.yaml"
+            ) from None
+        with _client(server, token) as client:
+            reply = client.submit(text, json_body=spec_file.suffix == ".json", priority=priority)
+    except AutotuneError as exc:
+        fail(str(exc))
+        return
+    console.print(
+        f"study [bold]{escape(reply.name)}[/] {reply.message} (priority {reply.priority}); "
+        f"follow it with: autotune status {escape(reply.name)}",
+        highlight=False,
+    )
+
+
+def _age(when: datetime | None) -> str:
+    if when is None:
+        return "—"
+    seconds = (datetime.now(timezone.utc) - when).total_seconds()
+    if seconds < 90:
+        return f"{seconds:.0f}s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def _gib(n: int | None) -> str:
+    return "—" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _tp(value: float | None) -> str:
+    return "—" if not value else f"{value:,.1f}"
+
+
+_STATE_STYLE = {
+    "queued": "cyan",
+    "running": "bold yellow",
+    "done": "green",
+    "failed": "red",
+    "cancelled": "dim",
+}
+
+
+def _trials(counts: dict[str, int]) -> str:
+    order = ("complete", "pruned", "fail", "running", "waiting")
+    return " ".join(f"{counts[k]} {k}" for k in order if counts.get(k)) or "—"
+
+
+def _print_studies(studies: list[Any], devices: list[Any]) -> None:
+    table = Table(title="studies")
+    for col in ("study", "state", "prio", "device", "trials", "budget", "best samples/s", "detail"):
+        table.add_column(col, overflow="fold")
+    for s in studies:
+        p = s.progress
+        table.add_row(
+            s.name,
+            f"[{_STATE_STYLE[s.state]}]{s.state}[/]",
+            str(s.priority),
+            s.device or "—",
+            _trials(p.trials),
+            f"{p.budget_used_seconds:.0f}/{p.budget_seconds:.0f}s",
+            _tp(p.best_throughput),
+            escape(s.detail),
+        )
+    if not studies:
+        table.add_row("—", "", "", "", "", "", "", "no studies yet: autotune submit studies/x.yaml")
+    console.print(table)
+    dev = Table(title="devices")
+    for col in ("device", "free / total", "running", "worker pid", "others", "busy"):
+        dev.add_column(col, overflow="fold")
+    for d in devices:
+        others = _gib(d.others_bytes)
+        if d.other_processes:
+            others += f" ({len(d.other_processes)} processes)"
+        dev.add_row(
+            f"{d.name} ({escape(d.description)})",
+            f"{_gib(d.free_bytes)} / {_gib(d.total_bytes)}",
+            d.study or "—",
+            str(d.worker_pid or "—"),
+            others,
+            escape(d.busy_reason) or "no",
+        )
+    console.print(dev)
+
+
+def _print_study(s: Any) -> None:
+    p = s.progress
+    console.print(
+        f"[bold]{escape(s.name)}[/] · {escape(s.workload)} · "
+        f"[{_STATE_STYLE[s.state]}]{s.state}[/] · priority {s.priority} · "
+        f"submitted {_age(s.submitted_at)}",
+        highlight=False,
+    )
+    console.print(f"  {escape(s.detail)}", highlight=False)
+    console.print(
+        f"  budget {p.budget_used_seconds:.1f}s of {p.budget_seconds:.0f}s (probe time; queue "
+        f"time not counted) · trials: {_trials(p.trials)}",
+        highlight=False,
+    )
+    if s.by_outcome:
+        console.print(
+            "  by outcome: " + ", ".join(f"{n} {k}" for k, n in sorted(s.by_outcome.items())),
+            highlight=False,
+        )
+    if s.best is not None:
+        params = " ".join(
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in s.best.params.items()
+        )
+        console.print(
+            f"  best so far: trial {s.best.number} {params} → {_tp(s.best.throughput)} samples/s "
+            f"(fp32 reference {_tp(p.reference_throughput)})",
+            highlight=False,
+        )
+    if not s.trials:
+        return
+    table = Table(title=f"latest trials of {s.name}")
+    for col in ("#", "state", "settings", "samples/s", "outcome", "reason"):
+        table.add_column(col, overflow="fold")
+    for t in s.trials[:20]:
+        settings = " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in t.params.values())
+        retry = f" (retry of {t.retry_of})" if t.retry_of is not None else ""
+        table.add_row(
+            str(t.number),
+            t.state,
+            settings + retry,
+            _tp(t.throughput),
+            t.outcome or "—",
+            escape(t.reason or ""),
+        )
+    console.print(table)
+
+
+@app.command()
+def status(
+    study: Annotated[
+        str | None, typer.Argument(help="One study's detail; every study when omitted.")
+    ] = None,
+    server: Server = DEFAULT_SERVER,
+    token: Token = None,
+) -> None:
+    """Show the service's studies and devices, or one study's trials."""
+    try:
+        with _client(server, token) as client:
+            if study is None:
+                _print_studies(client.studies(), client.devices())
+            else:
+                _print_study(client.study(study))
+    except AutotuneError as exc:
+        fail(str(exc))
+
+
+@app.command()
+def result(
+    study: Annotated[str, typer.Argument(help="The study's name.")],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write the config here; printed when omitted."),
+    ] = None,
+    server: Server = DEFAULT_SERVER,
+    token: Token = None,
+) -> None:
+    """Fetch a finished study's TunedConfig (best.json)."""
+    try:
+        with _client(server, token) as client:
+            config = client.config(study)
+    except AutotuneError as exc:
+        fail(str(exc))
+        return
+    if output is None:
+        console.print_json(config.model_dump_json())
+        return
+    try:
+        path = config.save(output)
+    except OSError as exc:
+        fail(f"cannot write {str(output)!r}: {exc.strerror}; pass -o to a writable path")
+        return
+    ev = config.evidence
+    console.print(
+        f"wrote {escape(str(path))}: {config.precision} bs={config.batch_size} "
+        f"lr={config.learning_rate:.3g}, {ev.speedup:.2f}x the fp32 reference "
+        f"({'validated' if ev.validated else 'not validated: fp32 fallback'})",
+        highlight=False,
+    )
+
+
+@app.command()
+def cancel(
+    study: Annotated[str, typer.Argument(help="The study's name.")],
+    server: Server = DEFAULT_SERVER,
+    token: Token = None,
+) -> None:
+    """Cancel a queued or running study (its trials stay in the storage)."""
+    try:
+        with _client(server, token) as client:
+            reply = client.cancel(study)
+    except AutotuneError as exc:
+        fail(str(exc))
+        return
+    console.print(f"study {escape(reply.name)}: {reply.state}: {reply.message}", highlight=False)

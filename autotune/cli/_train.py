@@ -1,0 +1,248 @@
+"""``autotune train``: train a config's workload and print the table people compare AMP in."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from autotune.cli._app import app, console, err_console, fail, setup_logging
+from autotune.errors import AutotuneError, AutotuneWarning
+
+__all__ = ["autotune_warnings_as_lines", "load_config_for_cli"]
+
+
+@contextlib.contextmanager
+def autotune_warnings_as_lines() -> Iterator[None]:
+    """Show autotune's own warnings as one ``warning:`` line on stderr, not a source location."""
+    original = warnings.showwarning
+
+    def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, AutotuneWarning):
+            err_console.print(f"[yellow]warning:[/] {message}", highlight=False)
+        else:
+            original(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = original
+
+
+def load_config_for_cli(path: Path, device: str = "auto") -> Any:
+    """``load_config`` for a command: raises ConfigError/DeviceError, warns as a line."""
+    from autotune.config import load_config
+
+    with autotune_warnings_as_lines():
+        return load_config(path, device=device)
+
+
+def _mib(value: int | None) -> str:
+    return "—" if value is None else f"{value / 2**20:,.1f} MiB"
+
+
+def _num(value: float | None, fmt: str = ".4f") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.3f} s" if value < 10 else f"{value:,.1f} s"
+
+
+def _x(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def _print_table(cmp: Any, per_epoch: bool) -> None:
+    runs = [r for r in (cmp.tuned, cmp.baseline) if r is not None]
+    first = cmp.tuned
+    names = {id(cmp.tuned): "tuned"}
+    if cmp.baseline is not None:
+        names[id(cmp.baseline)] = str(cmp.against)
+    length = (
+        f"{first.epochs:g} epoch(s) of {first.samples_per_epoch:,} samples"
+        if per_epoch
+        else f"{first.samples:,} samples"
+    )
+    for r in runs:
+        extra = " channels_last" if r.channels_last else ""
+        state = "" if r.ok else f" [red]{r.outcome}[/]"
+        console.print(f"[bold]{names[id(r)]}[/]: {r.settings()}{extra}{state}", highlight=False)
+    table = Table(
+        title=f"{first.workload} on {first.device}, {length} per run",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    columns = ["run", "steps", "time/epoch" if per_epoch else "time", "samples/s", "peak mem"]
+    columns.append("final loss")
+    show_acc = any(r.accuracy is not None for r in runs)
+    if show_acc:
+        columns.append("accuracy")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
+    for r in runs:
+        row = [
+            names[id(r)],
+            f"{r.steps:,}",
+            _seconds(r.seconds_per_epoch if per_epoch else r.run_seconds),
+            _num(r.throughput, ",.1f"),
+            _mib(r.peak_memory_bytes),
+            _num(r.final_loss),
+        ]
+        if show_acc:
+            row.append("—" if r.accuracy is None else f"{r.accuracy:.1%}")
+        table.add_row(*row)
+    if cmp.baseline is not None:
+        inverse_speed = 1 / cmp.speedup if cmp.speedup else None
+        row = ["ratio", "", _x(inverse_speed), _x(cmp.speedup), _x(cmp.memory_ratio)]
+        row.append(_x(cmp.loss_ratio))
+        if show_acc:
+            delta = cmp.accuracy_delta
+            row.append("—" if delta is None else f"{delta * 100:+.1f} pts")
+        table.add_row(*row, style="bold", end_section=False)
+    console.print(table)
+    kinds = {r.memory_source for r in runs}
+    memory = (
+        "CUDA max_memory_allocated"
+        if kinds == {"cuda_allocated"}
+        else "growth of the process's peak resident memory (CPU)"
+    )
+    console.print(
+        f"time: steady state, after {first.warmup_steps} warmup step(s) (wall: "
+        + ", ".join(f"{names[id(r)]} {r.wall_seconds:.2f}s" for r in runs)
+        + f"); peak mem: {memory}; final loss: mean over the last tenth of the steps; "
+        "ratio: tuned ÷ baseline.",
+        highlight=False,
+    )
+    for r in runs:
+        if not r.ok:
+            console.print(f"[red]{names[id(r)]}: {r.outcome}:[/] {r.reason}", highlight=False)
+    if cmp.baseline is not None and cmp.speedup:
+        faster = "faster" if cmp.speedup >= 1 else "slower"
+        factor = cmp.speedup if cmp.speedup >= 1 else 1 / cmp.speedup
+        console.print(
+            f"[bold]tuned vs {cmp.against}:[/] {factor:.2f}x {faster} on the same samples, "
+            f"{_x(cmp.memory_ratio)} the peak memory, final loss {_x(cmp.loss_ratio)}",
+            highlight=False,
+        )
+
+
+class _Progress:
+    """A rich progress bar on a terminal; a few plain lines otherwise (logs, CI, pipes)."""
+
+    def __init__(self) -> None:
+        self.live = console.is_terminal
+        self.bar: Progress | None = None
+        self.tasks: dict[str, Any] = {}
+        self.loss: dict[str, float] = {}
+        self.next_line: dict[str, int] = {}
+
+    def __enter__(self) -> _Progress:
+        if self.live:
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            )
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def __call__(self, label: str, done: int, total: int, loss: float | None) -> None:
+        if loss is not None:
+            self.loss[label] = loss
+        shown = f"{self.loss[label]:.4f}" if label in self.loss else "…"
+        if self.bar is not None:
+            if label not in self.tasks:
+                self.tasks[label] = self.bar.add_task(label, total=total, loss=shown)
+            self.bar.update(self.tasks[label], completed=done, loss=shown)
+            return
+        # Plain output: one line per quarter of the run, and the last step.
+        mark = self.next_line.setdefault(label, 0)
+        if done >= mark or done == total:
+            loss_text = f", loss {self.loss[label]:.4f}" if label in self.loss else ""
+            console.print(f"{label}: step {done}/{total}{loss_text}", highlight=False)
+            self.next_line[label] = done + max(1, total // 4)
+
+
+@app.command()
+def train(
+    config: Annotated[
+        Path,
+        typer.Option("--config", "-c", help="The best.json a search wrote.", show_default=False),
+    ],
+    steps: Annotated[
+        int | None,
+        typer.Option(help="Steps of the tuned config (the baseline sees as many samples)."),
+    ] = None,
+    epochs: Annotated[
+        int | None, typer.Option(help="Epochs of --samples-per-epoch samples; 1 by default.")
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda:N.")] = "auto",
+    compare: Annotated[
+        str | None,
+        typer.Option(
+            help="Also train a baseline on the same samples: fp32 or amp (fp16, default GradScaler)."
+        ),
+    ] = None,
+    samples_per_epoch: Annotated[
+        int, typer.Option(help="Samples in one epoch of the workload's data.")
+    ] = 8192,
+    warmup_steps: Annotated[int, typer.Option(help="Untimed first steps of each run.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed for the model and the data order.")] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Train the config's workload under the tuned settings; compare with a baseline."""
+    setup_logging(verbose, quiet=not verbose)
+    from autotune.train import compare as run_compare
+    from autotune.train import parse_train_settings
+    from autotune.workloads import load_workload
+
+    try:
+        settings = parse_train_settings(
+            steps=steps,
+            epochs=epochs,
+            samples_per_epoch=samples_per_epoch,
+            warmup_steps=warmup_steps,
+            seed=seed,
+        )
+        cfg = load_config_for_cli(config, device)
+        if not cfg.evidence.validated:
+            err_console.print(
+                f"note: {config} is the fp32 fallback, not a validated speedup: "
+                f"{cfg.evidence.validation_note}",
+                highlight=False,
+                markup=False,
+            )
+        workload = load_workload(cfg.workload)
+        with autotune_warnings_as_lines(), _Progress() as progress:
+            result = run_compare(
+                workload, cfg, device, settings, against=compare, on_progress=progress
+            )
+    except AutotuneError as exc:
+        fail(str(exc))
+        return
+    if json_out:
+        console.print_json(result.model_dump_json())
+    else:
+        _print_table(result, per_epoch=steps is None)
+    if not all(r.ok for r in (result.tuned, result.baseline) if r is not None):
+        raise typer.Exit(1)

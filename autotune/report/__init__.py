@@ -1,0 +1,67 @@
+"""The report of a study: an HTML page with plots, and a short text summary.
+
+The page is one self-contained file (inline CSS and SVG, no script, no URL) that opens offline:
+a summary of the winner and the two baselines, throughput by batch size per mode with the
+memory ceilings, the winner's loss against the fp32 reference on a samples-seen axis, the
+GradScaler scale of fp16 trials, the optimization history, parameter importances, and a table
+of every trial with its outcome and reason.
+
+Example:
+    >>> from autotune.report import write_report
+    >>> write_report("tiny")  # doctest: +SKIP
+    PosixPath('studies/tiny/report.html')
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from autotune.report._data import DEFAULT_STORAGE, ReportData, collect, load_study
+from autotune.report._html import render_html
+from autotune.report._text import render_text
+
+__all__ = [
+    "DEFAULT_STORAGE",
+    "ReportData",
+    "collect",
+    "load_study",
+    "render_html",
+    "render_text",
+    "write_report",
+]
+
+
+def write_report(
+    study: str | optuna.Study,
+    *,
+    storage: str = DEFAULT_STORAGE,
+    out_dir: str | Path | None = None,
+) -> Path:
+    """Write ``report.html`` for a study; returns its path.
+
+    Args:
+        study: a study name (opened from ``storage``) or an open study.
+        storage: the Optuna storage URL; the spec's default SQLite file when omitted.
+        out_dir: the folder for ``report.html`` (and where ``best.json`` is looked for first);
+            ``studies/<name>/`` by default.
+
+    Returns:
+        The path of the written report.
+
+    Raises:
+        StorageError: the storage cannot be opened or holds no study of that name (the message
+            lists the studies it holds).
+    """
+    if isinstance(study, str):
+        study = load_study(study, storage)
+    out = Path(out_dir) if out_dir is not None else Path("studies") / study.study_name
+    data = collect(study, out_dir=out, storage=storage)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.html"
+    # Write beside, then rename: a reader never opens a half-written page.
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(render_html(data), encoding="utf-8")
+    tmp.replace(path)
+    return path

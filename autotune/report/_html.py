@@ -1,0 +1,377 @@
+"""The report as one self-contained HTML page: inline CSS and SVG, no script, no URL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.progress import params_label, scale_text
+from autotune.report._data import ReportData, feasible
+from autotune.report._plots import (
+    Figure,
+    history_figure,
+    importance_figure,
+    loss_figure,
+    scale_figure,
+    throughput_figure,
+)
+from autotune.report._svg import esc
+
+__all__ = ["render_html"]
+
+_CSS = """
+:root { color-scheme: light; --ink:#222; --muted:#666; --line:#ddd; --ok:#1e7f4f; --warn:#b45309;
+  --bad:#b91c1c; }
+* { box-sizing: border-box; }
+body { margin:0; font:15px/1.5 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;
+  color:var(--ink); background:#f6f7f9; }
+main { max-width:1280px; margin:0 auto; padding:24px 28px 48px; background:#fff; }
+h1 { font-size:26px; margin:0 0 4px; }
+h2 { font-size:19px; margin:36px 0 10px; padding-bottom:4px; border-bottom:1px solid var(--line); }
+.meta, .note, figcaption, footer { color:var(--muted); }
+.note { font-style:italic; }
+.winner-card { border:1px solid var(--line); border-left:5px solid var(--ok); border-radius:6px;
+  padding:12px 16px; margin:12px 0 16px; }
+.winner-card.fallback { border-left-color:var(--warn); }
+.winner-card .big { font-size:22px; font-weight:600; }
+.badge { display:inline-block; padding:1px 8px; border-radius:10px; font-size:13px; color:#fff;
+  background:var(--ok); vertical-align:middle; margin-left:8px; }
+.badge.warn { background:var(--warn); }
+table { border-collapse:collapse; width:100%; font-size:14px; }
+th, td { text-align:left; padding:5px 8px; border-bottom:1px solid var(--line); vertical-align:top; }
+th { background:#f1f3f5; font-weight:600; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
+.scroll { overflow-x:auto; }
+table.trials { font-size:12.5px; }
+table.trials td:last-child { min-width:220px; }
+table.trials th { position:sticky; top:0; }
+table.trials tr.pruned td, table.trials tr.fail td { color:#7a4b4b; }
+table.trials tr.infeasible td { color:#7a6a3b; }
+table.trials tr.waiting td, table.trials tr.running td { color:#999; }
+table.trials tr.winner td { background:#eaf7ef; font-weight:600; }
+dl.facts { display:grid; grid-template-columns:max-content 1fr; gap:4px 16px; margin:12px 0; }
+dl.facts dt { font-weight:600; } dl.facts dd { margin:0; }
+figure { margin:8px 0 0; }
+svg.plot { width:100%; height:auto; max-width:900px; display:block; }
+ul.legend { list-style:none; padding:0; margin:6px 0; display:flex; flex-wrap:wrap; gap:4px 18px;
+  font-size:13px; }
+ul.legend svg { vertical-align:middle; margin-right:5px; }
+footer { margin-top:40px; font-size:12px; }
+"""
+
+
+def _tp(value: Any) -> str:
+    return f"{float(value):,.1f}" if isinstance(value, (int, float)) and value else "—"
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}×" if value else "—"
+
+
+def _mib(value: Any) -> str:
+    """Bytes in the unit that keeps a few digits: a CPU probe peaks at KiB, a GPU at GiB."""
+    if not isinstance(value, (int, float)):
+        return "—"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return "—"  # pragma: no cover - the loop always returns
+
+
+def _swatch(color: str, kind: str) -> str:
+    shapes = {
+        "dot": f'<circle cx="7" cy="7" r="5" fill="{color}"/>',
+        "ring": f'<circle cx="7" cy="7" r="4.5" fill="#fff" stroke="{color}" stroke-width="2"/>',
+        "cross": f'<path d="M3,3L11,11M3,11L11,3" stroke="{color}" stroke-width="2"/>',
+        "dash": f'<line x1="0" y1="7" x2="14" y2="7" stroke="{color}" stroke-width="2" '
+        'stroke-dasharray="4 3"/>',
+    }
+    shape = shapes.get(
+        kind, f'<line x1="0" y1="7" x2="14" y2="7" stroke="{color}" stroke-width="3"/>'
+    )
+    return f'<svg class="swatch" width="14" height="14" aria-hidden="true">{shape}</svg>'
+
+
+def _figure(section: str, heading: str, fig: Figure, intro: str = "") -> str:
+    parts = [f'<section id="{section}"><h2>{esc(heading)}</h2>']
+    if intro:
+        parts.append(f"<p>{esc(intro)}</p>")
+    if fig.svg is None:
+        parts.append(f'<p class="note">{esc(fig.note)}</p>')
+    else:
+        parts.append(f"<figure>{fig.svg}")
+        if fig.legend:
+            items = "".join(
+                f"<li>{_swatch(color, kind)}{esc(label)}</li>" for label, color, kind in fig.legend
+            )
+            parts.append(f'<ul class="legend">{items}</ul>')
+        parts.append(f"<figcaption>{esc(fig.caption)}</figcaption></figure>")
+        if fig.note:
+            parts.append(f'<p class="note">{esc(fig.note)}</p>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _role(t: FrozenTrial) -> str:
+    role = t.user_attrs.get("role")
+    if role == "reference":
+        return "reference"
+    if role == "amp_recipe":
+        return "AMP recipe"
+    if isinstance(role, str) and role.endswith("_at_base"):
+        return f"{role[: -len('_at_base')]} at base"
+    return ""
+
+
+def _outcome(t: FrozenTrial) -> str:
+    if t.state == TrialState.COMPLETE and not feasible(t):
+        return "infeasible"
+    return str(t.user_attrs.get("outcome") or t.state.name.lower())
+
+
+def _summary(data: ReportData) -> str:
+    cfg = data.config
+    parts = ['<section id="summary"><h2>Summary</h2>']
+    ref_tp = data.reference_throughput
+    if cfg is not None:
+        ev = cfg.evidence
+        settings = f"{cfg.precision} · batch {cfg.batch_size} · lr {cfg.learning_rate:.3g}"
+        if cfg.grad_scaler.enabled:
+            settings += f" · GradScaler init_scale {scale_text(cfg.grad_scaler.init_scale)}"
+        badge = (
+            '<span class="badge">validated</span>'
+            if ev.validated
+            else '<span class="badge warn">not validated: fp32 fallback</span>'
+        )
+        line = f"{_tp(ev.throughput)} samples/s · <b>{ev.speedup:.2f}×</b> the fp32 reference"
+        if ev.speedup_vs_amp:
+            line += f" · {ev.speedup_vs_amp:.2f}× the plain AMP recipe"
+        facts = []
+        if ev.parity_gap is not None:
+            facts.append(
+                f"loss parity {ev.parity_gap:+.1%} vs the fp32 reference "
+                f"(tolerance {ev.parity_tolerance:.0%})"
+            )
+        if ev.peak_memory_bytes is not None:
+            mem = f"peak memory {_mib(ev.peak_memory_bytes)}"
+            if ev.baseline_peak_memory_bytes is not None:
+                mem += f" (the fp32 reference: {_mib(ev.baseline_peak_memory_bytes)})"
+            facts.append(mem)
+        if cfg.grad_scaler.enabled:
+            facts.append(f"{ev.skipped_steps} skipped steps in validation")
+        parts.append(
+            f'<div class="winner-card{"" if ev.validated else " fallback"}">'
+            f'<div class="big">{esc(settings)}{badge}</div><div>{line}</div>'
+            f"<div>{esc(' · '.join(facts))}</div>"
+            f'<div class="note">{esc(ev.validation_note)}</div></div>'
+        )
+    else:
+        parts.append(
+            '<p class="note">No best.json for this study was found (the search may still be '
+            "running, was interrupted, or wrote it elsewhere: pass --out). The table below "
+            "shows the search's figures only.</p>"
+        )
+    rows = []
+    if cfg is not None and cfg.evidence.validated:
+        ev = cfg.evidence
+        label = params_label(data.winner.params) if data.winner else cfg.precision
+        rows.append(
+            (
+                "winner (validation rerun)",
+                label,
+                ev.throughput,
+                ev.speedup,
+                ev.peak_memory_bytes,
+                "validated",
+            )
+        )
+    elif cfg is None and data.winner is not None:
+        t = data.winner
+        rows.append(
+            (
+                "best feasible trial",
+                params_label(t.params),
+                t.user_attrs.get("throughput"),
+                data.vs_reference(t),
+                t.user_attrs.get("peak_memory_bytes"),
+                data.winner_note,
+            )
+        )
+    for label, t in (("fp32 reference", data.reference), ("plain AMP recipe", data.amp_recipe)):
+        if t is None:
+            rows.append((label, "—", None, None, None, "not run"))
+            continue
+        outcome = _outcome(t)
+        if t.user_attrs.get("reason") and outcome != "completed":
+            outcome += f": {t.user_attrs['reason']}"
+        settings = params_label(t.params) if t.params else "not run yet"
+        tp = t.user_attrs.get("throughput") if t.state == TrialState.COMPLETE else None
+        rows.append(
+            (
+                label,
+                settings,
+                tp,
+                data.vs_reference(t),
+                t.user_attrs.get("peak_memory_bytes"),
+                outcome,
+            )
+        )
+    body = "".join(
+        f"<tr><th>{esc(a)}</th><td>{esc(b)}</td><td class='num'>{_tp(c)}</td>"
+        f"<td class='num'>{_ratio(d)}</td><td class='num'>{_mib(e)}</td><td>{esc(f)}</td></tr>"
+        for a, b, c, d, e, f in rows
+    )
+    parts.append(
+        '<table class="baselines"><thead><tr><th></th><th>settings</th>'
+        "<th class='num'>samples/s</th><th class='num'>vs fp32</th>"
+        f"<th class='num'>peak memory</th><th>outcome</th></tr></thead><tbody>{body}</tbody></table>"
+    )
+    if ref_tp is None:
+        parts.append('<p class="note">The fp32 reference has not completed: no speed-ups yet.</p>')
+    parts.append(_facts(data))
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _facts(data: ReportData) -> str:
+    spec, cfg = data.spec, data.config
+    c = data.counts()
+    items: list[tuple[str, str]] = [
+        ("workload", str(spec.get("workload", "?"))),
+        ("budget", f"{spec.get('budget', '?')} · objective {spec.get('objective', 'throughput')}"),
+        (
+            "trials",
+            f"{c['complete']} complete ({c['infeasible']} infeasible), {c['pruned']} pruned, "
+            f"{c['failed']} failed" + (f", {c['other']} not finished" if c["other"] else ""),
+        ),
+    ]
+    if cfg is not None:
+        env = cfg.environment
+        items.insert(
+            1,
+            (
+                "environment",
+                f"{env.device} · torch {env.torch} · CUDA {env.cuda or '—'} · autotune {env.autotune}",
+            ),
+        )
+        items.append(("learning rate", f"{cfg.evidence.lr_scaling} scaling with the batch size"))
+    if data.ceilings:
+        text = ", ".join(f"{m} ≤ {b}" for m, b in data.ceilings.items())
+        items.append((f"batch ceilings ({data.ceiling_device})", text))
+    if cfg is not None and cfg.evidence.cut:
+        items.append(
+            ("cut from the space", "; ".join(f"{k}: {v}" for k, v in cfg.evidence.cut.items()))
+        )
+    if cfg is not None and cfg.evidence.rejected:
+        items.append(("main rejections", "; ".join(cfg.evidence.rejected[:8])))
+    if data.config_path is not None:
+        items.append(("config", str(data.config_path)))
+    for note in data.notes:
+        items.append(("note", note))
+    body = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in items)
+    return f'<dl class="facts">{body}</dl>'
+
+
+def _trials_table(data: ReportData) -> str:
+    head = (
+        "<tr><th class='num'>#</th><th>role</th><th>state</th><th>outcome</th><th>precision</th>"
+        "<th class='num'>batch</th><th class='num'>lr</th><th class='num'>init_scale</th>"
+        "<th class='num'>samples/s</th><th class='num'>vs fp32</th><th class='num'>peak memory</th>"
+        "<th class='num'>parity gap</th><th class='num'>probe s</th><th>reason</th></tr>"
+    )
+    rows = []
+    winner = data.winner.number if data.winner is not None else None
+    for t in data.trials:
+        a, p = t.user_attrs, t.params
+        outcome = _outcome(t)
+        classes = [t.state.name.lower()]
+        if outcome == "infeasible":
+            classes.append("infeasible")
+        if t.number == winner:
+            classes.append("winner")
+        role = _role(t) + (" ★ winner" if t.number == winner else "")
+        lr = a.get("learning_rate")
+        lr_text = "—" if lr is None else f"{float(lr):.3g}"
+        if "lr_multiplier" in p:
+            lr_text += f" (×{float(p['lr_multiplier']):.3g})"
+        reason = str(a.get("reason") or "")
+        if a.get("duplicate_of") is not None:
+            reason = f"same parameters as trial {a['duplicate_of']}: measurement reused. " + reason
+        gap, secs = a.get("parity_gap"), a.get("probe_seconds")
+        init = p.get("init_scale")
+        cells = [
+            f"<td class='num'>{t.number}</td>",
+            f"<td>{esc(role.strip())}</td>",
+            f"<td>{esc(t.state.name.lower())}</td>",
+            f"<td>{esc(outcome)}</td>",
+            f"<td>{esc(p.get('precision', '—'))}</td>",
+            f"<td class='num'>{esc(p.get('batch_size', '—'))}</td>",
+            f"<td class='num'>{esc(lr_text)}</td>",
+            f"<td class='num'>{'—' if init is None else scale_text(float(init))}</td>",
+            f"<td class='num'>{_tp(a.get('throughput') if t.state == TrialState.COMPLETE else None)}</td>",
+            f"<td class='num'>{_ratio(data.vs_reference(t))}</td>",
+            f"<td class='num'>{_mib(a.get('peak_memory_bytes'))}</td>",
+            f"<td class='num'>{'—' if gap is None else f'{float(gap):+.1%}'}</td>",
+            f"<td class='num'>{'—' if secs is None else f'{float(secs):.1f}'}</td>",
+            f"<td>{esc(reason.strip())}</td>",
+        ]
+        rows.append(
+            f'<tr class="{" ".join(classes)}" data-trial="{t.number}">{"".join(cells)}</tr>'
+        )
+    note = "" if rows else '<p class="note">This study has no trials yet.</p>'
+    return (
+        f'<section id="trials"><h2>Every trial ({len(rows)})</h2>{note}'
+        f'<div class="scroll"><table class="trials"><thead>{head}</thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+        "</section>"
+    )
+
+
+def render_html(data: ReportData) -> str:
+    """The whole report page for one study, as a string.
+
+    Args:
+        data: what :func:`autotune.report.collect` gathered.
+
+    Returns:
+        A complete HTML document with inline CSS and SVG: it opens offline, from a file.
+    """
+    from autotune import __version__
+
+    spec = data.spec
+    device = data.config.environment.device if data.config else str(spec.get("device", "?"))
+    title = f"autotune report · {data.name}"
+    sections = [
+        _summary(data),
+        _figure(
+            "throughput",
+            "Throughput by batch size",
+            throughput_figure(data),
+            "What each precision mode delivers at each batch size, and where memory runs out.",
+        ),
+        _figure(
+            "parity",
+            "Loss parity: winner against the fp32 reference",
+            loss_figure(data),
+            "A fast setting only counts if it learns as well as fp32, sample for sample.",
+        ),
+        _figure("scaler", "GradScaler scale (fp16 trials)", scale_figure(data)),
+        _figure("history", "Optimization history", history_figure(data)),
+        _figure("importance", "Parameter importances", importance_figure(data)),
+        _trials_table(data),
+    ]
+    generated = data.generated_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body><main>"
+        f"<header><h1>{esc(title)}</h1>"
+        f'<p class="meta">{esc(spec.get("workload", "?"))} on {esc(device)} · '
+        f"storage {esc(data.storage or '?')}</p></header>"
+        + "".join(sections)
+        + f"<footer>Written by autotune {esc(__version__)} on {esc(generated)}.</footer>"
+        "</main></body></html>\n"
+    )

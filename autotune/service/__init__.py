@@ -1,0 +1,49 @@
+"""The tuning service for a shared box: ``autotune serve`` and its client.
+
+- :class:`TuningService` — the durable queue, the device monitor and the scheduler.
+- :func:`create_app` — the FastAPI app over it (OpenAPI at ``/docs``).
+- :class:`ServiceClient` — a typed HTTP client (what ``autotune submit/status/result/cancel``
+  use).
+"""
+
+from autotune.service._access import TOKEN_ENV, WorkloadPolicy, check_bind, is_loopback, load_token
+from autotune.service._app import MAX_BODY, create_app
+from autotune.service._client import DEFAULT_SERVER, SERVER_ENV, ServiceClient
+from autotune.service._devices import FAKE_BUSY_ENV, DeviceMonitor, parse_devices
+from autotune.service._models import (
+    CancelReply,
+    DeviceInfo,
+    Health,
+    StudyDetail,
+    StudyStatus,
+    SubmitReply,
+    TrialInfo,
+)
+from autotune.service._queue import StudyQueue
+from autotune.service._service import RequestError, TuningService
+
+__all__ = [
+    "DEFAULT_SERVER",
+    "FAKE_BUSY_ENV",
+    "MAX_BODY",
+    "SERVER_ENV",
+    "TOKEN_ENV",
+    "CancelReply",
+    "DeviceInfo",
+    "DeviceMonitor",
+    "Health",
+    "RequestError",
+    "ServiceClient",
+    "StudyDetail",
+    "StudyQueue",
+    "StudyStatus",
+    "SubmitReply",
+    "TrialInfo",
+    "TuningService",
+    "WorkloadPolicy",
+    "check_bind",
+    "create_app",
+    "is_loopback",
+    "load_token",
+    "parse_devices",
+]

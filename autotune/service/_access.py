@@ -1,0 +1,208 @@
+"""Who may do what: the bind address, the token, and which workloads the service will import.
+
+1. **Bind.** Loopback by default. Any other address needs a token: without one, anybody who can
+   reach the port could queue work that runs as the service's user.
+2. **Token.** From ``--token-file`` or ``AUTOTUNE_TOKEN``. When one is configured, every
+   changing request (submit, cancel) must carry ``Authorization: Bearer <token>``, on loopback
+   too; reading stays open.
+3. **Workloads.** A workload reference is code the service imports and calls. Only the
+   built-ins (``autotune.workloads:*``, ``autotune.workloads.testing:*``) and packages whose
+   top-level folder lies under a configured ``--workload-dir`` are accepted; the check finds
+   the package without importing anything.
+"""
+
+from __future__ import annotations
+
+import hmac
+import importlib.machinery
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+from autotune.errors import SpecError, WorkloadError
+from autotune.workloads import normalize_reference
+
+__all__ = [
+    "BUILTIN_MODULES",
+    "TOKEN_ENV",
+    "WorkloadPolicy",
+    "WorkloadRefused",
+    "check_bind",
+    "is_loopback",
+    "load_token",
+    "token_matches",
+]
+
+TOKEN_ENV = "AUTOTUNE_TOKEN"
+# Long enough that guessing it over HTTP is hopeless.
+_MIN_TOKEN = 16
+BUILTIN_MODULES = ("autotune.workloads", "autotune.workloads.testing")
+_TOKEN_HINT = "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))' > token.txt"
+
+
+class WorkloadRefused(WorkloadError):
+    """A well-formed workload reference the service will not import (HTTP 403)."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``127.0.0.1``, ``::1``, ``localhost`` and the rest of 127.0.0.0/8.
+
+    Example:
+        >>> is_loopback("127.0.0.1"), is_loopback("0.0.0.0")
+        (True, False)
+    """
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def load_token(token_file: Path | None) -> str | None:
+    """The service's token: the file's content, else ``AUTOTUNE_TOKEN``, else None.
+
+    Raises:
+        SpecError: the file cannot be read, or the token is shorter than 16 characters.
+    """
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:
+            raise SpecError(
+                f"--token-file {str(token_file)!r} cannot be read ({exc.strerror}); {_TOKEN_HINT}"
+            ) from None
+        source = f"--token-file {str(token_file)!r}"
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        source = TOKEN_ENV
+        if not token:
+            return None
+    if len(token) < _MIN_TOKEN:
+        raise SpecError(
+            f"the token in {source} has {len(token)} characters; use at least {_MIN_TOKEN}, "
+            f"{_TOKEN_HINT}"
+        )
+    return token
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to listen beyond loopback without a token.
+
+    Raises:
+        SpecError: naming the host and how to give a token.
+    """
+    if token is None and not is_loopback(host):
+        raise SpecError(
+            f"--host {host} accepts connections from other machines, so it needs a token: pass "
+            f"--token-file FILE or set {TOKEN_ENV} ({_TOKEN_HINT}); or keep the default "
+            "--host 127.0.0.1"
+        )
+
+
+def token_matches(expected: str | None, authorization: str | None) -> bool:
+    """Whether an ``Authorization`` header carries the expected bearer token."""
+    if expected is None:
+        return True
+    scheme, _, given = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), expected)
+
+
+class WorkloadPolicy:
+    """Which workload references the service may import.
+
+    Args:
+        dirs: folders whose top-level packages are trusted (``--workload-dir``).
+
+    Example:
+        >>> WorkloadPolicy([]).check("tiny_convnet")
+        'autotune.workloads:tiny_convnet'
+    """
+
+    def __init__(self, dirs: list[Path]) -> None:
+        self.dirs = [d.resolve() for d in dirs]
+
+    def check(self, reference: str) -> str:
+        """Return the normalized reference when the service may import it.
+
+        Raises:
+            WorkloadError: the reference is malformed, or names a built-in that does not exist.
+            WorkloadRefused: the reference is outside the built-ins and the workload dirs.
+        """
+        from autotune.workloads._loader import _REF
+
+        ref = normalize_reference(reference)
+        if not _REF.match(ref):
+            raise WorkloadError(
+                f"workload {reference!r} must look like package.module:function or be a built-in "
+                "name such as tiny_convnet"
+            )
+        module, attr = ref.split(":")
+        if module in BUILTIN_MODULES:
+            return self._builtin(ref, module, attr)
+        top = module.split(".")[0]
+        where = self._find(top)
+        if where is None:
+            dirs = ", ".join(str(d) for d in self.dirs) or "none configured"
+            raise WorkloadRefused(
+                f"workload {reference!r}: this service imports only the built-in workloads "
+                f"({', '.join(m + ':*' for m in BUILTIN_MODULES)}) and packages under its "
+                f"workload dirs ({dirs}); {top!r} is not there. Ask whoever runs the service to "
+                f"add its folder with --workload-dir, or use a built-in"
+            )
+        if not self._module_exists(module, where):
+            raise WorkloadError(
+                f"workload {reference!r}: module {module!r} does not exist under {where}; check "
+                "the spelling"
+            )
+        return ref
+
+    def _builtin(self, ref: str, module: str, attr: str) -> str:
+        import importlib
+
+        mod = importlib.import_module(module)
+        if attr.startswith("_") or not callable(getattr(mod, attr, None)):
+            names = ", ".join(n for n in getattr(mod, "__all__", ()) if callable(getattr(mod, n)))
+            raise WorkloadError(
+                f"workload {ref!r}: {module} has no workload {attr!r}; it has {names}"
+            )
+        return ref
+
+    def _find(self, top: str) -> Path | None:
+        """The workload dir a top-level package lives in, if the import would really find it.
+
+        The worker imports with the working directory first, then the workload dirs; a name the
+        standard library or an already imported package owns would resolve to that instead.
+        """
+        if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+            return None
+        search = [os.getcwd(), *map(str, self.dirs)]
+        spec = importlib.machinery.PathFinder.find_spec(top, search)
+        if spec is None:
+            return None
+        origin = spec.origin if spec.origin not in (None, "namespace") else None
+        places = (
+            [Path(origin)] if origin else [Path(p) for p in spec.submodule_search_locations or []]
+        )
+        for d in self.dirs:
+            if places and all(p.resolve().is_relative_to(d) for p in places):
+                loaded = sys.modules.get(top)
+                loaded_file = getattr(loaded, "__file__", None) if loaded else None
+                if loaded is not None and (
+                    loaded_file is None or not Path(loaded_file).resolve().is_relative_to(d)
+                ):
+                    return None
+                return d
+        return None
+
+    @staticmethod
+    def _module_exists(module: str, where: Path) -> bool:
+        """Find ``a.b.c`` under ``where`` step by step, without importing any of it."""
+        paths = [str(where)]
+        for part in module.split("."):
+            spec = importlib.machinery.PathFinder.find_spec(part, paths)
+            if spec is None:
+                return False
+            paths = list(spec.submodule_search_locations or [])
+        return True

@@ -1,0 +1,207 @@
+"""The HTTP API: a thin FastAPI shell over :class:`~autotune.service.TuningService`.
+
+Endpoints (OpenAPI at ``/docs``)::
+
+    POST /studies               submit a study spec (YAML or JSON body), ?priority=N   token
+    GET  /studies               every study: state, detail, progress
+    GET  /studies/{name}        one study: trials by outcome, best so far, budget used
+    GET  /studies/{name}/config its TunedConfig when done (404 unknown, 409 not done)
+    POST /studies/{name}/cancel cancel a queued or running study                    token
+    GET  /devices               free/total memory, what runs there, other processes, worker
+    GET  /health                up or draining, with counts
+
+Every refusal is ``{"detail": "<one message naming what is wrong>"}`` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import anyio
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from loguru import logger
+
+import autotune
+from autotune.config import TunedConfig
+from autotune.service._access import token_matches
+from autotune.service._models import (
+    CancelReply,
+    DeviceInfo,
+    ErrorReply,
+    Health,
+    StudyDetail,
+    StudyStatus,
+    SubmitReply,
+)
+from autotune.service._service import RequestError, TuningService
+
+__all__ = ["MAX_BODY", "create_app"]
+
+# A study spec is a few hundred bytes; 64 KiB leaves room for comments and stops abuse.
+MAX_BODY = 64 * 1024
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorReply} for code in (401, 403, 404, 409, 413, 422)
+}
+
+
+class _BodyLimit:
+    """Refuse a request whose declared body is larger than ``limit`` before reading it (413)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            length = headers.get(b"content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.limit):
+                response = JSONResponse(
+                    {"detail": _too_large(self.limit, length.decode(errors="replace"))},
+                    status_code=413,
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _too_large(limit: int, got: str) -> str:
+    return f"the body has {got} bytes; the limit is {limit} bytes (a study spec is a few hundred)"
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it passes ``limit`` (chunked bodies too)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, _too_large(limit, f"more than {limit}"))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(service: TuningService, *, max_body: int = MAX_BODY) -> FastAPI:
+    """The FastAPI app serving ``service``; its lifespan starts the scheduler and drains it.
+
+    Example:
+        >>> app = create_app(TuningService("sqlite:///studies/autotune.db", ["cpu"]))  # doctest: +SKIP
+        >>> uvicorn.run(app, port=8765)  # doctest: +SKIP
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            yield
+        finally:
+            logger.info("draining: no new trials; the probes in flight finish or are stopped")
+            # Joining the device threads blocks: keep it off the event loop.
+            await anyio.to_thread.run_sync(service.stop)
+            logger.info("drained; the queue and every recorded trial are in the storage")
+
+    app = FastAPI(
+        title="autotune",
+        version=autotune.__version__,
+        description="A tuning service for a shared box: queue study specs, run their probes "
+        "where there is room, read status and results.",
+        lifespan=lifespan,
+    )
+    app.add_middleware(_BodyLimit, limit=max_body)
+
+    @app.exception_handler(RequestError)
+    async def _refused(request: Request, exc: RequestError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("query", "path"))
+            parts.append(f"{loc}: {err.get('msg')}, got {loc}={err.get('input')!r}")
+        return JSONResponse({"detail": "; ".join(parts)}, status_code=422)
+
+    def require_token(
+        authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    ) -> None:
+        if not token_matches(service.token, authorization):
+            what = "a wrong token" if authorization else "no token"
+            raise HTTPException(
+                401,
+                f"this service needs a token to change anything, and the request carried {what}; "
+                "send Authorization: Bearer <token> (autotune CLI: --token or AUTOTUNE_TOKEN)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    @app.get("/health", response_model=Health)
+    def health() -> Health:
+        """Whether the service is up (``ok``) or draining, with queue counts."""
+        return service.health()
+
+    @app.post(
+        "/studies",
+        response_model=SubmitReply,
+        status_code=201,
+        responses=_ERRORS,
+        dependencies=[Depends(require_token)],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/yaml": {"schema": {"type": "string"}},
+                    "application/json": {"schema": {"type": "object"}},
+                },
+            }
+        },
+    )
+    async def submit(
+        request: Request,
+        priority: Annotated[int, Query(ge=-1000, le=1000, description="higher runs first")] = 0,
+    ) -> SubmitReply:
+        """Queue a study spec (the body: YAML, or JSON with ``Content-Type: application/json``).
+
+        The service's own storage replaces the spec's ``storage``; ``device: auto`` runs on any
+        of the service's devices.
+        """
+        body = await _read_body(request, max_body)
+        return await run_in_threadpool(
+            service.submit, body, request.headers.get("content-type"), priority
+        )
+
+    @app.get("/studies", response_model=list[StudyStatus])
+    def studies() -> list[StudyStatus]:
+        """Every study in queue order (priority, then submission), with state and progress."""
+        return service.studies()
+
+    @app.get("/studies/{name}", response_model=StudyDetail, responses=_ERRORS)
+    def study(name: str) -> StudyDetail:
+        """One study: trials by state and outcome, the best so far, budget used, latest trials."""
+        return service.study(name)
+
+    @app.get("/studies/{name}/config", response_model=TunedConfig, responses=_ERRORS)
+    def config(name: str) -> dict[str, Any]:
+        """The study's TunedConfig once it is done; 409 while queued or running."""
+        return service.config(name)
+
+    @app.post(
+        "/studies/{name}/cancel",
+        response_model=CancelReply,
+        responses=_ERRORS,
+        dependencies=[Depends(require_token)],
+    )
+    def cancel(name: str) -> CancelReply:
+        """Cancel a queued study, or stop a running one (its trials stay in the storage)."""
+        return service.cancel(name)
+
+    @app.get("/devices", response_model=list[DeviceInfo])
+    def devices() -> list[DeviceInfo]:
+        """Each device: free/total memory, what runs there, other processes, the worker's pid."""
+        return service.devices()
+
+    return app

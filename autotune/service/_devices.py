@@ -1,0 +1,360 @@
+"""What each device has to spare: free and total memory, utilisation, and who else uses it.
+
+CUDA devices are read through NVML (``nvidia-ml-py``): the driver's view, which counts every
+process on the GPU, and it creates no CUDA context in the service (a context costs hundreds of
+MiB of exactly the memory we try to leave to colleagues). Without NVML, ``torch.cuda.mem_get_info``
+is the fallback, at the price of that context. The CPU reads ``/proc/meminfo``.
+
+A device is *busy* when someone else's work holds it: on a GPU, utilisation at or above
+``BUSY_UTILIZATION`` percent while our own worker is idle. CPU load is not counted (a shared
+box always has some); CPU memory is, through the free-memory check in :meth:`room_for`.
+
+Test hook: with ``AUTOTUNE_FAKE_BUSY_FILE=<path>`` set, every device reports busy, "used by
+another process", while that file exists — so tests can fake a colleague's job on a CPU box.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from autotune.errors import DeviceError, SpecError
+
+__all__ = [
+    "BUSY_UTILIZATION",
+    "FAKE_BUSY_ENV",
+    "DeviceMonitor",
+    "DeviceReading",
+    "ProcessUse",
+    "parse_devices",
+]
+
+FAKE_BUSY_ENV = "AUTOTUNE_FAKE_BUSY_FILE"
+# NVML samples utilisation over the last second or so; half the SMs busy with someone else's
+# kernels means our timings would be noise and their job would slow down.
+BUSY_UTILIZATION = 50.0
+
+_GIB = 2**30
+
+
+@dataclass
+class ProcessUse:
+    """Another process on a device and the memory it holds (None where the driver hides it)."""
+
+    pid: int
+    used_bytes: int | None = None
+
+
+@dataclass
+class DeviceReading:
+    """One look at a device."""
+
+    name: str
+    kind: str
+    description: str
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    # GPU only: NVML's sampled utilisation in percent.
+    utilization: float | None = None
+    # Memory our own processes (the service and its worker) hold there.
+    own_bytes: int = 0
+    others: list[ProcessUse] = field(default_factory=list)
+    others_bytes: int | None = None
+    # Why the device is left alone now; empty when it is not busy.
+    busy_reason: str = ""
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.busy_reason)
+
+
+def parse_devices(text: str | None, *, gpu_count: Callable[[], int] | None = None) -> list[str]:
+    """``cpu`` → ``["cpu"]``; ``0,1`` or ``cuda:0,cuda:1`` → ``["cuda:0", "cuda:1"]``.
+
+    Args:
+        text: the ``--devices`` value; None means every visible GPU, or the CPU without one.
+        gpu_count: how many GPUs are visible (NVML by default).
+
+    Raises:
+        SpecError: naming the bad entry and what would work.
+
+    Example:
+        >>> parse_devices("0,cuda:1")
+        ['cuda:0', 'cuda:1']
+    """
+    if text is None or not text.strip():
+        count = (gpu_count or _visible_gpu_count)()
+        return [f"cuda:{i}" for i in range(count)] or ["cpu"]
+    out: list[str] = []
+    for raw in text.split(","):
+        item = raw.strip().lower()
+        if item == "cpu":
+            name = "cpu"
+        elif re.fullmatch(r"(cuda:)?\d+", item):
+            name = f"cuda:{item.removeprefix('cuda:')}"
+        else:
+            raise SpecError(
+                f"--devices takes cpu or GPU indices like 0,1, got an entry {raw.strip()!r} in "
+                f"--devices {text!r}"
+            )
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def _visible_gpu_count() -> int:
+    """GPUs this process may use, without creating a CUDA context."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        nvml = _nvml()
+        count = int(nvml.nvmlDeviceGetCount())
+    except Exception:  # no driver, no NVML: no GPUs to serve
+        return 0
+    if visible is None:
+        return count
+    return len([v for v in visible.split(",") if v.strip() and not v.strip().startswith("-")])
+
+
+_nvml_lock = threading.Lock()
+_nvml_ready = False
+
+
+def _nvml() -> Any:
+    """The initialised ``pynvml`` module (initialised once per process)."""
+    global _nvml_ready
+    import pynvml
+
+    with _nvml_lock:
+        if not _nvml_ready:
+            pynvml.nvmlInit()
+            _nvml_ready = True
+    return pynvml
+
+
+def _nvml_handle(nvml: Any, index: int) -> Any:
+    """The NVML handle of ``cuda:index`` as this process numbers it (CUDA_VISIBLE_DEVICES)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+    entries = [v.strip() for v in visible.split(",") if v.strip()]
+    if index >= len(entries):
+        raise DeviceError(
+            f"device cuda:{index} does not exist: CUDA_VISIBLE_DEVICES={visible!r} shows "
+            f"{len(entries)} GPU(s)"
+        )
+    entry = entries[index]
+    if entry.isdigit():
+        return nvml.nvmlDeviceGetHandleByIndex(int(entry))
+    return nvml.nvmlDeviceGetHandleByUUID(entry)
+
+
+def _meminfo() -> dict[str, int]:
+    out = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key] = int(parts[0]) * 1024
+    return out
+
+
+def _rss(pid: int) -> int:
+    """Resident memory of a process in bytes; 0 when it is gone."""
+    try:
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _fake_busy() -> str:
+    path = os.environ.get(FAKE_BUSY_ENV)
+    if path and Path(path).exists():
+        return f"used by another process ({FAKE_BUSY_ENV} file {path} exists)"
+    return ""
+
+
+class DeviceMonitor:
+    """Reads the devices a service schedules on.
+
+    Args:
+        devices: ``cpu`` and/or ``cuda:N`` names (see :func:`parse_devices`).
+        own_pids: the service's own processes (itself and its workers): their use of a device
+            is ours, not a colleague's.
+        probing: whether our worker on a device is running a probe now (its utilisation is then
+            ours too).
+
+    Example:
+        >>> monitor = DeviceMonitor(["cpu"], own_pids=lambda: {os.getpid()})
+        >>> monitor.read("cpu").kind
+        'cpu'
+    """
+
+    def __init__(
+        self,
+        devices: list[str],
+        *,
+        own_pids: Callable[[], set[int]],
+        probing: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.devices = list(devices)
+        self.own_pids = own_pids
+        self.probing = probing or (lambda device: False)
+        self._warned_fallback = False
+        self._cache: dict[str, tuple[float, DeviceReading]] = {}
+
+    def check(self) -> None:
+        """Fail early when a configured device does not exist on this machine.
+
+        Raises:
+            DeviceError: naming the device and what is visible.
+        """
+        for device in self.devices:
+            if device == "cpu":
+                continue
+            index = int(device.split(":")[1])
+            count = _visible_gpu_count()
+            if index >= count:
+                raise DeviceError(
+                    f"--devices names {device}, but {count} GPU(s) are visible here"
+                    + (f" (cuda:0..cuda:{count - 1})" if count else "; use --devices cpu")
+                )
+
+    def read(self, device: str, *, max_age: float = 0.0) -> DeviceReading:
+        """One reading of ``device``: memory, utilisation, other processes, busy or not.
+
+        Args:
+            device: the device's name.
+            max_age: a reading up to this many seconds old will do (status pages use one;
+                scheduling decisions read afresh).
+        """
+        now = time.monotonic()
+        cached = self._cache.get(device)
+        if cached is not None and now - cached[0] <= max_age:
+            return cached[1]
+        reading = self._read_cpu() if device == "cpu" else self._read_cuda(device)
+        fake = _fake_busy()
+        if fake:
+            reading.busy_reason = f"{device} is {fake}"
+        self._cache[device] = (now, reading)
+        return reading
+
+    def room_for(self, device: str, need_bytes: int, margin: float) -> str:
+        """Why a probe needing ``need_bytes`` cannot start on ``device`` now; empty if it can.
+
+        The device must be free of other people's work, and its free memory (plus what our own
+        worker already holds) must cover the need plus ``margin`` of the total.
+        """
+        r = self.read(device)
+        if r.busy:
+            return r.busy_reason
+        if r.free_bytes is None or r.total_bytes is None:
+            return ""
+        want = need_bytes + margin * r.total_bytes
+        have = r.free_bytes + r.own_bytes
+        if have < want:
+            return (
+                f"{device} has {have / _GIB:.2f} GiB free; the next probe needs about "
+                f"{need_bytes / _GIB:.2f} GiB plus the {margin:.0%} margin "
+                f"({want / _GIB:.2f} GiB): waiting for other work to free memory"
+            )
+        return ""
+
+    # ---- readers ---------------------------------------------------------------------------
+
+    def _read_cpu(self) -> DeviceReading:
+        info = _meminfo()
+        total, free = info.get("MemTotal"), info.get("MemAvailable")
+        own = sum(_rss(pid) for pid in self.own_pids())
+        others = None if total is None or free is None else max(0, total - free - own)
+        return DeviceReading(
+            name="cpu",
+            kind="cpu",
+            description=f"CPU ({os.cpu_count()} cores)",
+            total_bytes=total,
+            free_bytes=free,
+            own_bytes=own,
+            others_bytes=others,
+        )
+
+    def _read_cuda(self, device: str) -> DeviceReading:
+        index = int(device.split(":")[1])
+        try:
+            nvml = _nvml()
+            handle = _nvml_handle(nvml, index)
+            return self._read_nvml(nvml, handle, device)
+        except DeviceError:
+            raise
+        except Exception as exc:  # NVML missing or failing: the torch fallback
+            return self._read_torch(device, index, exc)
+
+    def _read_nvml(self, nvml: Any, handle: Any, device: str) -> DeviceReading:
+        mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+        name = nvml.nvmlDeviceGetName(handle)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        try:
+            util: float | None = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nvml.NVMLError:
+            util = None
+        try:
+            procs = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        except nvml.NVMLError:
+            procs = []
+        mine = self.own_pids()
+        own = others_bytes = 0
+        others: list[ProcessUse] = []
+        for p in procs:
+            used = getattr(p, "usedGpuMemory", None)
+            used = int(used) if isinstance(used, int) else None
+            if p.pid in mine:
+                own += used or 0
+            else:
+                others.append(ProcessUse(pid=int(p.pid), used_bytes=used))
+                others_bytes += used or 0
+        reading = DeviceReading(
+            name=device,
+            kind="cuda",
+            description=name,
+            total_bytes=int(mem.total),
+            free_bytes=int(mem.free),
+            utilization=util,
+            own_bytes=own,
+            others=others,
+            others_bytes=others_bytes,
+        )
+        # While our probe runs the utilisation is (at least partly) ours: not a reason to wait.
+        if util is not None and util >= BUSY_UTILIZATION and not self.probing(device):
+            pids = ", ".join(str(p.pid) for p in others[:5]) or "not visible from here"
+            reading.busy_reason = (
+                f"{device} is {util:.0f}% utilised by another process (pids: {pids}); "
+                f"autotune waits below {BUSY_UTILIZATION:.0f}%"
+            )
+        return reading
+
+    def _read_torch(self, device: str, index: int, why: Exception) -> DeviceReading:
+        import torch
+
+        if not self._warned_fallback:
+            logger.warning(
+                "NVML cannot read {} ({}); falling back to torch.cuda.mem_get_info, which holds a "
+                "CUDA context in the service; pip install nvidia-ml-py to avoid it",
+                device,
+                why,
+            )
+            self._warned_fallback = True
+        free, total = torch.cuda.mem_get_info(index)
+        return DeviceReading(
+            name=device,
+            kind="cuda",
+            description=torch.cuda.get_device_name(index),
+            total_bytes=int(total),
+            free_bytes=int(free),
+        )

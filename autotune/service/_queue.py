@@ -1,0 +1,289 @@
+"""The durable study queue: one row per submitted study, in the same database as the trials.
+
+A row's life::
+
+    queued ──take──▶ running ──▶ done | failed | cancelled
+       ▲                │
+       └── requeue ─────┘   (the service drained, or restarts after a crash)
+
+Rows live in the table ``autotune_queue`` beside Optuna's tables, so a backup of the study
+database is a backup of the queue, and a service that restarts finds every study where it was.
+The order is priority (higher first), then submission order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+from autotune.errors import StorageError
+from autotune.storage import mask_url
+
+__all__ = ["QUEUE_TABLE", "STATES", "QueueRow", "StudyQueue"]
+
+STATES = ("queued", "running", "done", "failed", "cancelled")
+FINISHED = ("done", "failed", "cancelled")
+
+_META = sa.MetaData()
+QUEUE_TABLE = sa.Table(
+    "autotune_queue",
+    _META,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("priority", sa.Integer, nullable=False, default=0),
+    sa.Column("submitted_at", sa.Float, nullable=False),
+    # Breaks ties between submissions in the same clock tick.
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("device", sa.String(32)),
+    sa.Column("owner", sa.String(256)),
+    sa.Column("error", sa.Text),
+    sa.Column("started_at", sa.Float),
+    sa.Column("finished_at", sa.Float),
+    # Budget spent so far (probe time, not queue time): a resumed study continues from here.
+    sa.Column("probe_seconds", sa.Float, nullable=False, default=0.0),
+    # How many times the study was started: above 1 it resumes.
+    sa.Column("runs", sa.Integer, nullable=False, default=0),
+)
+
+
+@dataclass
+class QueueRow:
+    """One study in the queue, as stored."""
+
+    name: str
+    spec: dict[str, Any]
+    priority: int
+    submitted_at: float
+    seq: int
+    state: str
+    device: str | None = None
+    owner: str | None = None
+    error: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    probe_seconds: float = 0.0
+    runs: int = 0
+
+    @classmethod
+    def from_db(cls, row: Any) -> QueueRow:
+        data = dict(row._mapping)
+        data["spec"] = json.loads(data["spec"])
+        return cls(**data)
+
+    @property
+    def requested_device(self) -> str:
+        return str(self.spec.get("device", "auto"))
+
+
+def service_owner() -> str:
+    """Who runs a study: ``host:pid`` of this service process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive_here(owner: str | None) -> bool:
+    """Whether ``owner`` names a live process on this host other than this one."""
+    if not owner or ":" not in owner:
+        return False
+    host, _, pid_text = owner.rpartition(":")
+    if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return False
+    try:
+        with open(f"/proc/{pid_text}/stat") as f:
+            # A zombie (killed, not yet reaped) holds nothing.
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class StudyQueue:
+    """The queue table in a study database.
+
+    Args:
+        url: the storage URL (``sqlite:///studies/autotune.db`` or ``postgresql://...``); the
+            Optuna study storage may be the same database.
+
+    Raises:
+        StorageError: the database cannot be opened or the table cannot be created.
+
+    Example:
+        >>> queue = StudyQueue("sqlite:///studies/autotune.db")  # doctest: +SKIP
+        >>> queue.submit(spec, priority=5).state
+        'queued'
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        kwargs: dict[str, Any] = {}
+        if url.startswith("sqlite"):
+            # Optuna's heartbeats and trial writes share the file: wait for a lock, don't fail.
+            kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
+        elif url.startswith("postgresql"):
+            kwargs = {"connect_args": {"connect_timeout": 5}, "pool_pre_ping": True}
+        try:
+            self.engine = sa.create_engine(url, **kwargs)
+            _META.create_all(self.engine, checkfirst=True)
+        except (SQLAlchemyError, ImportError, ValueError) as exc:
+            detail = str(exc).splitlines()[0][:300]
+            raise StorageError(
+                f"queue storage {mask_url(url)!r} cannot be opened: {detail}; check --storage"
+            ) from None
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def get(self, name: str) -> QueueRow | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(QUEUE_TABLE).where(QUEUE_TABLE.c.name == name)).first()
+        return QueueRow.from_db(row) if row else None
+
+    def rows(self) -> list[QueueRow]:
+        """Every study, in queue order (priority, then submission)."""
+        order = (QUEUE_TABLE.c.priority.desc(), QUEUE_TABLE.c.seq)
+        with self.engine.connect() as conn:
+            return [
+                QueueRow.from_db(r)
+                for r in conn.execute(sa.select(QUEUE_TABLE).order_by(*order)).all()
+            ]
+
+    # ---- changing ------------------------------------------------------------------------
+
+    def submit(self, name: str, spec: dict[str, Any], priority: int) -> QueueRow:
+        """Queue a new study, or queue again one that failed or was cancelled (it resumes).
+
+        Raises:
+            ValueError: a study of this name is queued, running or done (the message says which).
+        """
+        now = time.time()
+        values = {
+            "spec": json.dumps(spec),
+            "priority": priority,
+            "submitted_at": now,
+            "state": "queued",
+            "device": None,
+            "owner": None,
+            "error": None,
+            "started_at": None,
+            "finished_at": None,
+            "probe_seconds": 0.0,
+        }
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    QUEUE_TABLE.insert().values(
+                        name=name, seq=self._next_seq(conn), runs=0, **values
+                    )
+                )
+        except IntegrityError:
+            return self._resubmit(name, values)
+        row = self.get(name)
+        assert row is not None
+        return row
+
+    @staticmethod
+    def _next_seq(conn: sa.Connection) -> int:
+        top = conn.execute(sa.select(sa.func.max(QUEUE_TABLE.c.seq))).scalar()
+        return int(top or 0) + 1
+
+    def _resubmit(self, name: str, values: dict[str, Any]) -> QueueRow:
+        with self.engine.begin() as conn:
+            seq = self._next_seq(conn)
+            done = conn.execute(
+                QUEUE_TABLE.update()
+                .where(
+                    (QUEUE_TABLE.c.name == name) & QUEUE_TABLE.c.state.in_(("failed", "cancelled"))
+                )
+                .values(seq=seq, **values)
+            )
+        row = self.get(name)
+        assert row is not None
+        if done.rowcount != 1:
+            raise ValueError(row.state)
+        return row
+
+    def take_next(self, device: str, accepts: Callable[[QueueRow], bool]) -> QueueRow | None:
+        """Mark the first queued study ``device`` can run as running there, and return it."""
+        for row in self.rows():
+            if row.state != "queued" or not accepts(row):
+                continue
+            with self.engine.begin() as conn:
+                # Conditional: another device thread (or service) may have taken it meanwhile.
+                taken = conn.execute(
+                    QUEUE_TABLE.update()
+                    .where((QUEUE_TABLE.c.name == row.name) & (QUEUE_TABLE.c.state == "queued"))
+                    .values(
+                        state="running",
+                        device=device,
+                        owner=service_owner(),
+                        started_at=time.time(),
+                        runs=QUEUE_TABLE.c.runs + 1,
+                    )
+                )
+            if taken.rowcount == 1:
+                return self.get(row.name)
+        return None
+
+    def finish(self, name: str, state: str, *, error: str | None = None) -> None:
+        """Record that a running study ended: done, failed (with the error) or cancelled."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                QUEUE_TABLE.update()
+                .where(QUEUE_TABLE.c.name == name)
+                .values(state=state, error=error, finished_at=time.time(), owner=None)
+            )
+
+    def requeue(self, name: str) -> None:
+        """Put a running study back in the queue (the service is draining); it resumes later."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                QUEUE_TABLE.update()
+                .where((QUEUE_TABLE.c.name == name) & (QUEUE_TABLE.c.state == "running"))
+                .values(state="queued", device=None, owner=None)
+            )
+
+    def cancel_queued(self, name: str) -> bool:
+        """Cancel a study that has not started; False when it is not queued (any more)."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                QUEUE_TABLE.update()
+                .where((QUEUE_TABLE.c.name == name) & (QUEUE_TABLE.c.state == "queued"))
+                .values(state="cancelled", finished_at=time.time())
+            )
+        return done.rowcount == 1
+
+    def record_progress(self, name: str, probe_seconds: float) -> None:
+        """Store the budget a running study has spent, so a restart resumes with the rest."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                QUEUE_TABLE.update()
+                .where(QUEUE_TABLE.c.name == name)
+                .values(probe_seconds=round(probe_seconds, 3))
+            )
+
+    def recover(self) -> list[str]:
+        """At start: studies left ``running`` by a service that died go back to the queue.
+
+        Returns:
+            The names put back.
+
+        Raises:
+            StorageError: another live service on this host runs studies from this queue.
+        """
+        stuck = [r for r in self.rows() if r.state == "running"]
+        for row in stuck:
+            if _alive_here(row.owner):
+                raise StorageError(
+                    f"study {row.name!r} in {mask_url(self.url)!r} is being run by another "
+                    f"autotune serve ({row.owner}); stop it first, or give this one its own "
+                    "--storage"
+                )
+        for row in stuck:
+            self.requeue(row.name)
+        return [r.name for r in stuck]

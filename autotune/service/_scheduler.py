@@ -1,0 +1,456 @@
+"""The scheduler: one thread per device, each running one queued study at a time.
+
+Per device, in a loop:
+
+1. While someone else's work holds the device, take nothing (queued studies say why).
+2. Take the next queued study this device may run (priority, then submission order).
+3. Run its search with the device's persistent :class:`~autotune.worker.ProbeWorker`, a
+   *gate* before every probe, and a stop flag:
+
+   - the gate waits until the device is free of other people's work and has the candidate's
+     measured memory need plus the spec's margin free; that wait is not charged to the budget;
+   - the stop flag is a cancel of this study or the whole service draining.
+
+4. Record the outcome in the queue: done, failed (with the error), cancelled, or back to
+   queued when the service drains (a later start resumes it with the budget it has left).
+
+A study that was running when the service died is resumed at the next start: its trials that
+were in flight are failed as stale by the heartbeat check (and re-enqueued once) before the
+search continues, so no trial stays RUNNING and nothing completed is lost.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from loguru import logger
+from optuna.trial import TrialState
+
+from autotune.errors import AutotuneError
+from autotune.logs import FILE_FORMAT
+from autotune.result import ProbeResult
+from autotune.search import Budget, SearchStopped, run_search
+from autotune.service._devices import DeviceMonitor
+from autotune.service._queue import QueueRow, StudyQueue
+from autotune.spec import Candidate, ProbeSettings, StudySpec, parse_spec
+from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, fail_stale
+from autotune.worker import ProbeWorker, Runner
+
+__all__ = ["DRAIN_GRACE", "Scheduler", "StudyRun", "accepts"]
+
+# Seconds between looks at a busy device or an empty queue.
+_POLL = 0.5
+# On SIGTERM the probe in flight gets this long to finish before it is stopped.
+DRAIN_GRACE = 10.0
+# How long a resumed study waits for its crashed run's trials to go stale (then they are failed
+# and re-enqueued): the heartbeat grace period plus one missed beat.
+_STALE_WAIT = GRACE_PERIOD + HEARTBEAT_INTERVAL + 1.0
+
+
+def accepts(device: str, requested: str) -> bool:
+    """Whether a study asking for device ``requested`` may run on ``device``.
+
+    Example:
+        >>> accepts("cuda:1", "cuda"), accepts("cpu", "cuda:0"), accepts("cpu", "auto")
+        (True, False, True)
+    """
+    if requested == "auto":
+        return True
+    if requested == "cuda":
+        return device.startswith("cuda")
+    return requested == device
+
+
+@dataclass
+class StudyRun:
+    """A study running on a device, as the API sees it."""
+
+    name: str
+    device: str
+    spec: StudySpec
+    budget: Budget
+    phase: str = "starting"
+    detail: str = "starting"
+    probing: bool = False
+    cancel: threading.Event = field(default_factory=threading.Event)
+    # (precision, batch size, peak bytes) measured by ceiling tries: the memory a probe needs.
+    peaks: list[tuple[str, int, int]] = field(default_factory=list)
+    study: optuna.Study | None = None
+    # Budget spent when the current wait for the device began; None when not waiting.
+    used_before_wait: float | None = None
+
+    def budget_used(self) -> float:
+        """Budget spent so far; it stands still while the study waits for its device."""
+        if self.used_before_wait is not None:
+            return self.used_before_wait
+        return self.budget.elapsed()
+
+
+class _DeviceRunner(Runner):
+    """The device's persistent worker, seen by one study: marks when a probe is in flight."""
+
+    def __init__(self, worker: ProbeWorker, run: StudyRun) -> None:
+        self.worker = worker
+        self.run_state = run
+
+    def run(
+        self,
+        workload: str,
+        candidate: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float | None = None,
+    ) -> ProbeResult:
+        self.run_state.probing = True
+        try:
+            return self.worker.run(workload, candidate, settings, timeout=timeout)
+        finally:
+            self.run_state.probing = False
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def interrupt(self) -> None:
+        self.worker.interrupt()
+
+    def close(self) -> None:
+        """The worker outlives the study: it serves the next one on this device."""
+
+
+class Scheduler:
+    """Runs queued studies on devices, one thread and one persistent worker per device.
+
+    Args:
+        queue: the durable queue.
+        monitor: reads the devices.
+        storage_url: the study storage every study is stored in.
+        out_dir: each study writes ``<out_dir>/<name>/best.json`` and ``service.log``.
+        storage: the opened storage (for the stale-trial check of resumed studies).
+    """
+
+    def __init__(
+        self,
+        queue: StudyQueue,
+        monitor: DeviceMonitor,
+        *,
+        storage_url: str,
+        out_dir: Path,
+        storage: optuna.storages.BaseStorage,
+    ) -> None:
+        self.queue = queue
+        self.monitor = monitor
+        self.storage_url = storage_url
+        self.out_dir = out_dir
+        self.storage = storage
+        self.workers = {d: ProbeWorker(d) for d in monitor.devices}
+        # device → the study running there
+        self.runs: dict[str, StudyRun] = {}
+        self._draining = threading.Event()
+        self._wake = threading.Condition()
+        self._threads: list[threading.Thread] = []
+
+    # ---- control ---------------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    def start(self) -> None:
+        """Start one thread per device."""
+        for device in self.monitor.devices:
+            thread = threading.Thread(
+                target=self._loop, args=(device,), name=f"device-{device}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def wake(self) -> None:
+        """Something changed (a submit, a cancel): idle device threads look at the queue now."""
+        with self._wake:
+            self._wake.notify_all()
+
+    def run_of(self, name: str) -> StudyRun | None:
+        return next((r for r in list(self.runs.values()) if r.name == name), None)
+
+    def cancel(self, name: str) -> bool:
+        """Stop a running study; False when it is not running here.
+
+        A probe in flight is stopped at once (its trial is recorded as interrupted), except a
+        ceiling try: those are short, and stopping one would record a wrong ceiling.
+        """
+        run = self.run_of(name)
+        if run is None:
+            return False
+        run.cancel.set()
+        if run.probing and run.phase != "ceilings":
+            self.workers[run.device].interrupt()
+        self.wake()
+        return True
+
+    def drain(self, grace: float = DRAIN_GRACE) -> None:
+        """No new probes; give the ones in flight ``grace`` seconds, stop the rest; join.
+
+        Studies that were running go back to the queue, each with the budget it has left.
+        """
+        self._draining.set()
+        self.wake()
+        deadline = time.monotonic() + grace
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for device, run in list(self.runs.items()):
+            if run.phase != "ceilings":
+                logger.info("draining: stopping the probe of study {!r} on {}", run.name, device)
+                self.workers[device].interrupt()
+        for thread in self._threads:
+            thread.join(30.0)
+            if thread.is_alive():
+                logger.warning("{} did not stop within 30 s; exiting anyway", thread.name)
+        for worker in self.workers.values():
+            worker.close()
+
+    def own_pids(self) -> set[int]:
+        import os
+
+        return {os.getpid()} | {w.pid for w in self.workers.values() if w.pid is not None}
+
+    def probing(self, device: str) -> bool:
+        run = self.runs.get(device)
+        return run is not None and run.probing
+
+    # ---- the device loop -------------------------------------------------------------------
+
+    def _idle(self, seconds: float = _POLL) -> None:
+        with self._wake:
+            self._wake.wait(seconds)
+
+    def _loop(self, device: str) -> None:
+        try:
+            # Pay the worker's start-up (importing torch) now, not in the first study's budget.
+            self.workers[device].start()
+        except Exception as exc:  # it restarts on the first probe; say why it did not start
+            logger.error("the probe worker for {} did not start: {}", device, exc)
+        while not self._draining.is_set():
+            try:
+                if self.monitor.read(device).busy:
+                    self._idle()
+                    continue
+                row = self.queue.take_next(device, lambda r: accepts(device, r.requested_device))
+                if row is None:
+                    self._idle()
+                    continue
+                self._run(row, device)
+            except Exception:  # a bug or a lost database: log it, keep the device thread alive
+                logger.exception("device {}: scheduler error; retrying in 5 s", device)
+                self._idle(5.0)
+
+    # ---- one study -------------------------------------------------------------------------
+
+    def _run(self, row: QueueRow, device: str) -> None:
+        name = row.name
+        try:
+            spec = parse_spec(
+                {**row.spec, "storage": self.storage_url, "device": device},
+                source=f"queued spec of study {name!r}",
+            )
+        except AutotuneError as exc:
+            self.queue.finish(name, "failed", error=str(exc))
+            return
+        # Queue time is not budget: the clock starts now, minus what earlier runs spent.
+        budget = Budget(spec.budget, started=time.monotonic() - row.probe_seconds)
+        run = StudyRun(name=name, device=device, spec=spec, budget=budget)
+        self.runs[device] = run
+        out = self.out_dir / name
+        sink = self._log_sink(out, name)
+        try:
+            with logger.contextualize(study=name):
+                logger.info(
+                    "study {!r} starts on {} (run {}, {:.1f}s of its {:.0f}s budget spent)",
+                    name,
+                    device,
+                    row.runs,
+                    row.probe_seconds,
+                    spec.budget,
+                )
+                if row.runs > 1:
+                    self._settle_stale(run)
+                    budget.started = time.monotonic() - row.probe_seconds
+                self._search(run, out)
+        finally:
+            self.runs.pop(device, None)
+            if sink is not None:
+                logger.remove(sink)
+            self.wake()
+
+    def _search(self, run: StudyRun, out: Path) -> None:
+        name = run.name
+        runner = _DeviceRunner(self.workers[run.device], run)
+        try:
+            result = run_search(
+                run.spec,
+                out_dir=out,
+                runner=runner,
+                budget=run.budget,
+                on_event=lambda kind, data: self._on_event(run, kind, data),
+                gate=lambda cand: self._gate(run, cand),
+                should_stop=lambda: run.cancel.is_set() or self._draining.is_set(),
+            )
+        except SearchStopped:
+            self.queue.record_progress(name, run.budget.elapsed())
+            if run.cancel.is_set():
+                logger.info("study {!r} cancelled", name)
+                self.queue.finish(name, "cancelled")
+            else:
+                logger.info(
+                    "study {!r} back in the queue: the service is draining ({:.1f}s of budget "
+                    "spent)",
+                    name,
+                    run.budget.elapsed(),
+                )
+                self.queue.requeue(name)
+            return
+        except AutotuneError as exc:
+            logger.error("study {!r} failed: {}", name, exc)
+            self.queue.record_progress(name, run.budget.elapsed())
+            self.queue.finish(name, "failed", error=str(exc))
+            return
+        except Exception as exc:  # a bug in autotune: the study fails, the service stays up
+            logger.exception("study {!r}: internal error", name)
+            self.queue.record_progress(name, run.budget.elapsed())
+            self.queue.finish(
+                name, "failed", error=f"internal error: {type(exc).__name__}: {exc}; see the log"
+            )
+            return
+        self.queue.record_progress(name, run.budget.elapsed())
+        if result.config is None and not isinstance(
+            result.study.user_attrs.get("tuned_config"), dict
+        ):
+            self.queue.finish(
+                name,
+                "failed",
+                error=f"validation was claimed by {result.validated_by} and wrote no config",
+            )
+            return
+        logger.info("study {!r} done in {:.1f}s of budget", name, run.budget.elapsed())
+        self.queue.finish(name, "done")
+
+    def _log_sink(self, out: Path, name: str) -> int | None:
+        """Every log line of this study, also in ``<out>/service.log``."""
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            return logger.add(
+                out / "service.log",
+                level="DEBUG",
+                format=FILE_FORMAT,
+                filter=lambda r: r["extra"].get("study") == name,
+                colorize=False,
+                encoding="utf-8",
+                diagnose=False,
+            )
+        except OSError as exc:
+            logger.warning("study {!r}: no log file in {}: {}", name, out, exc)
+            return None
+
+    def _settle_stale(self, run: StudyRun) -> None:
+        """Before resuming after a crash: wait until the crashed run's trials are stale, then
+        fail them (each is re-enqueued once), so none stays RUNNING."""
+        try:
+            study = optuna.load_study(study_name=run.name, storage=self.storage)
+        except KeyError:
+            return
+        deadline = time.monotonic() + _STALE_WAIT
+        while True:
+            fail_stale(study)
+            running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if not running or time.monotonic() > deadline or self._draining.is_set():
+                break
+            run.detail = (
+                f"resuming: waiting up to {GRACE_PERIOD}s for {len(running)} trial(s) of the "
+                "interrupted run to go stale, to fail and retry them"
+            )
+            time.sleep(_POLL)
+        if running:
+            logger.warning(
+                "study {!r}: trials {} still RUNNING (another worker may hold them)",
+                run.name,
+                [t.number for t in running],
+            )
+
+    # ---- hooks into the search -------------------------------------------------------------
+
+    def _on_event(self, run: StudyRun, kind: str, data: dict[str, Any]) -> None:
+        if kind == "phase":
+            run.phase = str(data.get("phase"))
+            mode = f" ({data['mode']})" if data.get("mode") else ""
+            run.detail = f"running on {run.device}: {run.phase} phase{mode}"
+        elif kind == "ceiling":
+            ceiling = data.get("ceiling") or {}
+            for t in ceiling.get("tries", []):
+                if t.get("peak_memory"):
+                    run.peaks.append(
+                        (str(ceiling.get("precision")), int(t["batch_size"]), int(t["peak_memory"]))
+                    )
+        elif kind == "trial":
+            cand = data.get("candidate") or {}
+            run.detail = (
+                f"running on {run.device}: {run.phase} phase, trial {data.get('number')} "
+                f"({cand.get('precision')} bs={cand.get('batch_size')})"
+            )
+        elif kind == "result":
+            self.queue.record_progress(run.name, run.budget.elapsed())
+
+    def _need(self, run: StudyRun, cand: Candidate) -> int:
+        """Bytes a candidate is expected to need, from what this study measured so far.
+
+        The nearest measured batch size of the same precision (any precision if none): its
+        peak when the candidate's batch is smaller, scaled up in proportion when larger. Both
+        are upper bounds (peak memory grows at most linearly with the batch). 0 when nothing
+        was measured yet: the margin alone protects the first probes.
+        """
+        measured = list(run.peaks)
+        try:
+            if run.study is None:
+                run.study = optuna.load_study(study_name=run.name, storage=self.storage)
+            for t in run.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                peak = t.user_attrs.get("peak_memory_bytes")
+                if isinstance(peak, (int, float)) and peak > 0 and "batch_size" in t.params:
+                    measured.append(
+                        (str(t.params["precision"]), int(t.params["batch_size"]), int(peak))
+                    )
+        except Exception:  # best effort: no study yet (first ceiling try), or a busy database
+            pass
+        same = [m for m in measured if m[0] == cand.precision] or measured
+        if not same:
+            return 0
+        _, bs, peak = min(same, key=lambda m: (abs(math.log(m[1] / cand.batch_size)), -m[2]))
+        return peak if cand.batch_size <= bs else math.ceil(peak * cand.batch_size / bs)
+
+    def _gate(self, run: StudyRun, cand: Candidate) -> None:
+        """Called before every probe: wait (off the budget) until the device has room."""
+        self.queue.record_progress(run.name, run.budget.elapsed())
+        need = self._need(run, cand)
+        shown, before = "", run.detail
+        # The search pauses its clock around this call; the status shows the budget standing still.
+        run.used_before_wait = run.budget.elapsed()
+        try:
+            while True:
+                if run.cancel.is_set() or self._draining.is_set():
+                    raise SearchStopped(f"study {run.name!r} was asked to stop")
+                why = self.monitor.room_for(run.device, need, run.spec.memory_margin)
+                if not why:
+                    if shown:
+                        logger.info("study {!r}: {} has room again", run.name, run.device)
+                        run.detail = before
+                    return
+                if why != shown:
+                    logger.info("study {!r} waits: {}", run.name, why)
+                    shown = why
+                run.detail = f"waiting: {why}"
+                self._idle()
+        finally:
+            run.used_before_wait = None

@@ -1,0 +1,408 @@
+"""The tuning service: the queue, the devices and the scheduler behind the HTTP API.
+
+Each public method is one API operation. It checks the request completely before changing
+anything, so a refused request leaves the queue and the storage as they were; a refusal is a
+:class:`RequestError` carrying the HTTP status and one message naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+import autotune
+from autotune.errors import AutotuneError, SpecError, WorkloadError
+from autotune.service._access import WorkloadPolicy, WorkloadRefused
+from autotune.service._devices import DeviceMonitor
+from autotune.service._models import (
+    CancelReply,
+    DeviceInfo,
+    DeviceProcess,
+    Health,
+    StudyDetail,
+    StudyProgress,
+    StudyStatus,
+    SubmitReply,
+)
+from autotune.service._queue import FINISHED, QueueRow, StudyQueue
+from autotune.service._scheduler import Scheduler, accepts
+from autotune.service._standing import Standing, StandingCache
+from autotune.spec import StudySpec, parse_duration, parse_spec
+from autotune.storage import mask_url, open_storage
+
+__all__ = ["RequestError", "TuningService"]
+
+# Seconds a device reading may be reused by status answers (many clients poll).
+_READING_AGE = 0.5
+
+
+class RequestError(AutotuneError):
+    """A refused request: ``status`` is the HTTP status (404, 409, 413, 422...)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _when(t: float | None) -> datetime | None:
+    return None if t is None else datetime.fromtimestamp(t, tz=timezone.utc)
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+class TuningService:
+    """Everything ``autotune serve`` runs, without the HTTP layer.
+
+    Args:
+        storage: the study storage URL; the queue table lives in the same database.
+        devices: device names (``cpu``, ``cuda:0`` ...).
+        out_dir: where each study writes ``<name>/best.json`` and ``<name>/service.log``.
+        workload_dirs: folders whose packages may be used as workloads.
+        token: the bearer token changing requests need; None for none.
+
+    Raises:
+        StorageError: the storage cannot be opened.
+        DeviceError: a device does not exist here.
+
+    Example:
+        >>> service = TuningService("sqlite:///studies/autotune.db", ["cpu"])  # doctest: +SKIP
+        >>> service.start(); service.submit(b"name: t\\nworkload: tiny_mlp\\n")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        storage: str,
+        devices: list[str],
+        *,
+        out_dir: Path = Path("studies"),
+        workload_dirs: list[Path] | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.storage_url = storage
+        self.token = token
+        self.policy = WorkloadPolicy(workload_dirs or [])
+        self.storage = open_storage(storage)
+        self.queue = StudyQueue(storage)
+        self.scheduler: Scheduler
+        self.monitor = DeviceMonitor(
+            devices,
+            own_pids=lambda: self.scheduler.own_pids(),
+            probing=lambda device: self.scheduler.probing(device),
+        )
+        self.monitor.check()
+        self.scheduler = Scheduler(
+            self.queue, self.monitor, storage_url=storage, out_dir=out_dir, storage=self.storage
+        )
+        self.standings = StandingCache(self.storage)
+
+    # ---- life ------------------------------------------------------------------------------
+
+    def recover(self) -> list[str]:
+        """Put studies a dead service left running back in the queue (before :meth:`start`).
+
+        Raises:
+            StorageError: another live service runs studies from this queue.
+        """
+        return self.queue.recover()
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        """Drain: no new probes, the ones in flight finish or are stopped, then return."""
+        self.scheduler.drain()
+
+    # ---- submit ----------------------------------------------------------------------------
+
+    def parse(self, body: bytes, content_type: str | None) -> StudySpec:
+        """A request body (YAML or JSON) as a spec stored in this service's storage.
+
+        Raises:
+            RequestError: 422 naming the bad field, 403 for a workload it will not import.
+        """
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError(422, f"the body is not UTF-8 text (byte {exc.start})") from None
+        if not text.strip():
+            raise RequestError(
+                422, "the body is empty; send a study spec as YAML or JSON, e.g. studies/tiny.yaml"
+            )
+        if "json" in (content_type or ""):
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise RequestError(422, f"the body is not valid JSON: {exc}") from None
+        else:
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                detail = " ".join(str(exc).split())
+                raise RequestError(422, f"the body is not valid YAML: {detail}") from None
+        if not isinstance(data, dict):
+            raise RequestError(
+                422, f"the body must be a mapping of spec fields, got a {type(data).__name__}"
+            )
+        # The service's storage replaces whatever the spec says: the queue and the trials must
+        # live where the service looks for them.
+        data = {**data, "storage": self.storage_url}
+        try:
+            spec = parse_spec(data, source="study spec")
+            spec = spec.model_copy(update={"workload": self.policy.check(spec.workload)})
+        except WorkloadRefused as exc:
+            raise RequestError(403, str(exc)) from None
+        except (SpecError, WorkloadError) as exc:
+            raise RequestError(422, str(exc)) from None
+        if not any(accepts(d, spec.device) for d in self.monitor.devices):
+            raise RequestError(
+                422,
+                f"device: this service runs on {', '.join(self.monitor.devices)}, got "
+                f"device={spec.device!r}; use device: auto",
+            )
+        return spec
+
+    def submit(
+        self, body: bytes, content_type: str | None = None, priority: int = 0
+    ) -> SubmitReply:
+        """Queue a study spec.
+
+        Raises:
+            RequestError: 422/403 for a bad spec, 409 when the name is taken.
+        """
+        spec = self.parse(body, content_type)
+        resumes = self._check_stored(spec)
+        existing = self.queue.get(spec.name)
+        if existing is not None and existing.state not in ("failed", "cancelled"):
+            raise self._taken(existing)
+        stored = spec.model_dump(mode="json", exclude={"storage"})
+        try:
+            row = self.queue.submit(spec.name, stored, priority)
+        except ValueError:  # taken between the check and the insert
+            current = self.queue.get(spec.name)
+            assert current is not None
+            raise self._taken(current) from None
+        position = self._position(row)
+        self.scheduler.wake()
+        message = f"queued {_ordinal(position)} in line" if position else "queued"
+        if resumes:
+            message += f"; resumes the {resumes} trials stored for this study"
+        return SubmitReply(
+            name=row.name, state="queued", priority=row.priority, position=position, message=message
+        )
+
+    def _taken(self, row: QueueRow) -> RequestError:
+        if row.state == "done":
+            return RequestError(
+                409,
+                f"study {row.name!r} is already done; get its config with `autotune result "
+                f"{row.name}` (GET /studies/{row.name}/config), or submit under a new name",
+            )
+        return RequestError(
+            409,
+            f"study {row.name!r} is already {row.state}; cancel it first "
+            f"(POST /studies/{row.name}/cancel) or submit under a new name",
+        )
+
+    def _check_stored(self, spec: StudySpec) -> int:
+        """Trials a stored study of this name holds (it resumes); 409 if its space differs."""
+        try:
+            study = optuna.load_study(study_name=spec.name, storage=self.storage)
+        except KeyError:
+            return 0
+        if study.user_attrs.get("space_fingerprint") != spec.space_fingerprint():
+            raise RequestError(
+                409,
+                f"study {spec.name!r} already exists in the service's storage with a different "
+                f"space (workload {study.user_attrs.get('workload', '?')!r}); its trials are "
+                f"kept. Submit under a new name, e.g. name: {spec.name}-2",
+            )
+        return len(study.trials)
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def _row(self, name: str) -> QueueRow:
+        row = self.queue.get(name)
+        if row is None:
+            known = ", ".join(r.name for r in self.queue.rows()[:20]) or "none"
+            raise RequestError(
+                404, f"study {name!r} is not in this service's queue (studies: {known})"
+            )
+        return row
+
+    def _position(self, row: QueueRow) -> int:
+        queued = [r for r in self.queue.rows() if r.state == "queued"]
+        return next((i for i, r in enumerate(queued, 1) if r.name == row.name), 0)
+
+    def _detail(self, row: QueueRow, standing: Standing | None, position: int) -> str:
+        run = self.scheduler.run_of(row.name)
+        if row.state == "running":
+            return run.detail if run is not None else "starting"
+        if row.state == "queued":
+            blocked = [
+                self.monitor.read(d, max_age=_READING_AGE).busy_reason
+                for d in self.monitor.devices
+                if accepts(d, row.requested_device)
+            ]
+            spent = (
+                f" (resumes with {row.probe_seconds:.1f}s of its budget spent)" if row.runs else ""
+            )
+            if blocked and all(blocked):
+                return f"queued: waiting for a device: {'; '.join(blocked)}{spent}"
+            return f"queued: {_ordinal(position)} in line{spent}"
+        if row.state == "done" and standing is not None and standing.tuned_config:
+            cfg = standing.tuned_config
+            ev = cfg.get("evidence", {})
+            return (
+                f"done: {cfg.get('precision')} bs={cfg.get('batch_size')} "
+                f"lr={cfg.get('learning_rate', 0):.3g}, {ev.get('speedup', 0):.2f}x the fp32 "
+                f"reference ({'validated' if ev.get('validated') else 'fp32 fallback'})"
+            )
+        if row.state == "failed":
+            return f"failed: {row.error}"
+        return row.state
+
+    def _status(
+        self, row: QueueRow, position: int = 0, *, detail: bool = False
+    ) -> StudyStatus | StudyDetail:
+        standing = self.standings.get(
+            row.name, (row.state, row.finished_at), final=row.state in FINISHED
+        )
+        run = self.scheduler.run_of(row.name)
+        used = run.budget_used() if run is not None else row.probe_seconds
+        spec: dict[str, Any] = row.spec
+        progress = StudyProgress(
+            phase=run.phase if run is not None else None,
+            trials=dict(standing.trials) if standing else {},
+            budget_seconds=parse_duration(spec.get("budget", 1800.0)),
+            budget_used_seconds=round(max(0.0, used), 2),
+            best_throughput=standing.best.throughput if standing and standing.best else None,
+            reference_throughput=standing.reference_throughput if standing else None,
+        )
+        fields: dict[str, Any] = {
+            "name": row.name,
+            "state": row.state,
+            "detail": self._detail(row, standing, position),
+            "priority": row.priority,
+            "workload": str(spec.get("workload", "")),
+            "device": row.device if row.state != "queued" else None,
+            "submitted_at": _when(row.submitted_at),
+            "started_at": _when(row.started_at),
+            "finished_at": _when(row.finished_at),
+            "error": row.error,
+            "progress": progress,
+        }
+        if not detail:
+            return StudyStatus(**fields)
+        return StudyDetail(
+            **fields,
+            by_outcome=dict(standing.by_outcome) if standing else {},
+            best=standing.best if standing else None,
+            trials=list(standing.latest) if standing else [],
+            spec={**spec, "storage": mask_url(self.storage_url)},
+        )
+
+    def studies(self) -> list[StudyStatus]:
+        """Every study in queue order, with state and progress."""
+        out = []
+        position = 0
+        for row in self.queue.rows():
+            if row.state == "queued":
+                position += 1
+            out.append(self._status(row, position))
+        return out
+
+    def study(self, name: str) -> StudyDetail:
+        """One study with its trials. Raises RequestError 404 for an unknown name."""
+        row = self._row(name)
+        result = self._status(row, self._position(row), detail=True)
+        assert isinstance(result, StudyDetail)
+        return result
+
+    def config(self, name: str) -> dict[str, Any]:
+        """The TunedConfig of a finished study (as JSON data).
+
+        Raises:
+            RequestError: 404 unknown study, 409 not done (yet).
+        """
+        row = self._row(name)
+        if row.state != "done":
+            status = self._status(row, self._position(row))
+            raise RequestError(
+                409,
+                f"study {name!r} is {row.state}, so it has no config"
+                + (" yet" if row.state in ("queued", "running") else "")
+                + f" ({status.detail})",
+            )
+        standing = self.standings.get(name, (row.state, row.finished_at), final=True)
+        if standing is None or standing.tuned_config is None:
+            raise RequestError(409, f"study {name!r} is done but its storage holds no config")
+        return standing.tuned_config
+
+    # ---- changing --------------------------------------------------------------------------
+
+    def cancel(self, name: str) -> CancelReply:
+        """Cancel a queued or running study.
+
+        Raises:
+            RequestError: 404 unknown study, 409 already finished.
+        """
+        row = self._row(name)
+        if row.state == "queued" and self.queue.cancel_queued(name):
+            return CancelReply(name=name, state="cancelled", message="removed from the queue")
+        if self.scheduler.cancel(name):
+            return CancelReply(
+                name=name,
+                state="cancelling",
+                message="stopping: the probe in flight is stopped and recorded, then the study "
+                "is cancelled; its trials stay in the storage",
+            )
+        row = self._row(name)
+        if row.state in FINISHED:
+            raise RequestError(409, f"study {name!r} is already {row.state}; nothing to cancel")
+        raise RequestError(409, f"study {name!r} is {row.state} elsewhere; try again shortly")
+
+    # ---- devices and health ----------------------------------------------------------------
+
+    def devices(self) -> list[DeviceInfo]:
+        out = []
+        for device in self.monitor.devices:
+            r = self.monitor.read(device, max_age=_READING_AGE)
+            run = self.scheduler.runs.get(device)
+            out.append(
+                DeviceInfo(
+                    name=device,
+                    description=r.description,
+                    total_bytes=r.total_bytes,
+                    free_bytes=r.free_bytes,
+                    utilization=r.utilization,
+                    busy=r.busy,
+                    busy_reason=r.busy_reason,
+                    study=run.name if run is not None else None,
+                    worker_pid=self.scheduler.workers[device].pid,
+                    others_bytes=r.others_bytes,
+                    other_processes=[
+                        DeviceProcess(pid=p.pid, used_bytes=p.used_bytes) for p in r.others
+                    ],
+                )
+            )
+        return out
+
+    def health(self) -> Health:
+        rows = self.queue.rows()
+        return Health(
+            status="draining" if self.scheduler.draining else "ok",
+            version=autotune.__version__,
+            devices=list(self.monitor.devices),
+            queued=sum(r.state == "queued" for r in rows),
+            running=sum(r.state == "running" for r in rows),
+            storage=mask_url(self.storage_url),
+            token_required=self.token is not None,
+        )

@@ -1,0 +1,124 @@
+"""Where a study stands, read from its Optuna storage: trials by state and outcome, the best.
+
+The service answers status requests from here. Reading a study costs a storage round trip, so
+answers are cached briefly (a finished study's standing never changes: it is cached for good):
+fifty clients polling every study cost the database a few reads a second, not thousands.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.service._models import TrialInfo
+
+__all__ = ["Standing", "StandingCache", "read_standing", "trial_info"]
+
+# Seconds a running study's standing is reused: trials take seconds, polls come faster.
+_TTL = 1.0
+# Trials a detail answer lists, newest first.
+_LATEST = 100
+
+
+@dataclass
+class Standing:
+    """A study's trials summed up."""
+
+    trials: dict[str, int] = field(default_factory=dict)
+    by_outcome: dict[str, int] = field(default_factory=dict)
+    best: TrialInfo | None = None
+    reference_throughput: float | None = None
+    latest: list[TrialInfo] = field(default_factory=list)
+    tuned_config: dict[str, Any] | None = None
+
+
+def _outcome(t: FrozenTrial) -> str:
+    outcome = t.user_attrs.get("outcome")
+    if t.state == TrialState.COMPLETE:
+        feasible = all(v <= 0 for v in (t.constraints or {}).values())
+        return "completed" if feasible else "infeasible"
+    if t.state == TrialState.FAIL and not outcome:
+        # Failed by the heartbeat check: nobody was left to record why.
+        return "stale"
+    return str(outcome or t.state.name.lower())
+
+
+def trial_info(t: FrozenTrial) -> TrialInfo:
+    """One trial for the API."""
+    reason = t.user_attrs.get("reason") or None
+    if t.state == TrialState.FAIL and not t.user_attrs.get("outcome"):
+        reason = "no heartbeat: its worker or the service died mid-trial; failed as stale"
+    retry_of = t.user_attrs.get("retry_of", t.system_attrs.get("failed_trial"))
+    peak = t.user_attrs.get("peak_memory_bytes")
+    tp = t.user_attrs.get("throughput")
+    return TrialInfo(
+        number=t.number,
+        state=t.state.name,
+        params=dict(t.params),
+        outcome=None if t.state in (TrialState.RUNNING, TrialState.WAITING) else _outcome(t),
+        reason=reason,
+        throughput=float(tp) if isinstance(tp, (int, float)) else None,
+        peak_memory_bytes=int(peak) if isinstance(peak, (int, float)) else None,
+        role=t.user_attrs.get("role"),
+        retry_of=int(retry_of) if isinstance(retry_of, int) else None,
+    )
+
+
+def read_standing(storage: optuna.storages.BaseStorage, name: str) -> Standing | None:
+    """The standing of study ``name``; None when the storage has no such study yet."""
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return None
+    trials = study.get_trials(deepcopy=False)
+    out = Standing()
+    for t in trials:
+        key = t.state.name.lower()
+        out.trials[key] = out.trials.get(key, 0) + 1
+        if t.state not in (TrialState.RUNNING, TrialState.WAITING):
+            outcome = _outcome(t)
+            out.by_outcome[outcome] = out.by_outcome.get(outcome, 0) + 1
+        if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "reference":
+            out.reference_throughput = t.user_attrs.get("throughput")
+    # As validation ranks them: feasible, measured (not copied from a twin), best value first.
+    feasible = [
+        t
+        for t in trials
+        if t.state == TrialState.COMPLETE
+        and all(v <= 0 for v in t.constraints.values())
+        and t.user_attrs.get("duplicate_of") is None
+    ]
+    if feasible:
+        pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
+        out.best = trial_info(pick(feasible, key=lambda t: t.value))
+    out.latest = [trial_info(t) for t in trials[-_LATEST:]][::-1]
+    stored = study.user_attrs.get("tuned_config")
+    out.tuned_config = stored if isinstance(stored, dict) else None
+    return out
+
+
+class StandingCache:
+    """Standings by study name, refreshed at most once a second while a study can change."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage) -> None:
+        self.storage = storage
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[float, Any, Standing | None]] = {}
+
+    def get(self, name: str, version: Any, *, final: bool) -> Standing | None:
+        """The standing of ``name``; ``version`` changes whenever the queue row does, and a
+        ``final`` (finished) study is read once."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._entries.get(name)
+            if hit is not None and hit[1] == version and (final or now - hit[0] < _TTL):
+                return hit[2]
+        standing = read_standing(self.storage, name)
+        with self._lock:
+            self._entries[name] = (now, version, standing)
+        return standing

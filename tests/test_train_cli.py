@@ -1,0 +1,197 @@
+"""Training runs under a config: the library's train/compare and `autotune train` as users run it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from _configs import FAST, make_config, write_config
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.errors import SpecError
+from autotune.precision import snapshot_backend_flags
+from autotune.spec import Candidate, load_spec
+from autotune.train import TrainSettings, compare, parse_train_settings, train
+from autotune.workloads import load_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr if result.stderr_bytes else ""
+
+
+# ---- the library ------------------------------------------------------------------------
+
+
+def test_a_run_reports_consistent_figures_and_leaves_no_trace() -> None:
+    wl = load_workload("tiny_mlp")
+    rng, flags = torch.get_rng_state(), snapshot_backend_flags()
+    seen: list[tuple[int, int]] = []
+    r = train(
+        wl,
+        make_config("bf16", batch_size=32, learning_rate=0.05),
+        "cpu",
+        TrainSettings(steps=8, check_every=4, warmup_steps=2),
+        on_progress=lambda label, done, total, loss: seen.append((done, total)),
+    )
+    assert r.outcome == "completed" and r.ok
+    assert (r.steps, r.samples, r.warmup_steps, r.timed_steps) == (8, 256, 2, 6)
+    assert r.throughput == pytest.approx(6 * 32 / r.timed_seconds)
+    assert r.seconds_per_epoch == pytest.approx(8192 / r.throughput)
+    assert r.wall_seconds >= r.timed_seconds
+    assert len(r.losses) == 8 and r.first_loss == r.losses[0]
+    assert r.final_loss == pytest.approx(r.losses[-1])  # the last tenth of 8 steps: one
+    assert r.accuracy is not None and 0 <= r.accuracy <= 1
+    assert r.memory_source in ("cpu_rss", "unavailable")
+    assert seen == [(i, 8) for i in range(1, 9)]
+    # The caller's random state and backend flags are as they were.
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert snapshot_backend_flags() == flags
+
+
+def test_the_same_seed_gives_the_same_run() -> None:
+    wl = load_workload("tiny_mlp")
+    cand = Candidate(precision="fp32", batch_size=16, learning_rate=0.05)
+    a = train(wl, cand, "cpu", TrainSettings(steps=4, eval_samples=0))
+    b = train(wl, cand, "cpu", TrainSettings(steps=4, eval_samples=0))
+    assert a.losses == b.losses and a.accuracy is None
+
+
+def test_compare_with_steps_gives_the_baseline_the_same_samples() -> None:
+    wl = load_workload(FAST)  # base batch 64, lr 0.05
+    cmp = compare(
+        wl, make_config("bf16", batch_size=128), "cpu", TrainSettings(steps=3), against="fp32"
+    )
+    t, b = cmp.tuned, cmp.baseline
+    assert b is not None and cmp.against == "fp32"
+    assert (t.precision, t.batch_size, t.steps) == ("bf16", 128, 3)
+    assert (b.precision, b.batch_size, b.learning_rate, b.steps) == ("fp32", 64, 0.05, 6)
+    assert t.samples == b.samples == 384
+    assert cmp.speedup == pytest.approx(t.throughput / b.throughput)
+    assert cmp.accuracy_delta == pytest.approx(t.accuracy - b.accuracy)
+
+
+def test_compare_against_amp_runs_fp16_with_the_default_scaler() -> None:
+    wl = load_workload(FAST)
+    settings = TrainSettings(epochs=1, samples_per_epoch=256, eval_samples=0)
+    cmp = compare(wl, make_config("bf16", batch_size=128), "cpu", settings, against="amp")
+    b = cmp.baseline
+    assert b is not None
+    assert (b.precision, b.init_scale, b.batch_size, b.steps) == ("fp16", 65536.0, 64, 4)
+    assert cmp.tuned.steps == 2 and cmp.tuned.samples == b.samples == 256
+
+
+def test_a_diverging_run_stops_with_the_reason() -> None:
+    wl = load_workload("autotune.workloads.testing:diverging")  # explodes above lr ~0.5
+    r = train(wl, Candidate(precision="fp32", batch_size=32, learning_rate=5.0), "cpu",
+              TrainSettings(steps=200, check_every=10))  # fmt: skip
+    assert r.outcome == "diverged"
+    assert r.reason.startswith("loss=") and "at step" in r.reason
+    assert r.steps < 200
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"steps": 5, "epochs": 2}, "give one of steps, epochs or samples, got steps=5, epochs=2"),
+        ({"steps": 0}, "steps: Input should be greater than 0, got steps=0"),
+        ({"samples_per_epoch": -1}, "samples_per_epoch: Input should be greater than 0"),
+    ],
+)
+def test_bad_train_options_are_named(fields: dict, needle: str) -> None:
+    with pytest.raises(SpecError, match=needle):
+        parse_train_settings(**fields)
+
+
+def test_the_user_workload_example_loads_and_trains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/mypkg as the README runs it: PYTHONPATH=examples, mypkg.train:workload."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    spec = load_spec(ROOT / "studies" / "mypkg.yaml")
+    assert spec.workload == "mypkg.train:workload"
+    wl = load_workload(spec.workload)
+    assert wl.reference == "mypkg.train:workload"
+    r = train(wl, Candidate(precision="bf16", batch_size=64, learning_rate=1e-3), "cpu",
+              TrainSettings(steps=3, eval_samples=128))  # fmt: skip
+    assert r.ok and r.accuracy is not None and all(map(math.isfinite, r.losses))
+
+
+# ---- the command --------------------------------------------------------------------------
+
+
+def test_train_with_compare_prints_both_rows_and_the_ratios(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "best.json", make_config("bf16", batch_size=128, workload=FAST))
+    code, out, err = run_cli(
+        "train", "--config", str(path), "--steps", "5", "--compare", "fp32", "--device", "cpu"
+    )
+    assert code == 0, out + err
+    lines = out.splitlines()
+    header = next(ln for ln in lines if "samples/s" in ln)
+    for column in ("run", "steps", "time", "samples/s", "peak mem", "final loss", "accuracy"):
+        assert column in header
+    tuned = next(ln for ln in lines if ln.strip().startswith("tuned "))
+    base = next(ln for ln in lines if ln.strip().startswith("fp32 "))
+    ratio = next(ln for ln in lines if ln.strip().startswith("ratio "))
+    assert tuned.split()[1] == "5" and base.split()[1] == "10"  # same samples: 640 each
+    assert ratio.count("x") >= 4 and "pts" in ratio
+    assert "tuned: bf16 bs=128 lr=0.1" in out and "fp32: fp32 bs=64 lr=0.05" in out
+    assert "tuned vs fp32:" in out
+    # Not a terminal: plain progress lines instead of a live bar.
+    assert "tuned: step 5/5" in out and "fp32: step 10/10" in out
+
+
+def test_train_json_has_both_runs_and_the_ratios(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "best.json", make_config("fp32", batch_size=64, workload=FAST))
+    code, out, _ = run_cli("train", "-c", str(path), "--steps", "2", "--compare", "amp", "--json")
+    assert code == 0
+    data = json.loads(out[out.index("{") :])
+    assert data["tuned"]["steps"] == 2 and data["baseline"]["precision"] == "fp16"
+    assert {"speedup", "memory_ratio", "loss_ratio", "accuracy_delta"} <= set(data)
+
+
+def _bad_json(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.json"
+    path.write_text('{"schema_version": 1, "study": ')
+    return path
+
+
+def _bad_workload(tmp_path: Path) -> Path:
+    return write_config(tmp_path / "w.json", make_config(workload="nopkg.missing:workload"))
+
+
+def _bad_loss(tmp_path: Path) -> Path:
+    # Fails inside training, after the session opened: the flags must still come back.
+    ref = "autotune.workloads.testing:non_scalar_loss"
+    return write_config(tmp_path / "l.json", make_config(workload=ref, batch_size=16))
+
+
+def _good(tmp_path: Path) -> Path:
+    return write_config(tmp_path / "good.json", make_config(workload=FAST))
+
+
+@pytest.mark.parametrize(
+    ("make", "extra", "needle"),
+    [
+        (lambda p: p / "missing.json", [], "does not exist; run `autotune search`"),
+        (_bad_json, [], "is not valid JSON"),
+        (_bad_workload, [], "cannot import module 'nopkg.missing'"),
+        (_bad_loss, [], "loss must be a scalar tensor, got shape (16,)"),
+        (_good, ["--steps", "5", "--epochs", "1"], "give one of steps, epochs or samples"),
+        (_good, ["--compare", "fp8"], "unknown baseline compare='fp8'; use fp32 or amp"),
+        (_good, ["--device", "tpu"], "device 'tpu' is not"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_no_flag_changed(
+    tmp_path: Path, make, extra: list[str], needle: str
+) -> None:
+    before = snapshot_backend_flags()
+    code, out, err = run_cli("train", "--config", str(make(tmp_path)), "--steps", "2", *extra)
+    assert code == 2, out + err
+    assert err.startswith("error: ") and needle in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
+    assert snapshot_backend_flags() == before
