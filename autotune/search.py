@@ -218,7 +218,8 @@ class _Search:
         wl = self.workload
         return lr_for(self.rule, wl.base_lr, wl.base_batch_size, batch_size, multiplier)
 
-    def _probe(self, candidate: Candidate, settings: ProbeSettings) -> ProbeResult:
+    def run_probe(self, candidate: Candidate, settings: ProbeSettings) -> ProbeResult:
+        """Run one probe in the runner: gated, counted against the budget, hard-limited."""
         if self.should_stop():
             raise SearchStopped(f"study {self.spec.name!r} was asked to stop")
         if self.gate is not None:
@@ -233,10 +234,15 @@ class _Search:
 
     # ---- phase 1: hardware ------------------------------------------------------------------
 
+    @property
+    def all_modes(self) -> list[str]:
+        """The spec's modes (and always fp32, the reference): the sampler's fixed choices."""
+        return list(dict.fromkeys(["fp32", *self.spec.space.precisions]))
+
     def hardware(self) -> list[str]:
         unsupported = unsupported_modes(self.device)
         modes = []
-        for name in dict.fromkeys(["fp32", *self.spec.space.precisions]):
+        for name in self.all_modes:
             if name in unsupported:
                 self.cut[name] = unsupported[name]
                 logger.info("cut {}: {}", name, unsupported[name])
@@ -298,7 +304,7 @@ class _Search:
                 bs: int, mode: str = mode, settings: ProbeSettings = settings
             ) -> ProbeResult:
                 cand = Candidate(precision=mode, batch_size=bs, learning_rate=self._lr(bs, 1.0))
-                return self._probe(cand, settings)
+                return self.run_probe(cand, settings)
 
             ceiling = find_ceiling(
                 try_batch,
@@ -326,7 +332,7 @@ class _Search:
             precision=mode, batch_size=batch_size, learning_rate=self._lr(batch_size, 1.0)
         )
         settings = ProbeSettings(warmup_steps=0, steps=1, check_every=1, time_limit=limit)
-        result = self._probe(cand, settings)
+        result = self.run_probe(cand, settings)
         if result.outcome in ("completed", "diverged"):
             return True
         self.ceilings[mode] = 0
@@ -392,7 +398,7 @@ class _Search:
         seconds = [float(t.user_attrs.get("probe_seconds") or 0) for t in best]
         ref_seconds = float(ref.user_attrs.get("probe_seconds") or 0)
         need = 1.5 * ratio * (sum(seconds) + ref_seconds) + 0.5
-        return min(_VALIDATION_SHARE * self.budget.total, need)
+        return min(_VALIDATION_SHARE * self.budget.total, max(3.0, need))
 
     def search(self, study: optuna.Study, modes: list[str], end_at: float) -> None:
         space = self.spec.space
@@ -402,8 +408,9 @@ class _Search:
             ladder = batch_ladder(
                 space.batch_size.min, space.batch_size.max, self.workload.base_batch_size
             )
-        top = max(self.ceilings.values(), default=0)
-        ladder = [b for b in ladder if b <= max(top, self.workload.base_batch_size)]
+        # The choices stay those of the spec, whatever this device cuts: every worker and every
+        # resumed run of a study must offer the sampler the same space. What this device cannot
+        # run is pruned at once, with the reason, at no cost.
         lr_lo = min(space.lr_multiplier.min, 1.0)
         lr_hi = max(space.lr_multiplier.max, 1.0)
         scales = _powers_of_two(space.init_scale.min, space.init_scale.max)
@@ -447,7 +454,7 @@ class _Search:
         scales: list[float],
         left: float,
     ) -> None:
-        precision = trial.suggest_categorical("precision", modes)
+        precision = trial.suggest_categorical("precision", self.all_modes)
         batch_size = trial.suggest_categorical("batch_size", ladder)
         if self.spec.space.lr_multipliers:
             choices = sorted(set(self.spec.space.lr_multipliers) | {1.0})
@@ -471,6 +478,10 @@ class _Search:
         if twin is not None:
             self._copy(study, trial, twin)
             return
+        if precision not in modes:
+            why = self.cut.get(precision, f"{precision} was cut on this device")
+            self._prune(study, trial, "unsupported", why)
+            return
         ceiling = self.ceilings.get(precision, 0)
         if batch_size > ceiling and trial.user_attrs.get("role") is None:
             self._prune(
@@ -481,7 +492,7 @@ class _Search:
             )
             return
         settings = self._settings_for(trial, ladder, left)
-        result = self._probe(cand, settings)
+        result = self.run_probe(cand, settings)
         if self.should_stop():
             # The probe was cut short by the stop itself (Ctrl-C kills the worker's probe).
             raise SearchStopped(f"study {self.spec.name!r} was asked to stop")

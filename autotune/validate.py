@@ -162,21 +162,21 @@ def validate_and_build(
         learning_rate=search.workload.base_lr,
     )
 
-    def estimate(trial: FrozenTrial | None) -> float:
-        if trial is None or not trial.user_attrs.get("probe_seconds"):
-            return 0.0
-        ratio = (settings.warmup_steps + val.steps) / (spec.probe.warmup_steps + spec.probe.steps)
-        if trial.user_attrs.get("role") == "reference":
-            ratio /= reference_factor(max(search.ceilings.values(), default=1), ref_cand.batch_size)
-        return float(trial.user_attrs["probe_seconds"]) * ratio
+    pending = [len(best)]
 
-    def run(cand: Candidate, expected: float, factor: int = 1) -> ProbeResult | None:
+    def run(cand: Candidate, factor: int = 1, reference: bool = False) -> ProbeResult | None:
+        """One rerun in its slice of the time left: the reference gets 40%, each candidate an
+        equal share of the rest. A run cut short by its slice is still compared, at the
+        samples both runs saw."""
         left = end_at - search.budget.elapsed()
-        if left < max(1.0, 0.5 * expected):
+        if left < 1.0:
             return None
-        limit = max(1.0, min(left, max(expected * 2, 5.0), spec.probe.time_limit * 2 * factor))
+        share = 0.4 if reference else 1.0 / max(1, pending[0])
+        if not reference:
+            pending[0] -= 1
+        limit = max(1.0, min(left * share, spec.probe.time_limit * 2 * factor))
         update = {"time_limit": limit, "steps": settings.steps * factor}
-        return search._probe(cand, settings.model_copy(update=update))
+        return search.run_probe(cand, settings.model_copy(update=update))
 
     accepted: list[tuple[FrozenTrial, ProbeResult, tuple[float, float, float] | None]] = []
     notes: list[str] = []
@@ -184,7 +184,7 @@ def validate_and_build(
     factor = reference_factor(
         max((t.params["batch_size"] for t in best), default=1), ref_cand.batch_size
     )
-    ref_run = run(ref_cand, estimate(ref_trial) * factor, factor) if best else None
+    ref_run = run(ref_cand, factor, reference=True) if best else None
     if ref_run is not None and not ref_run.ok:
         notes.append(f"fp32 reference rerun {ref_run.outcome}: {ref_run.reason}")
         ref_run = None
@@ -195,7 +195,7 @@ def validate_and_build(
             and cand.batch_size == ref_cand.batch_size
             and (trial.params.get("lr_multiplier") == 1.0)
         )
-        rerun = ref_run if is_ref else run(cand, estimate(trial))
+        rerun = ref_run if is_ref else run(cand)
         label = _label(trial)
         if rerun is None:
             notes.append(f"{label}: no time left to validate")
