@@ -211,6 +211,8 @@ class _Search:
         self.cut: dict[str, str] = {}
         self.ceilings: dict[str, int] = {}
         self.probe_seconds: list[float] = []
+        # Wall seconds of the search trials' probes only (not ceilings, not the reference).
+        self.trial_seconds: list[float] = []
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -498,6 +500,8 @@ class _Search:
             raise SearchStopped(f"study {self.spec.name!r} was asked to stop")
         logger.info("trial {}: {}", trial.number, result.summary())
         self._attrs(trial, result)
+        if trial.user_attrs.get("role") != "reference" and result.outcome == "completed":
+            self.trial_seconds.append(result.wall_seconds)
         if result.outcome == "completed":
             self._complete(study, trial, result)
         elif result.outcome == "crashed":
@@ -541,6 +545,11 @@ class _Search:
             # A mode far slower than the rest (fp16 on many CPUs) shows it in a few steps; a
             # short budget should not spend a large slice of itself proving it.
             limit = max(1.0, min(limit, max(3.0, _TRIAL_SHARE * self.budget.total)))
+            if len(self.trial_seconds) >= 3:
+                # Once typical trials are known, one far slower than them is cut at a few times
+                # their length: its throughput is measured by then.
+                typical = statistics.median(self.trial_seconds)
+                limit = max(1.0, min(limit, max(2.0, 4 * typical)))
             return probe.model_copy(update={"time_limit": limit})
         factor = reference_factor(max(ladder), self.workload.base_batch_size)
         limit = max(1.0, min(probe.time_limit * factor, _REFERENCE_SHARE * self.budget.total, left))
