@@ -319,6 +319,9 @@ class _Search:
                     r.outcome == "crashed" or (r.step_time or 0.0) * 2 * 2 > limit
                 ),
             )
+            if self.should_stop():
+                # A try cut short by the stop says nothing about memory: store no ceiling.
+                raise SearchStopped(f"study {self.spec.name!r} was asked to stop")
             self.ceilings[mode] = ceiling.batch_size
             self._record_ceiling(mode, ceiling)
         study.set_user_attr(key, dict(self.ceilings))
@@ -495,7 +498,7 @@ class _Search:
             return
         settings = self._settings_for(trial, ladder, left)
         result = self.run_probe(cand, settings)
-        if self.should_stop():
+        if result.outcome == "crashed" and self.should_stop():
             # The probe was cut short by the stop itself (Ctrl-C kills the worker's probe).
             raise SearchStopped(f"study {self.spec.name!r} was asked to stop")
         logger.info("trial {}: {}", trial.number, result.summary())
@@ -681,6 +684,9 @@ class _Search:
         if worst is None or left < 3 * typical:
             return
         cand = trial_candidate(worst, self.workload)
+        if self.gate is not None:
+            with self.budget.paused():
+                self.gate(cand)
         found = self.runner.diagnose(self.ref, cand, steps=3, timeout=max(2.0, min(60.0, left / 3)))
         if found is None:
             return

@@ -81,8 +81,12 @@ def main() -> None:
     # The parent logs every decision; the worker only says what goes wrong.
     logger.remove()
     logger.add(sys.stderr, level=os.environ.get("AUTOTUNE_WORKER_LOG_LEVEL", "WARNING"))
-    with os.fdopen(req_fd, "r") as requests, os.fdopen(reply_fd, "w") as replies:
-        _serve(requests, replies, device)
+    try:
+        with os.fdopen(req_fd, "r") as requests, os.fdopen(reply_fd, "w") as replies:
+            _serve(requests, replies, device)
+    except (BrokenPipeError, KeyboardInterrupt):
+        # The parent is gone (killed, or Ctrl-C): nobody is left to read a reply.
+        sys.exit(0)
 
 
 class Runner:

@@ -23,7 +23,7 @@ import anyio
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from loguru import logger
 
 import autotune
@@ -45,9 +45,10 @@ __all__ = ["MAX_BODY", "create_app"]
 # A study spec is a few hundred bytes; 64 KiB leaves room for comments and stops abuse.
 MAX_BODY = 64 * 1024
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorReply} for code in (401, 403, 404, 409, 413, 422)
-}
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The refusals an endpoint documents in OpenAPI, each an ErrorReply."""
+    return {code: {"model": ErrorReply} for code in codes}
 
 
 class _BodyLimit:
@@ -61,7 +62,7 @@ class _BodyLimit:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or [])
             length = headers.get(b"content-length")
-            if length is not None and (not length.isdigit() or int(length) > self.limit):
+            if length is not None and length.isdigit() and int(length) > self.limit:
                 response = JSONResponse(
                     {"detail": _too_large(self.limit, length.decode(errors="replace"))},
                     status_code=413,
@@ -85,6 +86,20 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise RequestError(413, _too_large(limit, f"more than {limit}"))
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _answer(call: Any, *args: Any, status: int = 200) -> Response:
+    """Run a service call off the event loop (it reads the database) and send its models.
+
+    The models are serialized here, once, by pydantic-core; FastAPI's second validation of a
+    returned model would cost another thread hop per request, and status pages get polled.
+    """
+    result = await run_in_threadpool(call, *args)
+    if isinstance(result, list):
+        body = b"[" + b",".join(m.model_dump_json().encode() for m in result) + b"]"
+    else:
+        body = result.model_dump_json().encode()
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def create_app(service: TuningService, *, max_body: int = MAX_BODY) -> FastAPI:
@@ -140,15 +155,15 @@ def create_app(service: TuningService, *, max_body: int = MAX_BODY) -> FastAPI:
             )
 
     @app.get("/health", response_model=Health)
-    def health() -> Health:
+    async def health() -> Response:
         """Whether the service is up (``ok``) or draining, with queue counts."""
-        return service.health()
+        return await _answer(service.health)
 
     @app.post(
         "/studies",
         response_model=SubmitReply,
         status_code=201,
-        responses=_ERRORS,
+        responses=_errors(401, 403, 409, 413, 422),
         dependencies=[Depends(require_token)],
         openapi_extra={
             "requestBody": {
@@ -163,45 +178,45 @@ def create_app(service: TuningService, *, max_body: int = MAX_BODY) -> FastAPI:
     async def submit(
         request: Request,
         priority: Annotated[int, Query(ge=-1000, le=1000, description="higher runs first")] = 0,
-    ) -> SubmitReply:
+    ) -> Response:
         """Queue a study spec (the body: YAML, or JSON with ``Content-Type: application/json``).
 
         The service's own storage replaces the spec's ``storage``; ``device: auto`` runs on any
         of the service's devices.
         """
         body = await _read_body(request, max_body)
-        return await run_in_threadpool(
-            service.submit, body, request.headers.get("content-type"), priority
+        return await _answer(
+            service.submit, body, request.headers.get("content-type"), priority, status=201
         )
 
     @app.get("/studies", response_model=list[StudyStatus])
-    def studies() -> list[StudyStatus]:
+    async def studies() -> Response:
         """Every study in queue order (priority, then submission), with state and progress."""
-        return service.studies()
+        return await _answer(service.studies)
 
-    @app.get("/studies/{name}", response_model=StudyDetail, responses=_ERRORS)
-    def study(name: str) -> StudyDetail:
+    @app.get("/studies/{name}", response_model=StudyDetail, responses=_errors(404))
+    async def study(name: str) -> Response:
         """One study: trials by state and outcome, the best so far, budget used, latest trials."""
-        return service.study(name)
+        return await _answer(service.study, name)
 
-    @app.get("/studies/{name}/config", response_model=TunedConfig, responses=_ERRORS)
-    def config(name: str) -> dict[str, Any]:
+    @app.get("/studies/{name}/config", response_model=TunedConfig, responses=_errors(404, 409))
+    async def config(name: str) -> Response:
         """The study's TunedConfig once it is done; 409 while queued or running."""
-        return service.config(name)
+        return await _answer(lambda: TunedConfig.model_validate(service.config(name)))
 
     @app.post(
         "/studies/{name}/cancel",
         response_model=CancelReply,
-        responses=_ERRORS,
+        responses=_errors(401, 404, 409),
         dependencies=[Depends(require_token)],
     )
-    def cancel(name: str) -> CancelReply:
+    async def cancel(name: str) -> Response:
         """Cancel a queued study, or stop a running one (its trials stay in the storage)."""
-        return service.cancel(name)
+        return await _answer(service.cancel, name)
 
     @app.get("/devices", response_model=list[DeviceInfo])
-    def devices() -> list[DeviceInfo]:
+    async def devices() -> Response:
         """Each device: free/total memory, what runs there, other processes, the worker's pid."""
-        return service.devices()
+        return await _answer(service.devices)
 
     return app

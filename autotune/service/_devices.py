@@ -116,11 +116,19 @@ def _visible_gpu_count() -> int:
     try:
         nvml = _nvml()
         count = int(nvml.nvmlDeviceGetCount())
-    except Exception:  # no driver, no NVML: no GPUs to serve
-        return 0
+    except Exception:  # no NVML: ask torch (it counts without creating a context)
+        import torch
+
+        return torch.cuda.device_count()
     if visible is None:
         return count
-    return len([v for v in visible.split(",") if v.strip() and not v.strip().startswith("-")])
+    # CUDA stops at the first invalid entry (e.g. -1): what follows is not visible.
+    entries = []
+    for v in visible.split(","):
+        if not v.strip() or v.strip().startswith("-"):
+            break
+        entries.append(v)
+    return min(count, len(entries)) if all(e.strip().isdigit() for e in entries) else len(entries)
 
 
 _nvml_lock = threading.Lock()
@@ -189,8 +197,8 @@ class DeviceMonitor:
         devices: ``cpu`` and/or ``cuda:N`` names (see :func:`parse_devices`).
         own_pids: the service's own processes (itself and its workers): their use of a device
             is ours, not a colleague's.
-        probing: whether our worker on a device is running a probe now (its utilisation is then
-            ours too).
+        probing: whether the utilisation of a device may be our own now (our probe runs there,
+            or has just ended).
 
     Example:
         >>> monitor = DeviceMonitor(["cpu"], own_pids=lambda: {os.getpid()})
@@ -278,7 +286,7 @@ class DeviceMonitor:
         return DeviceReading(
             name="cpu",
             kind="cpu",
-            description=f"CPU ({os.cpu_count()} cores)",
+            description=f"{os.cpu_count()} cores",
             total_bytes=total,
             free_bytes=free,
             own_bytes=own,

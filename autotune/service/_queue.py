@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from loguru import logger
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from autotune.errors import StorageError
@@ -99,7 +100,11 @@ def _alive_here(owner: str | None) -> bool:
     try:
         with open(f"/proc/{pid_text}/stat") as f:
             # A zombie (killed, not yet reaped) holds nothing.
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+            if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                return False
+        with open(f"/proc/{pid_text}/cmdline", "rb") as f:
+            # After a reboot or in a container the pid may be reused by something else.
+            return b"autotune" in f.read()
     except OSError:
         return False
 
@@ -131,11 +136,31 @@ class StudyQueue:
         try:
             self.engine = sa.create_engine(url, **kwargs)
             _META.create_all(self.engine, checkfirst=True)
+            if url.startswith("sqlite"):
+                self._write_ahead_log()
         except (SQLAlchemyError, ImportError, ValueError) as exc:
             detail = str(exc).splitlines()[0][:300]
             raise StorageError(
                 f"queue storage {mask_url(url)!r} cannot be opened: {detail}; check --storage"
             ) from None
+
+    def _write_ahead_log(self) -> None:
+        """Switch a SQLite file to write-ahead logging (it stays so, for every process).
+
+        In SQLite's default mode a reader waits while a trial is written, and its busy handler
+        sleeps in steps up to 100 ms: status polls would stall behind every heartbeat. With
+        WAL, readers never wait for the writer. (WAL needs a local filesystem, as SQLite does.)
+        """
+        try:
+            with self.engine.connect() as conn:
+                mode = conn.exec_driver_sql("PRAGMA journal_mode=WAL").scalar()
+        except SQLAlchemyError as exc:
+            logger.warning(
+                "{}: could not switch to WAL ({}); status reads may stall", self.url, exc
+            )
+            return
+        if str(mode).lower() != "wal":
+            logger.warning("{}: journal mode stays {!r}; status reads may stall", self.url, mode)
 
     # ---- reading -------------------------------------------------------------------------
 

@@ -22,8 +22,10 @@ search continues, so no trial stays RUNNING and nothing completed is lost.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,11 @@ DRAIN_GRACE = 10.0
 # How long a resumed study waits for its crashed run's trials to go stale (then they are failed
 # and re-enqueued): the heartbeat grace period plus one missed beat.
 _STALE_WAIT = GRACE_PERIOD + HEARTBEAT_INTERVAL + 1.0
+# A ceiling try is never stopped (a stopped try would be stored as a wrong ceiling); it ends by
+# its hard limit at the latest: the default probe time limit (120 s) plus the worker's grace.
+_DRAIN_JOIN = 150.0
+# NVML's utilisation is sampled over up to a second: right after our own probe it is still ours.
+_UTIL_WINDOW = 1.5
 
 
 def accepts(device: str, requested: str) -> bool:
@@ -95,9 +102,18 @@ class StudyRun:
 class _DeviceRunner(Runner):
     """The device's persistent worker, seen by one study: marks when a probe is in flight."""
 
-    def __init__(self, worker: ProbeWorker, run: StudyRun) -> None:
+    def __init__(
+        self,
+        worker: ProbeWorker,
+        run: StudyRun,
+        ended: dict[str, float],
+        gate: Callable[[Candidate], None],
+    ) -> None:
         self.worker = worker
+        self.device = worker.device
         self.run_state = run
+        self.ended = ended
+        self.gate = gate
 
     def run(
         self,
@@ -112,6 +128,29 @@ class _DeviceRunner(Runner):
             return self.worker.run(workload, candidate, settings, timeout=timeout)
         finally:
             self.run_state.probing = False
+            self.ended[self.run_state.device] = time.monotonic()
+
+    def diagnose(
+        self,
+        workload: str,
+        candidate: Candidate,
+        *,
+        steps: int = 3,
+        seed: int = 0,
+        timeout: float = 60.0,
+    ) -> dict | None:
+        # The search gates its probes, not this diagnosis: wait for room here, off the budget,
+        # and run it in the worker too (never a workload in the service process).
+        with self.run_state.budget.paused():
+            self.gate(candidate)
+        self.run_state.probing = True
+        try:
+            return self.worker.diagnose(
+                workload, candidate, steps=steps, seed=seed, timeout=timeout
+            )
+        finally:
+            self.run_state.probing = False
+            self.ended[self.run_state.device] = time.monotonic()
 
     def start(self) -> None:
         self.worker.start()
@@ -154,6 +193,8 @@ class Scheduler:
         self._draining = threading.Event()
         self._wake = threading.Condition()
         self._threads: list[threading.Thread] = []
+        # device → when our last probe there ended (monotonic seconds)
+        self._probe_ended: dict[str, float] = {}
 
     # ---- control ---------------------------------------------------------------------------
 
@@ -208,20 +249,21 @@ class Scheduler:
                 logger.info("draining: stopping the probe of study {!r} on {}", run.name, device)
                 self.workers[device].interrupt()
         for thread in self._threads:
-            thread.join(30.0)
+            thread.join(_DRAIN_JOIN)
             if thread.is_alive():
-                logger.warning("{} did not stop within 30 s; exiting anyway", thread.name)
+                logger.warning("{} did not stop in time; exiting anyway", thread.name)
         for worker in self.workers.values():
             worker.close()
 
     def own_pids(self) -> set[int]:
-        import os
-
         return {os.getpid()} | {w.pid for w in self.workers.values() if w.pid is not None}
 
     def probing(self, device: str) -> bool:
+        """Whether the device's utilisation may be our own: a probe runs, or just ended."""
         run = self.runs.get(device)
-        return run is not None and run.probing
+        if run is not None and run.probing:
+            return True
+        return time.monotonic() - self._probe_ended.get(device, -math.inf) < _UTIL_WINDOW
 
     # ---- the device loop -------------------------------------------------------------------
 
@@ -280,7 +322,12 @@ class Scheduler:
                 if row.runs > 1:
                     self._settle_stale(run)
                     budget.started = time.monotonic() - row.probe_seconds
-                self._search(run, out)
+                if run.cancel.is_set():
+                    self.queue.finish(name, "cancelled")
+                elif self._draining.is_set():
+                    self.queue.requeue(name)
+                else:
+                    self._search(run, out)
         finally:
             self.runs.pop(device, None)
             if sink is not None:
@@ -289,7 +336,9 @@ class Scheduler:
 
     def _search(self, run: StudyRun, out: Path) -> None:
         name = run.name
-        runner = _DeviceRunner(self.workers[run.device], run)
+        runner = _DeviceRunner(
+            self.workers[run.device], run, self._probe_ended, lambda c: self._gate(run, c)
+        )
         try:
             result = run_search(
                 run.spec,
@@ -361,19 +410,23 @@ class Scheduler:
         fail them (each is re-enqueued once), so none stays RUNNING."""
         try:
             study = optuna.load_study(study_name=run.name, storage=self.storage)
-        except KeyError:
+            deadline = time.monotonic() + _STALE_WAIT
+            while True:
+                fail_stale(study)
+                running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                stop = run.cancel.is_set() or self._draining.is_set()
+                if not running or stop or time.monotonic() > deadline:
+                    break
+                run.detail = (
+                    f"resuming: waiting up to {GRACE_PERIOD}s for {len(running)} trial(s) of the "
+                    "interrupted run to go stale, to fail and retry them"
+                )
+                time.sleep(_POLL)
+        except KeyError:  # never started a search: nothing in flight
             return
-        deadline = time.monotonic() + _STALE_WAIT
-        while True:
-            fail_stale(study)
-            running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if not running or time.monotonic() > deadline or self._draining.is_set():
-                break
-            run.detail = (
-                f"resuming: waiting up to {GRACE_PERIOD}s for {len(running)} trial(s) of the "
-                "interrupted run to go stale, to fail and retry them"
-            )
-            time.sleep(_POLL)
+        except Exception as exc:  # the search's own stale check runs before each trial anyway
+            logger.warning("study {!r}: stale-trial check failed: {}", run.name, exc)
+            return
         if running:
             logger.warning(
                 "study {!r}: trials {} still RUNNING (another worker may hold them)",

@@ -102,6 +102,7 @@ class TuningService:
             self.queue, self.monitor, storage_url=storage, out_dir=out_dir, storage=self.storage
         )
         self.standings = StandingCache(self.storage)
+        self._recovered = False
 
     # ---- life ------------------------------------------------------------------------------
 
@@ -111,9 +112,13 @@ class TuningService:
         Raises:
             StorageError: another live service runs studies from this queue.
         """
+        self._recovered = True
         return self.queue.recover()
 
     def start(self) -> None:
+        """Start the device threads (recovering the queue first, if not done yet)."""
+        if not self._recovered:
+            self.recover()
         self.scheduler.start()
 
     def stop(self) -> None:
@@ -254,7 +259,13 @@ class TuningService:
             spent = (
                 f" (resumes with {row.probe_seconds:.1f}s of its budget spent)" if row.runs else ""
             )
-            if blocked and all(blocked):
+            if not blocked:  # queued before a restart with other --devices
+                return (
+                    f"queued, but no device here can run it: it asks for "
+                    f"device={row.requested_device!r} and this service runs "
+                    f"{', '.join(self.monitor.devices)}; cancel it, or restart with --devices"
+                )
+            if all(blocked):
                 return f"queued: waiting for a device: {'; '.join(blocked)}{spent}"
             return f"queued: {_ordinal(position)} in line{spent}"
         if row.state == "done" and standing is not None and standing.tuned_config:

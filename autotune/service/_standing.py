@@ -1,8 +1,10 @@
 """Where a study stands, read from its Optuna storage: trials by state and outcome, the best.
 
 The service answers status requests from here. Reading a study costs a storage round trip, so
-answers are cached briefly (a finished study's standing never changes: it is cached for good):
-fifty clients polling every study cost the database a few reads a second, not thousands.
+answers are cached briefly (a finished study's standing never changes: it is cached for good),
+one reader refreshes while the others answer from the cache, and each study's Optuna storage
+cache is kept, so a refresh reads only the trials that changed: fifty clients polling cost the
+database a few small reads a second, not thousands of whole-study reads.
 """
 
 from __future__ import annotations
@@ -69,12 +71,8 @@ def trial_info(t: FrozenTrial) -> TrialInfo:
     )
 
 
-def read_standing(storage: optuna.storages.BaseStorage, name: str) -> Standing | None:
-    """The standing of study ``name``; None when the storage has no such study yet."""
-    try:
-        study = optuna.load_study(study_name=name, storage=storage)
-    except KeyError:
-        return None
+def read_standing(study: optuna.Study) -> Standing:
+    """The standing of a study, from its trials and user attributes."""
     trials = study.get_trials(deepcopy=False)
     out = Standing()
     for t in trials:
@@ -109,6 +107,8 @@ class StandingCache:
         self.storage = storage
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[float, Any, Standing | None]] = {}
+        self._refreshing: set[str] = set()
+        self._studies: dict[str, optuna.Study] = {}
 
     def get(self, name: str, version: Any, *, final: bool) -> Standing | None:
         """The standing of ``name``; ``version`` changes whenever the queue row does, and a
@@ -116,9 +116,33 @@ class StandingCache:
         now = time.monotonic()
         with self._lock:
             hit = self._entries.get(name)
-            if hit is not None and hit[1] == version and (final or now - hit[0] < _TTL):
-                return hit[2]
-        standing = read_standing(self.storage, name)
+            if hit is not None and hit[1] == version:
+                if final or now - hit[0] < _TTL:
+                    return hit[2]
+                # One reader refreshes; the others answer with the second-old standing meanwhile
+                # instead of all reading the same study at once.
+                if name in self._refreshing:
+                    return hit[2]
+            self._refreshing.add(name)
+        try:
+            standing = self._read(name)
+        finally:
+            with self._lock:
+                self._refreshing.discard(name)
+                if final:  # read for good: its trials need not stay in memory
+                    self._studies.pop(name, None)
         with self._lock:
             self._entries[name] = (now, version, standing)
         return standing
+
+    def _read(self, name: str) -> Standing | None:
+        # One Study object per name: its storage cache keeps finished trials, so a refresh
+        # reads only the trials that changed, however long the study grows.
+        study = self._studies.get(name)
+        if study is None:
+            try:
+                study = optuna.load_study(study_name=name, storage=self.storage)
+            except KeyError:
+                return None
+            self._studies[name] = study
+        return read_standing(study)

@@ -1,0 +1,525 @@
+"""`autotune serve` against a real uvicorn server on 127.0.0.1, over real HTTP.
+
+One service (with a token, a workload dir and the fake-busy hook) serves most tests; the
+crash-and-restart test runs its own. Studies use the ``sleepy`` workload: its steps sleep, so
+probe times are predictable and the tests leave the shared cores to others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.errors import SpecError, WorkloadError
+from autotune.service import FAKE_BUSY_ENV, MAX_BODY, StudyQueue, WorkloadPolicy, is_loopback
+from autotune.service._access import WorkloadRefused, check_bind
+from autotune.service._devices import parse_devices
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "test-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def sleepy(name: str, *, budget: str = "10s", steps: int = 12, **extra: Any) -> dict[str, Any]:
+    """A test-sized study: fp32 only, probes of ``steps`` sleeping steps (0.05 s each)."""
+    return {
+        "name": name,
+        "workload": "autotune.workloads.testing:sleepy",
+        "budget": budget,
+        "space": {"precisions": ["fp32"], "batch_size": {"min": 16, "max": 64}},
+        "probe": {"warmup_steps": 1, "steps": steps, "check_every": 6, "time_limit": "8s"},
+        "validation": {"top_k": 1, "steps": 12},
+        **extra,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, log: Path | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{tail}")
+
+
+class Service:
+    """A `python -m autotune serve` subprocess and an HTTP client for it."""
+
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db = f"sqlite:///{tmp / 's.db'}"
+        self.args = args
+        self.env = {**os.environ, "AUTOTUNE_WORKER_LOG_LEVEL": "ERROR", **(env or {})}
+        self.env.pop("AUTOTUNE_TOKEN", None)
+        self.log = tmp / "service.log"
+        self.proc: subprocess.Popen | None = None
+        self.http = httpx.Client(base_url=self.url, timeout=10)
+
+    def start(self) -> Service:
+        cmd = [sys.executable, "-m", "autotune", "serve", "--port", str(self.port)]
+        cmd += ["--devices", "cpu", "--storage", self.db, "--out", str(self.tmp / "out")]
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(
+                [*cmd, *self.args], cwd=ROOT, env=self.env, stdout=log, stderr=log
+            )
+        wait_for(self._up, 60, "the service to answer /health", self.log)
+        return self
+
+    def _up(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"the service exited {self.proc.returncode}:\n{self.log.read_text()}"
+            )
+        try:
+            return self.http.get("/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def study(self, name: str) -> dict[str, Any]:
+        return self.http.get(f"/studies/{name}").json()
+
+    def submit(self, spec: dict[str, Any], priority: int = 0) -> httpx.Response:
+        return self.http.post("/studies", json=spec, params={"priority": priority}, headers=AUTH)
+
+    def wait_state(self, name: str, states: tuple[str, ...], timeout: float) -> dict[str, Any]:
+        return wait_for(
+            lambda: (s := self.study(name))["state"] in states and s,
+            timeout,
+            f"study {name!r} to be {'/'.join(states)}",
+            self.log,
+        )
+
+    def wait_trial_running(self, name: str, timeout: float = 40) -> dict[str, Any]:
+        def running() -> dict[str, Any] | None:
+            s = self.study(name)
+            if s["progress"]["phase"] == "search" and s["progress"]["trials"].get("running"):
+                return s
+            return None
+
+        return wait_for(running, timeout, f"a running trial of {name!r}", self.log)
+
+    def trials(self, name: str) -> list[optuna.trial.FrozenTrial]:
+        return optuna.load_study(study_name=name, storage=self.db).get_trials()
+
+    def wait_trial_started(self, name: str, timeout: float = 40) -> None:
+        """Until a trial of ``name`` started under 0.5 s ago: its probe is surely in flight."""
+        self.wait_trial_running(name, timeout)
+        wait_for(
+            lambda: any(
+                t.state == optuna.trial.TrialState.RUNNING
+                and (datetime.now() - t.datetime_start).total_seconds() < 0.5
+                for t in self.trials(name)
+            ),
+            timeout,
+            f"a trial of {name!r} that just started",
+            self.log,
+        )
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    tmp = tmp_path_factory.mktemp("service")
+    token_file = tmp / "token.txt"
+    token_file.write_text(TOKEN + "\n")
+    svc = Service(
+        tmp,
+        "--token-file",
+        str(token_file),
+        "--workload-dir",
+        str(ROOT / "examples"),
+        env={FAKE_BUSY_ENV: str(tmp / "busy")},
+    )
+    try:
+        yield svc.start()
+    finally:
+        svc.stop()
+
+
+def snapshot(svc: Service) -> tuple[Any, list[str]]:
+    """What a refused request must leave unchanged: the queue and the stored studies."""
+    queue = svc.http.get("/studies").json()
+    for s in queue:  # a running study's clock moves on its own
+        s["progress"].pop("budget_used_seconds", None)
+    names = optuna.study.get_all_study_names(svc.db) if (svc.tmp / "s.db").exists() else []
+    return queue, sorted(names)
+
+
+TINY_YAML = (ROOT / "studies" / "tiny.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "needle"),
+    [
+        ("post", "/studies", {"json": sleepy("x")}, 401, "needs a token"),
+        (
+            "post",
+            "/studies",
+            {"json": sleepy("x"), "headers": {"Authorization": "Bearer nope"}},
+            401,
+            "wrong token",
+        ),
+        ("post", "/studies/x/cancel", {}, 401, "needs a token"),
+        (
+            "post",
+            "/studies",
+            {"content": "name: [unclosed\n", "headers": AUTH},
+            422,
+            "not valid YAML",
+        ),
+        (
+            "post",
+            "/studies",
+            {"content": "{", "headers": {**AUTH, "content-type": "application/json"}},
+            422,
+            "not valid JSON",
+        ),
+        ("post", "/studies", {"content": "- a\n- b\n", "headers": AUTH}, 422, "must be a mapping"),
+        (
+            "post",
+            "/studies",
+            {"json": {**sleepy("x"), "colour": "blue"}, "headers": AUTH},
+            422,
+            "colour: unknown field",
+        ),
+        (
+            "post",
+            "/studies",
+            {"json": sleepy("x", budget="-5m"), "headers": AUTH},
+            422,
+            "budget must be positive",
+        ),
+        (
+            "post",
+            "/studies",
+            {"json": {**sleepy("x"), "workload": "os:system"}, "headers": AUTH},
+            403,
+            "imports only the built-in workloads",
+        ),
+        (
+            "post",
+            "/studies",
+            {"json": {**sleepy("x"), "workload": "evil.mod:fn"}, "headers": AUTH},
+            403,
+            "'evil' is not there",
+        ),
+        (
+            "post",
+            "/studies",
+            {"json": {**sleepy("x"), "workload": "autotune.workloads:nope"}, "headers": AUTH},
+            422,
+            "has no workload 'nope'",
+        ),
+        (
+            "post",
+            "/studies",
+            {"json": {**sleepy("x"), "device": "cuda:3"}, "headers": AUTH},
+            422,
+            "this service runs on cpu",
+        ),
+        (
+            "post",
+            "/studies",
+            {"content": "x" * (MAX_BODY + 1), "headers": AUTH},
+            413,
+            "the limit is 65536 bytes",
+        ),
+        ("post", "/studies?priority=abc", {"json": sleepy("x"), "headers": AUTH}, 422, "priority"),
+        ("get", "/studies/nosuch", {}, 404, "'nosuch' is not in this service's queue"),
+        ("get", "/studies/nosuch/config", {}, 404, "not in this service's queue"),
+        ("post", "/studies/nosuch/cancel", {"headers": AUTH}, 404, "not in this service's queue"),
+    ],
+    ids=lambda v: v if isinstance(v, (int, str)) and not str(v).startswith("/") else None,
+)
+def test_refused_requests_change_nothing(
+    service: Service, method: str, path: str, kwargs: dict, status: int, needle: str
+) -> None:
+    before = snapshot(service)
+    response = getattr(service.http, method)(path, **kwargs)
+    assert response.status_code == status, response.text
+    assert needle in response.json()["detail"]
+    assert snapshot(service) == before
+
+
+def test_busy_device_priority_and_result(service: Service, tmp_path: Path) -> None:
+    busy = service.tmp / "busy"
+    busy.write_text("a colleague's job")
+    tiny = TINY_YAML.replace("budget: 45s", "budget: 8s").replace("name: tiny", "name: tiny-a")
+    r = service.http.post(
+        "/studies", content=tiny, headers={**AUTH, "content-type": "application/yaml"}
+    )
+    assert r.status_code == 201, r.text
+    assert service.submit(sleepy("b"), priority=5).status_code == 201
+    # A workload under --workload-dir is accepted; cancelled while still queued.
+    r = service.submit({**sleepy("mine"), "workload": "mypkg.train:workload"})
+    assert r.status_code == 201, r.text
+    r = service.http.post("/studies/mine/cancel", headers=AUTH)
+    assert r.json()["state"] == "cancelled"
+
+    # While the device is taken, nothing starts, and the studies say why.
+    time.sleep(1.5)
+    listed = {s["name"]: s for s in service.http.get("/studies").json()}
+    for name in ("tiny-a", "b"):
+        assert listed[name]["state"] == "queued"
+        assert "used by another process" in listed[name]["detail"]
+    assert [n for n in listed if n in ("b", "tiny-a")] == ["b", "tiny-a"]  # priority first
+    devices = service.http.get("/devices").json()
+    assert devices[0]["busy"] and devices[0]["worker_pid"]
+    busy.unlink()
+
+    # The higher priority runs first. Taken again mid-study, it waits off its budget.
+    service.wait_trial_running("b")
+    busy.write_text("back again")
+    waiting = wait_for(
+        lambda: "waiting" in (s := service.study("b"))["detail"] and s, 20, "b to wait", service.log
+    )
+    assert "used by another process" in waiting["detail"]
+    spent = waiting["progress"]["budget_used_seconds"]
+    time.sleep(1.5)
+    assert service.study("b")["progress"]["budget_used_seconds"] == pytest.approx(spent, abs=0.3)
+    busy.unlink()
+
+    done_b = service.wait_state("b", ("done",), 60)
+    done_a = service.wait_state("tiny-a", ("done",), 60)
+    assert done_b["started_at"] < done_a["started_at"]
+    assert done_b["progress"]["budget_used_seconds"] <= 10 + 2
+
+    # The result, over HTTP and through the CLI client.
+    config = service.http.get("/studies/tiny-a/config").json()
+    assert config["study"] == "tiny-a" and config["workload"].endswith("tiny_convnet")
+    assert (service.tmp / "out" / "tiny-a" / "best.json").is_file()
+    out = tmp_path / "best.json"
+    cli = CliRunner().invoke(app, ["result", "tiny-a", "-o", str(out), "--server", service.url])
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(out.read_text())["study"] == "tiny-a"
+    cli = CliRunner().invoke(app, ["status", "--server", service.url])
+    assert cli.exit_code == 0 and "tiny-a" in cli.output and "done" in cli.output
+
+    # A finished study cannot be cancelled or submitted again; nothing changes.
+    before = snapshot(service)
+    r = service.http.post("/studies/b/cancel", headers=AUTH)
+    assert r.status_code == 409 and "already done" in r.json()["detail"]
+    r = service.submit(sleepy("b"))
+    assert r.status_code == 409 and "already done" in r.json()["detail"]
+    r = service.http.get("/studies/mine/config")
+    assert r.status_code == 409 and "cancelled" in r.json()["detail"]
+    assert snapshot(service) == before
+
+
+def test_killed_worker_fails_the_trial_and_it_is_retried(service: Service) -> None:
+    assert service.submit(sleepy("k", budget="14s", steps=40)).status_code == 201
+    killed: list[int] = []
+    for _ in range(3):
+        service.wait_trial_started("k")  # its probe takes ~2.5 s: the kill lands inside it
+        pid = service.http.get("/devices").json()[0]["worker_pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        time.sleep(1.0)
+        trials = service.study("k")["trials"]
+        if any("worker process died" in (t["reason"] or "") for t in trials):
+            break
+    service.wait_state("k", ("done",), 60)
+    trials = service.trials("k")
+    crashed = [t for t in trials if "worker process died" in t.user_attrs.get("reason", "")]
+    assert crashed, [(t.number, t.state, t.user_attrs.get("reason")) for t in trials]
+    assert crashed[0].state == optuna.trial.TrialState.FAIL
+    assert any(t.user_attrs.get("retry_of") == crashed[0].number for t in trials)
+    assert service.http.get("/devices").json()[0]["worker_pid"] not in killed
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
+    svc = Service(tmp_path).start()
+    try:
+        assert svc.submit(sleepy("r", budget="12s", steps=30)).status_code == 201
+        svc.wait_trial_started("r")  # its probe takes ~2 s: the kill lands inside it
+        finished = [t.number for t in svc.trials("r") if t.state.is_finished()]
+        assert svc.proc is not None
+        svc.proc.kill()
+        svc.proc.wait()
+
+        # Restarted on the same storage: the study resumes, the trial in flight is failed as
+        # stale and retried, nothing finished is lost, nothing stays RUNNING.
+        svc.start()
+        done = svc.wait_state("r", ("done",), 90)
+        assert done["progress"]["budget_used_seconds"] <= 12 + 3
+        trials = svc.trials("r")
+        by_number = {t.number: t for t in trials}
+        assert all(by_number[n].state.is_finished() for n in finished)
+        assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+        stale = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+        assert stale and any(t.system_attrs.get("failed_trial") is not None for t in trials)
+        assert svc.http.get("/studies/r/config").status_code == 200
+
+        # SIGTERM drains: the probe in flight is finished or stopped and recorded, then exit.
+        assert svc.submit(sleepy("d", budget="30s", steps=30)).status_code == 201
+        svc.wait_trial_running("d")
+        t0 = time.monotonic()
+        svc.proc.send_signal(signal.SIGTERM)
+        svc.proc.wait(30)
+        assert time.monotonic() - t0 < 20
+        trials = svc.trials("d")
+        assert trials and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+        row = StudyQueue(svc.db).get("d")
+        assert row is not None and row.state == "queued" and 0 < row.probe_seconds < 30
+    finally:
+        svc.stop()
+
+
+# ---- without a server: the rules behind the endpoints ---------------------------------------
+
+
+def test_cli_client_says_when_no_service_answers() -> None:
+    result = CliRunner().invoke(app, ["status", "--server", f"http://127.0.0.1:{free_port()}"])
+    assert result.exit_code == 2
+    assert "cannot reach the autotune service" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("host", "token", "ok"),
+    [
+        ("127.0.0.1", None, True),
+        ("::1", None, True),
+        ("0.0.0.0", None, False),
+        ("0.0.0.0", TOKEN, True),
+    ],
+)
+def test_binding_beyond_loopback_needs_a_token(host: str, token: str | None, ok: bool) -> None:
+    if ok:
+        check_bind(host, token)
+    else:
+        with pytest.raises(SpecError, match="needs a token"):
+            check_bind(host, token)
+    assert is_loopback("localhost") and not is_loopback("10.0.0.1")
+
+
+def test_serve_refuses_a_public_address_without_token() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_TOKEN"}
+    result = CliRunner(env=env).invoke(
+        app, ["serve", "--host", "0.0.0.0", "--port", str(free_port())]
+    )
+    assert result.exit_code == 2
+    assert "needs a token" in result.output
+
+
+@pytest.mark.parametrize(
+    ("ref", "error", "needle"),
+    [
+        ("tiny_convnet", None, "autotune.workloads:tiny_convnet"),
+        ("autotune.workloads.testing:sleepy", None, "sleepy"),
+        ("mypkg.train:workload", None, "mypkg.train:workload"),
+        ("mypkg.nosuch:workload", WorkloadError, "does not exist"),
+        ("autotune.cli:main", WorkloadRefused, "imports only the built-in"),
+        ("json:loads", WorkloadRefused, "imports only the built-in"),
+        ("not a reference", WorkloadError, "must look like package.module:function"),
+    ],
+)
+def test_workload_policy(ref: str, error: type[Exception] | None, needle: str) -> None:
+    policy = WorkloadPolicy([ROOT / "examples"])
+    if error is None:
+        assert needle in policy.check(ref)
+    else:
+        with pytest.raises(error, match=needle):
+            policy.check(ref)
+
+
+def test_devices_parse() -> None:
+    assert parse_devices("cpu") == ["cpu"]
+    assert parse_devices("0, cuda:1,0") == ["cuda:0", "cuda:1"]
+    with pytest.raises(SpecError, match="got an entry 'tpu'"):
+        parse_devices("tpu")
+
+
+class _FakeNVML:
+    """Just enough of pynvml: one 80 GiB GPU, our worker (pid 100) and a colleague (pid 200)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, util: float, colleague_gib: float) -> None:
+        self.util, self.colleague = util, int(colleague_gib * 2**30)
+        self.handles: list[Any] = []
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        self.handles.append(i)
+        return i
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        self.handles.append(uuid)
+        return uuid
+
+    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
+        total, ours = 80 * 2**30, 2 * 2**30
+        return type("M", (), {"total": total, "free": total - ours - self.colleague})()
+
+    def nvmlDeviceGetName(self, h: Any) -> bytes:
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
+        return type("U", (), {"gpu": self.util})()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+        proc = lambda pid, used: type("P", (), {"pid": pid, "usedGpuMemory": used})()  # noqa: E731
+        return [proc(100, 2 * 2**30), proc(200, self.colleague)]
+
+
+@pytest.mark.parametrize(
+    ("util", "colleague_gib", "need_gib", "why"),
+    [
+        (0.0, 10.0, 20.0, ""),
+        (90.0, 10.0, 1.0, "90% utilised by another process (pids: 200)"),
+        (0.0, 70.0, 20.0, "the next probe needs about 20.00 GiB plus the 10% margin"),
+    ],
+)
+def test_gpu_room_from_nvml(
+    monkeypatch: pytest.MonkeyPatch, util: float, colleague_gib: float, need_gib: float, why: str
+) -> None:
+    from autotune.service import _devices
+
+    fake = _FakeNVML(util, colleague_gib)
+    monkeypatch.setattr(_devices, "_nvml", lambda: fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    monitor = _devices.DeviceMonitor(["cuda:0"], own_pids=lambda: {100})
+    reading = monitor.read("cuda:0")
+    assert fake.handles == [1]  # cuda:0 is physical GPU 1 under CUDA_VISIBLE_DEVICES=1,0
+    assert reading.own_bytes == 2 * 2**30 and [p.pid for p in reading.others] == [200]
+    room = monitor.room_for("cuda:0", int(need_gib * 2**30), 0.1)
+    assert (why in room) if why else room == ""
