@@ -39,7 +39,15 @@ from autotune.parity import parity_gap, time_to_loss
 from autotune.precision import resolve_device, unsupported_modes
 from autotune.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings, StudySpec
-from autotune.storage import claim, fail_stale, heartbeat, open_study, owner_id
+from autotune.storage import (
+    GRACE_PERIOD,
+    HEARTBEAT_INTERVAL,
+    claim,
+    fail_stale,
+    heartbeat,
+    open_study,
+    owner_id,
+)
 from autotune.worker import ProbeWorker, Runner
 from autotune.workloads import Workload, load_workload, normalize_reference
 
@@ -670,6 +678,19 @@ class _Search:
             target = sum(finite[-3:]) / max(1, len(finite[-3:]))
         return time_to_loss(losses, result.batch_size, result.throughput, target)
 
+    def settle(self, study: optuna.Study) -> None:
+        """Before validating, let other workers' last trials finish, or go stale and fail
+        (their worker died), so validation sees every result and nothing stays RUNNING."""
+        waited = time.monotonic()
+        while True:
+            fail_stale(study)
+            running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if not running or self.budget.left() < 1.0:
+                return
+            if time.monotonic() - waited > GRACE_PERIOD + 2 * HEARTBEAT_INTERVAL:
+                return
+            time.sleep(min(1.0, max(0.1, self.budget.left() - 1.0)))
+
     def diagnose_failures(self, study: optuna.Study) -> None:
         """When fp16 trials diverged, diagnose the worst one layer by layer, so the config and
         the report say *why* next to the rejection. Costs a few steps; skipped when the budget
@@ -824,6 +845,7 @@ def run_search(
         me = owner_id()
         validated_by = claim(study, f"validation:{window.get('started_at', 0)}", me)
         if validated_by == me:
+            search.settle(study)
             search.emit("phase", {"phase": "validation"})
             search.diagnose_failures(study)
             config, baselines, rejected = validate_and_build(

@@ -130,7 +130,8 @@ def test_live_view_shows_the_state_and_stops_cleanly_on_ctrl_c(messages: list[st
     assert "3 complete (1 infeasible) · 1 pruned (oom 1) · 1 failed · 1 reused" in last
     assert "fp32 ≤128 · fp16 · bf16 ≤64   cut: tf32" in last
     assert "best    bf16 bs=64 lr×1.2 at 1,500.0 samples/s, 1.50x the fp32 reference" in last
-    assert "30s of 1m00s" in last
+    # 30 s were spent when the view opened; a slow machine may show a second more.
+    assert re.search(r"3[01]s of 1m00s", last)
     assert "\x1b[?25h" in out[-50:]
     # In live mode the per-result status lines stay off the log: the view shows them.
     assert not [m for m in messages if m.startswith("progress: ")]
