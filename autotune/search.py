@@ -221,6 +221,9 @@ class _Search:
         self.probe_seconds: list[float] = []
         # Wall seconds of the search trials' probes only (not ceilings, not the reference).
         self.trial_seconds: list[float] = []
+        self._reference: optuna.trial.FrozenTrial | None = None
+        # Validation's reserve, recomputed every few trials: it reads the whole study.
+        self._reserve: tuple[int, float] | None = None
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -392,14 +395,26 @@ class _Search:
                 )
 
     def reference(self, study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+        """The completed fp32 reference trial; once found it never changes, so it is kept."""
+        if self._reference is not None:
+            return self._reference
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if t.user_attrs.get("role") == "reference" and t.user_attrs.get("losses"):
+                self._reference = t
                 return t
         return None
 
     def validation_reserve(self, study: optuna.Study) -> float:
         """Seconds validation will need: the reference and the top-k reruns, from the search's
         own probe times, with room to spare; a share of the budget until there are figures."""
+        done = len(self.trial_seconds)
+        if self._reserve is not None and done - self._reserve[0] < 5:
+            return self._reserve[1]
+        reserve = self._validation_reserve(study)
+        self._reserve = (done, reserve)
+        return reserve
+
+    def _validation_reserve(self, study: optuna.Study) -> float:
         from autotune.validate import feasible_best
 
         val, probe = self.spec.validation, self.spec.probe

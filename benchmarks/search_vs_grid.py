@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,fp16,bf16")
     parser.add_argument("--batch-sizes", default="16,32,64,128,256")
     parser.add_argument("--lr-multipliers", default="0.5,1.0,2.0")
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--share", type=float, default=0.3, help="search budget / grid time")
     parser.add_argument("--json", type=Path, default=None)

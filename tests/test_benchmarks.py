@@ -1,0 +1,91 @@
+"""The GPU benchmark also runs on a CPU, small, so its arithmetic is tested here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+from _configs import make_config, write_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_amp_table_runs_on_cpu_and_its_figures_add_up(tmp_path: Path) -> None:
+    amp_table = load("amp_table")
+    cfg = write_config(
+        tmp_path / "best.json",
+        make_config(
+            "bf16", workload="autotune.workloads:tiny_convnet", batch_size=64, learning_rate=0.4
+        ),
+    )
+    out = amp_table.main(
+        [
+            "--device",
+            "cpu",
+            "--workload",
+            "tiny_convnet",
+            "--config",
+            str(cfg),
+            "--samples",
+            "256",
+            "--json",
+            str(tmp_path / "t.json"),
+            "--markdown",
+            str(tmp_path / "t.md"),
+        ]
+    )
+    rows = {r["setup"]: r for r in out["rows"]}
+    assert set(rows) == {"fp32", "plain AMP recipe", "autotune"}
+    assert rows["fp32"]["settings"].startswith("fp32 bs=32")
+    assert rows["plain AMP recipe"]["settings"].startswith("fp16 bs=32")
+    assert rows["autotune"]["settings"].startswith("bf16 bs=64")
+    for r in rows.values():
+        assert r["outcome"] == "completed"
+        assert r["samples"] >= 256
+        # Time for the samples is what the throughput says it is.
+        assert abs(r["seconds"] * r["throughput"] - r["samples"]) < 1e-6 * r["samples"]
+        # TFLOP/s = FLOPs per sample x samples/s; no peak is known for a CPU.
+        assert r["tflops"] > 0 and r["peak_tflops"] is None and r["share_of_peak"] is None
+    assert (
+        abs(
+            out["goals"]["tuned_vs_fp32"]
+            - rows["autotune"]["throughput"] / rows["fp32"]["throughput"]
+        )
+        < 1e-9
+    )
+    table = (tmp_path / "t.md").read_text()
+    assert "peak unknown" in table and table.count("\n| ") == 4
+    assert json.loads((tmp_path / "t.json").read_text())["meta"]["samples"] == 256
+
+
+def test_flops_per_sample_match_a_hand_count() -> None:
+    """One linear layer, 64 features to 10: 2*64*10 FLOPs forward; backward needs only the weight
+    gradient (the input needs none), another 2*64*10."""
+    amp_table = load("amp_table")
+    from autotune.workloads import tiny_mlp
+
+    wl = tiny_mlp()
+    wl.build_model = lambda: torch.nn.Linear(64, 10)
+    flops = amp_table.flops_per_sample(wl, torch.device("cpu"), "fp32")
+    forward = 2 * 64 * 10
+    assert flops == forward * 2
+
+
+def test_peak_table_prefers_the_longer_name(monkeypatch) -> None:
+    amp_table = load("amp_table")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H100 PCIe")
+    assert amp_table.dense_peak(torch.device("cuda", 0), "bf16") == 756.0
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
+    assert amp_table.dense_peak(torch.device("cuda", 0), "tf32") == 494.7
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Some Future GPU")
+    assert amp_table.dense_peak(torch.device("cuda", 0), "fp16") is None
+    assert amp_table.dense_peak(torch.device("cpu"), "fp16") is None
