@@ -222,6 +222,7 @@ class _Search:
         # Wall seconds of the search trials' probes only (not ceilings, not the reference).
         self.trial_seconds: list[float] = []
         self._reference: optuna.trial.FrozenTrial | None = None
+        self.choices: list[str] = ["fp32"]
         # Validation's reserve, recomputed every few trials: it reads the whole study.
         self._reserve: tuple[int, float] | None = None
 
@@ -246,6 +247,16 @@ class _Search:
         return result
 
     # ---- phase 1: hardware ------------------------------------------------------------------
+
+    def fix_choices(self, study: optuna.Study, modes: list[str]) -> None:
+        """The precision choices the sampler offers: the modes the study's first device runs,
+        stored with the study so every worker and every resumed run offers the same ones."""
+        stored = study.user_attrs.get("precision_choices")
+        if isinstance(stored, list) and stored:
+            self.choices = [str(m) for m in stored]
+        else:
+            self.choices = [m for m in self.all_modes if m in modes] or ["fp32"]
+            study.set_user_attr("precision_choices", self.choices)
 
     @property
     def all_modes(self) -> list[str]:
@@ -482,7 +493,7 @@ class _Search:
         scales: list[float],
         left: float,
     ) -> None:
-        precision = trial.suggest_categorical("precision", self.all_modes)
+        precision = trial.suggest_categorical("precision", self.choices)
         batch_size = trial.suggest_categorical("batch_size", ladder)
         if self.spec.space.lr_multipliers:
             choices = sorted(set(self.spec.space.lr_multipliers) | {1.0})
@@ -853,6 +864,7 @@ def run_search(
         modes = search.hardware()
         search.find_ceilings(study, modes)
         modes = [m for m in modes if search.ceilings.get(m, 0) > 0 or m == "fp32"]
+        search.fix_choices(study, modes)
         search.enqueue_baselines(study, modes)
         search.search(study, modes, budget.total - _WRITE_RESERVE)
         # Validation runs once per budget window, by whichever worker gets there first.

@@ -35,6 +35,14 @@ HEARTBEAT_INTERVAL = 2
 # ... and a trial without one for this long is stale: failed, and retried once elsewhere.
 GRACE_PERIOD = 8
 
+# What losing the race to create a fresh database's tables looks like, per backend.
+_CREATION_RACE = (
+    "already exists",  # PostgreSQL, SQLite: a table another worker just created
+    "duplicate key",  # PostgreSQL: the same, in the catalog
+    "UNIQUE constraint failed",  # SQLite: the schema version row another worker just wrote
+    "database is locked",  # SQLite: another worker is writing the schema right now
+)
+
 _CLAIMS = sa.Table(
     "autotune_claims",
     sa.MetaData(),
@@ -81,7 +89,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     if url.startswith("postgresql"):
         # A wrong host or password should fail in seconds, not hang a worker.
         engine_kwargs = {"connect_args": {"connect_timeout": 5}, "pool_pre_ping": True}
-    for attempt in range(3):
+    for attempt in range(4):
         try:
             return _rdb(url, engine_kwargs)
         except ImportError as exc:
@@ -93,7 +101,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             text = str(exc)
             # Workers starting together on a fresh database race to create its tables; the
             # losers see "already exists" / a duplicate key, and the tables are there now.
-            if attempt < 2 and ("already exists" in text or "duplicate key" in text):
+            if attempt < 3 and any(sign in text for sign in _CREATION_RACE):
                 time.sleep(0.5 + attempt)
                 continue
             detail = text.splitlines()[0][:300] if text else type(exc).__name__

@@ -148,13 +148,25 @@ def validate_and_build(
     amp_trial = roles.get("amp_recipe")
     baselines = {"reference": _baseline(ref_trial), "amp_recipe": _baseline(amp_trial)}
     rejected = rejection_summary(study)
-    best = feasible_best(study, maximize, val.top_k + 1)
+    ranked = feasible_best(study, maximize, 10**6)
     # Only candidates that beat the reference are worth validating: if none does, the fastest
     # safe setting measured is the reference itself.
     if ref_trial is not None and ref_trial.value is not None:
         better = (lambda v: v > ref_trial.value) if maximize else (lambda v: v < ref_trial.value)
-        best = [t for t in best if t.number != ref_trial.number and better(t.value)]
-    best = best[: val.top_k]
+        ranked = [t for t in ranked if t.number != ref_trial.number and better(t.value)]
+    best = ranked[: val.top_k]
+    # The fastest candidates often sit at the edge of the parity tolerance, where a fresh seed
+    # can tip them over: also validate the fastest one with a clear margin, if it is not in.
+    margin = [
+        t
+        for t in ranked[val.top_k :]
+        if t.user_attrs.get("parity_gap") is not None
+        and t.user_attrs["parity_gap"] <= spec.parity_tolerance / 2
+    ]
+    if margin and not any(
+        (t.user_attrs.get("parity_gap") or 0.0) <= spec.parity_tolerance / 2 for t in best
+    ):
+        best.append(margin[0])
     settings = spec.probe.model_copy(update={"steps": val.steps, "seed": spec.probe.seed + 1})
     ref_cand = Candidate(
         precision="fp32",
@@ -188,6 +200,15 @@ def validate_and_build(
     if ref_run is not None and not ref_run.ok:
         notes.append(f"fp32 reference rerun {ref_run.outcome}: {ref_run.reason}")
         ref_run = None
+    # A fresh seed moves a loss curve by itself: the two fp32 reference runs (search and
+    # validation, same settings, different seeds) measure by how much, and a candidate's rerun
+    # is allowed that much on top of the tolerance.
+    noise = 0.0
+    if ref_run is not None and ref_trial is not None:
+        ref_losses = [v for v in ref_trial.user_attrs.get("losses", []) if v is not None]
+        seed_gap = parity_gap(ref_run.losses, ref_run.batch_size, ref_losses, ref_cand.batch_size)
+        noise = min(abs(seed_gap[0]), spec.parity_tolerance) if seed_gap else 0.0
+    tolerance = spec.parity_tolerance + noise
     for trial in best if ref_run is not None else []:
         cand = candidate_of(trial)
         is_ref = (
@@ -204,11 +225,11 @@ def validate_and_build(
             rejected.append(f"{label}: failed validation: {rerun.outcome}: {rerun.reason}")
             continue
         gap = parity_gap(rerun.losses, rerun.batch_size, ref_run.losses, ref_run.batch_size)
-        if gap is None or gap[0] > spec.parity_tolerance:
+        if gap is None or gap[0] > tolerance:
             shown = "not comparable" if gap is None else f"{gap[0]:+.1%}"
             rejected.append(
                 f"{label}: failed validation: loss parity {shown} vs the fp32 reference "
-                f"(tolerance {spec.parity_tolerance:.0%})"
+                f"(tolerance {spec.parity_tolerance:.0%} + seed noise {noise:.1%})"
             )
             continue
         # Reproduce the *speedup* over the reference, measured side by side: a machine that is
@@ -264,7 +285,10 @@ def validate_and_build(
             skipped_steps=rerun.skipped_steps,
             validated=True,
             validation_note="; ".join(notes)
-            or f"validated with {val.steps} steps, seed {settings.seed}, beside the fp32 reference",
+            or (
+                f"validated with {val.steps} steps, seed {settings.seed}, beside the fp32 "
+                f"reference (parity tolerance {spec.parity_tolerance:.0%} + seed noise {noise:.1%})"
+            ),
             **common,
         )
     else:
