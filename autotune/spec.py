@@ -209,6 +209,9 @@ class ValidationSettings(_Model):
     steps: int = Field(default=40, gt=0)
     # A rerun slower than this share below its search throughput did not reproduce.
     throughput_tolerance: float = Field(default=0.2, ge=0, lt=1)
+    # A candidate must beat the fp32 reference by more than this to be worth its risk: a few
+    # percent is measurement noise, and then the reference itself is the config.
+    min_speedup: float = Field(default=1.05, ge=1.0)
 
 
 class StudySpec(_Model):

@@ -152,7 +152,12 @@ def validate_and_build(
     # Only candidates that beat the reference are worth validating: if none does, the fastest
     # safe setting measured is the reference itself.
     if ref_trial is not None and ref_trial.value is not None:
-        better = (lambda v: v > ref_trial.value) if maximize else (lambda v: v < ref_trial.value)
+        edge = val.min_speedup
+        better = (
+            (lambda v: v > ref_trial.value * edge)
+            if maximize
+            else (lambda v: v < ref_trial.value / edge)
+        )
         ranked = [t for t in ranked if t.number != ref_trial.number and better(t.value)]
     best = ranked[: val.top_k]
     # The fastest candidates often sit at the edge of the parity tolerance, where a fresh seed
@@ -294,7 +299,7 @@ def validate_and_build(
     else:
         cand = ref_cand
         why = (
-            "no feasible candidate measured faster than the fp32 reference"
+            f"no feasible candidate measured {val.min_speedup:.2f}x or more the fp32 reference"
             if not best
             else "no candidate passed validation"
         )
