@@ -349,7 +349,9 @@ def _loop(
             scaler.update()
             pending.append(loss.detach())
             done = i + 1
-            if i == 0:
+            if i == 0 and warmup > 0:
+                # Marks the end of the first (costliest) step, for a probe its time limit stops
+                # inside warmup; without warmup this step is timed and must not sync.
                 _sync(dev)
                 t_first = time.perf_counter()
             last = i == total - 1

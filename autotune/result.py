@@ -43,6 +43,8 @@ class ProbeResult(BaseModel):
     # Host time spent in divergence checks inside the timed window (includes the sync they cause).
     check_seconds: float = 0.0
     truncated: bool = False
+    # Killed at its hard time limit without a result (outcome "crashed"): too slow, not broken.
+    timed_out: bool = False
     peak_memory_allocated: int | None = None
     peak_memory_reserved: int | None = None
     losses: list[float] = Field(default_factory=list)

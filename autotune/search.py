@@ -21,7 +21,6 @@ import socket
 import statistics
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -465,10 +464,7 @@ class _Search:
                 raise SearchStopped(f"study {self.spec.name!r} was asked to stop")
             # Trials whose worker died (no heartbeat) are failed here and retried once.
             fail_stale(study)
-            with warnings.catch_warnings():
-                # Heartbeats are recorded by this loop (storage.heartbeat), not by optimize().
-                warnings.filterwarnings("ignore", message="Heartbeat of storage")
-                trial = study.ask()
+            trial = study.ask()
             try:
                 with heartbeat(study, trial):
                     self._trial(study, trial, modes, ladder, (lr_lo, lr_hi), scales, left)
@@ -542,7 +538,7 @@ class _Search:
         if result.outcome == "completed":
             self._complete(study, trial, result)
         elif result.outcome == "crashed":
-            if "hard time limit" in result.reason:
+            if result.timed_out:
                 # Far too slow to finish one step in time: a measurement, not a crash.
                 self._prune(study, trial, "too_slow", result.reason)
                 return

@@ -113,6 +113,12 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
 
 
 def _rdb(url: str, engine_kwargs: dict) -> optuna.storages.RDBStorage:
+    # Optuna warns on every ask() that heartbeats belong to optimize(); autotune's ask/tell loop
+    # records them itself (heartbeat() below). One targeted filter, set once: a
+    # catch_warnings() around each ask would race between the service's study threads.
+    warnings.filterwarnings(
+        "ignore", message="Heartbeat of storage is supposed to be used with Study.optimize"
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

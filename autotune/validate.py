@@ -215,13 +215,8 @@ def validate_and_build(
         noise = min(abs(seed_gap[0]), spec.parity_tolerance) if seed_gap else 0.0
     tolerance = spec.parity_tolerance + noise
     for trial in best if ref_run is not None else []:
-        cand = candidate_of(trial)
-        is_ref = (
-            cand.precision == "fp32"
-            and cand.batch_size == ref_cand.batch_size
-            and (trial.params.get("lr_multiplier") == 1.0)
-        )
-        rerun = ref_run if is_ref else run(cand)
+        # The reference itself is never among them: only trials that beat it are.
+        rerun = run(candidate_of(trial))
         label = _label(trial)
         if rerun is None:
             notes.append(f"{label}: no time left to validate")

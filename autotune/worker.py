@@ -119,17 +119,9 @@ class Runner:
         seed: int = 0,
         timeout: float = 60.0,
     ) -> dict | None:
-        """A per-layer numerics diagnosis of a candidate, as JSON; None when it could not run."""
-        from autotune.diagnose import diagnose
-        from autotune.workloads import load_workload
-
-        try:
-            found = diagnose(
-                load_workload(workload), candidate, self.device, steps=steps, seed=seed
-            )
-        except AutotuneError:
-            return None
-        return json.loads(found.model_dump_json())
+        """A per-layer numerics diagnosis of a candidate, as JSON; None when it could not run
+        (a runner that cannot diagnose returns None: the diagnosis is evidence, never needed)."""
+        return None
 
     def close(self) -> None:
         """Release what the runner holds."""
@@ -142,9 +134,16 @@ class Runner:
 
 
 def _crashed(
-    workload: str, candidate: Candidate, device: str, settings: ProbeSettings, reason: str
+    workload: str,
+    candidate: Candidate,
+    device: str,
+    settings: ProbeSettings,
+    reason: str,
+    *,
+    timed_out: bool = False,
 ) -> ProbeResult:
     return ProbeResult(
+        timed_out=timed_out,
         candidate=candidate,
         workload=workload,
         device=device,
@@ -287,6 +286,7 @@ class ProbeWorker(Runner):
                 settings,
                 f"probe exceeded its hard time limit of {hard:.0f}s; worker stopped "
                 f"after {time.perf_counter() - started:.0f}s",
+                timed_out=True,
             )
         kind = reply[0]
         if kind == "result":
@@ -365,6 +365,27 @@ class InProcessRunner(Runner):
             return _crashed(
                 workload, candidate, self.device, settings, f"{type(exc).__name__}: {exc}"
             )
+
+    def diagnose(
+        self,
+        workload: str,
+        candidate: Candidate,
+        *,
+        steps: int = 3,
+        seed: int = 0,
+        timeout: float = 60.0,
+    ) -> dict | None:
+        """The diagnosis in this process (no isolation, like the probes here)."""
+        from autotune.diagnose import diagnose
+        from autotune.workloads import load_workload
+
+        try:
+            found = diagnose(
+                load_workload(workload), candidate, self.device, steps=steps, seed=seed
+            )
+        except AutotuneError:
+            return None
+        return json.loads(found.model_dump_json())
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _cli import run_tiny_search
 from loguru import logger
 
 from autotune.logs import json_from_env, log_to_file, reset_logging, setup_logging
@@ -106,28 +107,7 @@ def test_json_from_env(value: str, expected: bool) -> None:
 
 def test_search_with_json_logs_writes_only_json_to_stderr_and_the_log(tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune",
-            "search",
-            str(ROOT / "studies" / "tiny.yaml"),
-            "--budget",
-            "4s",
-            "--device",
-            "cpu",
-            "--storage",
-            f"sqlite:///{tmp_path / 's.db'}",
-            "--out",
-            str(out_dir),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "AUTOTUNE_LOG_JSON": "1"},
-    )
+    proc = run_tiny_search(tmp_path, out_dir, env={**os.environ, "AUTOTUNE_LOG_JSON": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in proc.stderr.splitlines()]
     assert records, "no log lines on stderr"

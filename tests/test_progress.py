@@ -6,14 +6,13 @@ from __future__ import annotations
 import io
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _cli import run_tiny_search
 from loguru import logger
 from rich.console import Console
 
@@ -168,27 +167,8 @@ def test_search_output_has_no_control_characters_when_not_a_terminal(tmp_path: P
     """`autotune search | tee` or CI: plain lines, no escapes, no live view; files written."""
     out_dir = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune",
-            "search",
-            str(ROOT / "studies" / "tiny.yaml"),
-            "--budget",
-            "4s",
-            "--device",
-            "cpu",
-            "--storage",
-            f"sqlite:///{tmp_path / 's.db'}",
-            "--out",
-            str(out_dir),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**env, "TERM": "xterm-256color", "COLUMNS": "80"},
+    proc = run_tiny_search(
+        tmp_path, out_dir, env={**env, "TERM": "xterm-256color", "COLUMNS": "80"}
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name, text in (("stdout", proc.stdout), ("stderr", proc.stderr)):

@@ -123,6 +123,7 @@ def test_hard_timeout_kills_the_probe_and_the_next_run_restarts_the_worker(
     assert time.perf_counter() - started < 10
     assert r.outcome == "crashed"
     assert "hard time limit of 2s" in r.reason
+    assert r.timed_out
     assert (r.planned_steps, r.batch_size) == (1_000_000, 8)
     after = worker.run("tiny_mlp", cand(), SHORT, timeout=60)
     assert after.outcome == "completed", after.reason

@@ -25,7 +25,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,13 +108,21 @@ class _DeviceRunner(Runner):
         worker: ProbeWorker,
         run: StudyRun,
         ended: dict[str, float],
-        gate: Callable[[Candidate], None],
     ) -> None:
         self.worker = worker
         self.device = worker.device
         self.run_state = run
         self.ended = ended
-        self.gate = gate
+
+    @contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        """Mark the device busy with our own probe: its utilisation is ours, not a colleague's."""
+        self.run_state.probing = True
+        try:
+            yield
+        finally:
+            self.run_state.probing = False
+            self.ended[self.run_state.device] = time.monotonic()
 
     def run(
         self,
@@ -123,12 +132,8 @@ class _DeviceRunner(Runner):
         *,
         timeout: float | None = None,
     ) -> ProbeResult:
-        self.run_state.probing = True
-        try:
+        with self._in_flight():
             return self.worker.run(workload, candidate, settings, timeout=timeout)
-        finally:
-            self.run_state.probing = False
-            self.ended[self.run_state.device] = time.monotonic()
 
     def diagnose(
         self,
@@ -139,18 +144,12 @@ class _DeviceRunner(Runner):
         seed: int = 0,
         timeout: float = 60.0,
     ) -> dict | None:
-        # The search gates its probes, not this diagnosis: wait for room here, off the budget,
-        # and run it in the worker too (never a workload in the service process).
-        with self.run_state.budget.paused():
-            self.gate(candidate)
-        self.run_state.probing = True
-        try:
+        # In the worker too, never a workload in the service process. The search has already
+        # waited at its gate for room on the device.
+        with self._in_flight():
             return self.worker.diagnose(
                 workload, candidate, steps=steps, seed=seed, timeout=timeout
             )
-        finally:
-            self.run_state.probing = False
-            self.ended[self.run_state.device] = time.monotonic()
 
     def start(self) -> None:
         self.worker.start()
@@ -336,9 +335,7 @@ class Scheduler:
 
     def _search(self, run: StudyRun, out: Path) -> None:
         name = run.name
-        runner = _DeviceRunner(
-            self.workers[run.device], run, self._probe_ended, lambda c: self._gate(run, c)
-        )
+        runner = _DeviceRunner(self.workers[run.device], run, self._probe_ended)
         try:
             result = run_search(
                 run.spec,
