@@ -1,0 +1,318 @@
+"""The trial record: the one home of what autotune stores on an Optuna trial.
+
+An Optuna trial holds autotune's figures in its ``user_attrs``; everything that reads or writes
+them (the search, validation, the report, the service's status, the CLI) goes through
+:class:`TrialRecord`, so the schema lives in one place and a reader never spells a key.
+
+Also here, as data with one rule each: the feasibility test (every constraint ≤ 0, as Optuna's
+own ``_constrained_optimization`` has it), the outcome a person reads for a trial, the
+candidate a trial ran, the key the batch ceilings are stored under, and why a candidate was
+rejected.
+
+=====================  =================================================================
+attribute              meaning
+=====================  =================================================================
+role                   ``reference`` (fp32 at the base batch and lr), ``amp_recipe``
+                       (fp16 with default GradScaler), ``<mode>_at_base``; None otherwise
+outcome / reason       how the probe ended and why, in words a person can act on
+throughput             samples/s of the timed steps (the median over timed blocks)
+throughput_low/high    its confidence interval
+reference_throughput   the fp32 reference measured close in time (the speedup's divisor)
+speedup(+_low/_high)   throughput over that reference, with its interval
+losses / scales        the loss of every step (None where not finite) and GradScaler scales
+parity_gap             relative loss gap to the reference at equal samples seen
+duplicate_of           same parameters as an earlier trial: its measurement was reused
+retry_of               a crashed or interrupted trial this one runs again
+=====================  =================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from autotune.spec import Candidate
+
+__all__ = [
+    "CONSTRAINTS_KEY",
+    "DEFAULT_INIT_SCALE",
+    "ROLE_AMP",
+    "ROLE_REFERENCE",
+    "Rejection",
+    "TrialRecord",
+    "at_base_role",
+    "candidate",
+    "ceilings_key",
+    "display_outcome",
+    "feasible_trials",
+    "is_feasible",
+    "label",
+    "parse_ceilings_key",
+    "record",
+    "role_trials",
+    "set_constraints",
+    "stored_ceilings",
+]
+
+ROLE_REFERENCE = "reference"
+ROLE_AMP = "amp_recipe"
+# torch's GradScaler default; a trial without an init_scale parameter ran with it.
+DEFAULT_INIT_SCALE = 2.0**16
+# Optuna keeps each constraint in a system attribute named "constraints:<key>".
+CONSTRAINTS_KEY = "constraints"
+_CEILINGS = "ceilings"
+
+
+def at_base_role(mode: str) -> str:
+    """The role of a mode run at the reference's own settings: ``bf16`` → ``bf16_at_base``."""
+    return f"{mode}_at_base"
+
+
+class TrialRecord(BaseModel):
+    """Everything autotune stores on a trial, typed. Unknown keys (older versions) are ignored.
+
+    Example:
+        >>> rec = TrialRecord(outcome="completed", throughput=812.5)
+        >>> sorted(rec.to_attrs())
+        ['outcome', 'throughput']
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: str | None = None
+    outcome: str | None = None
+    reason: str = ""
+    learning_rate: float | None = None
+    lr_scaling: str | None = None
+    worker: str | None = None
+    seed: int | None = None
+    # The measurement.
+    throughput: float | None = None
+    throughput_low: float | None = None
+    throughput_high: float | None = None
+    blocks: int | None = None
+    reference_throughput: float | None = None
+    speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    peak_memory_bytes: int | None = None
+    skipped_steps: int | None = None
+    timed_steps: int | None = None
+    truncated: bool | None = None
+    probe_seconds: float | None = None
+    losses: list[float | None] = []
+    scales: list[tuple[int, float]] = []
+    # Parity against the fp32 reference.
+    loss: float | None = None
+    ref_loss: float | None = None
+    parity_gap: float | None = None
+    # Bookkeeping.
+    duplicate_of: int | None = None
+    retry_of: int | None = None
+
+    @classmethod
+    def from_trial(cls, trial: FrozenTrial | optuna.Trial) -> TrialRecord:
+        """The record stored on a trial; fields that do not validate are left at their default
+        (a hand-edited or foreign attribute never breaks a reader)."""
+        attrs = dict(trial.user_attrs)
+        try:
+            return cls.model_validate(attrs)
+        except ValidationError as exc:
+            bad = {str(e["loc"][0]) for e in exc.errors() if e.get("loc")}
+            return cls.model_validate({k: v for k, v in attrs.items() if k not in bad})
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The fields that were set, JSON-safe (non-finite floats become None)."""
+        data = self.model_dump(mode="json", include=self.model_fields_set)
+        return {k: _json_safe(v) for k, v in data.items()}
+
+    def write(self, trial: optuna.Trial) -> None:
+        """Store the fields that were set on a running trial."""
+        for key, value in self.to_attrs().items():
+            trial.set_user_attr(key, value)
+
+    @property
+    def finite_losses(self) -> list[float]:
+        return [v for v in self.losses if v is not None]
+
+
+def _json_safe(value: Any) -> Any:
+    """Storage never holds NaN or inf: they become None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def record(trial: FrozenTrial | optuna.Trial) -> TrialRecord:
+    """Shorthand for :meth:`TrialRecord.from_trial`."""
+    return TrialRecord.from_trial(trial)
+
+
+# ---- constraints and feasibility -------------------------------------------------------------
+
+
+def set_constraints(trial: optuna.Trial, values: Mapping[str, float]) -> None:
+    """Store a trial's constraints (≤ 0 is satisfied), one named value each."""
+    for key, value in values.items():
+        trial.set_constraint(key, float(value))
+
+
+def is_feasible(trial: FrozenTrial) -> bool:
+    """COMPLETE and every constraint satisfied (≤ 0): the one feasibility rule.
+
+    Example:
+        >>> from optuna.trial import create_trial
+        >>> is_feasible(create_trial(value=1.0, system_attrs={"constraints:parity": 0.02}))
+        False
+    """
+    return trial.state == TrialState.COMPLETE and all(
+        v <= 0.0 for v in (trial.constraints or {}).values()
+    )
+
+
+def feasible_trials(trials: Iterable[FrozenTrial], *, measured: bool = True) -> list[FrozenTrial]:
+    """Feasible trials; with ``measured``, not those that copied a twin's measurement."""
+    return [
+        t
+        for t in trials
+        if is_feasible(t) and not (measured and record(t).duplicate_of is not None)
+    ]
+
+
+def display_outcome(trial: FrozenTrial) -> str | None:
+    """The outcome a person reads: ``completed``, ``infeasible``, ``diverged``, ``oom``, ...,
+    ``stale`` for a trial failed by the heartbeat check; None while it runs or waits."""
+    if trial.state in (TrialState.RUNNING, TrialState.WAITING):
+        return None
+    rec = record(trial)
+    if trial.state == TrialState.COMPLETE:
+        return "completed" if is_feasible(trial) else "infeasible"
+    if trial.state == TrialState.FAIL and not rec.outcome:
+        # Failed by the heartbeat check: nobody was left to record why.
+        return "stale"
+    return rec.outcome or trial.state.name.lower()
+
+
+# ---- what a trial ran --------------------------------------------------------------------------
+
+
+def candidate(trial: FrozenTrial) -> Candidate:
+    """The Candidate a trial ran (its learning rate is the one recorded, after the lr rule).
+
+    Raises:
+        ValueError: the trial holds no precision, batch size or learning rate.
+    """
+    p, rec = trial.params, record(trial)
+    if "precision" not in p or "batch_size" not in p or rec.learning_rate is None:
+        raise ValueError(f"trial {trial.number} holds no candidate (params {dict(p)})")
+    return Candidate(
+        precision=p["precision"],
+        batch_size=int(p["batch_size"]),
+        learning_rate=rec.learning_rate,
+        init_scale=float(p.get("init_scale", DEFAULT_INIT_SCALE)),
+    )
+
+
+def label(params: Mapping[str, Any]) -> str:
+    """A trial's sampled parameters in one line: ``fp16 bs=32 lr×1 init_scale=1024``.
+
+    Example:
+        >>> label({"precision": "fp16", "batch_size": 32, "lr_multiplier": 1.0,
+        ...        "init_scale": 1024.0})
+        'fp16 bs=32 lr×1 init_scale=1024'
+    """
+    text = (
+        f"{params.get('precision')} bs={params.get('batch_size')} "
+        f"lr×{float(params.get('lr_multiplier', 1.0)):.3g}"
+    )
+    if "init_scale" in params:
+        scale = float(params["init_scale"])
+        text += " init_scale=" + (
+            f"{scale:.0f}" if scale >= 1 and scale.is_integer() else f"{scale:g}"
+        )
+    return text
+
+
+def role_trials(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
+    """The trial of each role; where a resumed study holds a role twice, the one that
+    completed (else the latest)."""
+    out: dict[str, FrozenTrial] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        role = record(t).role
+        if role and (role not in out or out[role].state != TrialState.COMPLETE):
+            out[role] = t
+    return out
+
+
+# ---- batch ceilings, stored per machine and device -------------------------------------------
+
+
+def ceilings_key(host: str, device: str) -> str:
+    """The study attribute the ceilings of one device of one machine are stored under.
+
+    Example:
+        >>> ceilings_key("box1", "cuda:0")
+        'ceilings:box1:cuda:0'
+    """
+    return f"{_CEILINGS}:{host}:{device}"
+
+
+def parse_ceilings_key(key: str) -> tuple[str, str] | None:
+    """``(host, device)`` of a ceilings key, or None when ``key`` is not one.
+
+    Example:
+        >>> parse_ceilings_key("ceilings:box1:cuda:0")
+        ('box1', 'cuda:0')
+    """
+    prefix = f"{_CEILINGS}:"
+    if not key.startswith(prefix):
+        return None
+    host, sep, device = key[len(prefix) :].partition(":")
+    if not sep or not device:
+        return None
+    return host, device
+
+
+def stored_ceilings(attrs: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, int]]:
+    """Every stored ceiling table of a study, by ``(host, device)``."""
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for key, value in attrs.items():
+        where = parse_ceilings_key(key)
+        if where is not None and isinstance(value, dict):
+            out[where] = {str(m): int(b) for m, b in value.items()}
+    return out
+
+
+# ---- why a candidate was not chosen -------------------------------------------------------------
+
+
+class Rejection(BaseModel):
+    """Why a candidate was not chosen, as data: where (``search`` or ``validation``), what kind
+    (an outcome such as ``diverged``, or ``parity``, ``speed``, ``infeasible``) and the words.
+
+    Example:
+        >>> str(Rejection(label="bf16 bs=64 lr×1", stage="validation", kind="parity",
+        ...               detail="loss parity +7.0% vs the fp32 reference (tolerance 5%)"))
+        'bf16 bs=64 lr×1: failed validation: loss parity +7.0% vs the fp32 reference (tolerance 5%)'
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str
+    stage: Literal["search", "validation"]
+    kind: str
+    detail: str = ""
+    count: int = 1
+
+    def __str__(self) -> str:
+        if self.stage == "validation":
+            return f"{self.label}: failed validation: {self.detail}"
+        text = f"{self.label}: {self.count} {self.kind}"
+        return text + (f" (e.g. {self.detail})" if self.detail else "")
