@@ -22,6 +22,7 @@ from typing import Any
 from loguru import logger
 
 from autotune.errors import AutotuneError, WorkloadError
+from autotune.facts import WorkerFacts
 from autotune.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
 
@@ -49,6 +50,11 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
         try:
             if ref not in cache:
                 cache[ref] = load_workload(ref)
+            if op == "facts":
+                from autotune.facts import collect_facts
+
+                send("facts", collect_facts(ref, device).model_dump_json())
+                continue
             if op == "diagnose":
                 from autotune.diagnose import diagnose
 
@@ -102,6 +108,16 @@ class Runner:
         *,
         timeout: float | None = None,
     ) -> ProbeResult:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def facts(self, workload: str) -> WorkerFacts:  # pragma: no cover - interface
+        """The workload's facts and the device's, found where the probes run (importing the
+        workload runs user code; touching a GPU opens a CUDA context).
+
+        Raises:
+            WorkloadError: the reference cannot be loaded.
+            DeviceError: the device does not exist.
+        """
         raise NotImplementedError
 
     def start(self) -> None:
@@ -308,6 +324,29 @@ class ProbeWorker(Runner):
         self._requests.flush()
         return self._recv(timeout)
 
+    def facts(self, workload: str, *, timeout: float = 120.0) -> WorkerFacts:
+        reply = None
+        try:
+            reply = self._exchange(
+                "facts",
+                workload,
+                Candidate(precision="fp32", batch_size=1, learning_rate=1.0),
+                ProbeSettings(),
+                timeout,
+            )
+        except (EOFError, OSError, ValueError):
+            reply = None
+        if reply is None:
+            self._stop(kill=True)
+            raise RuntimeError(f"the probe worker did not answer about workload {workload!r}")
+        if reply[0] == "facts":
+            return WorkerFacts.model_validate_json(reply[1])
+        if reply[0] == "user_error":
+            from autotune import errors
+
+            raise getattr(errors, reply[1], WorkloadError)(reply[2])
+        raise WorkloadError(f"workload {workload!r} could not be inspected: {reply[1]}")
+
     def diagnose(
         self,
         workload: str,
@@ -365,6 +404,11 @@ class InProcessRunner(Runner):
             return _crashed(
                 workload, candidate, self.device, settings, f"{type(exc).__name__}: {exc}"
             )
+
+    def facts(self, workload: str) -> WorkerFacts:
+        from autotune.facts import collect_facts
+
+        return collect_facts(workload, self.device)
 
     def diagnose(
         self,
