@@ -72,6 +72,20 @@ class Evidence(_Model):
     throughput: float = Field(ge=0)
     baseline_throughput: float = Field(ge=0)
     speedup: float = Field(ge=0)
+    # 95% intervals: the speedup's from the paired blocks of validation (None for a fallback).
+    throughput_low: float | None = Field(default=None, ge=0)
+    throughput_high: float | None = Field(default=None, ge=0)
+    speedup_low: float | None = Field(default=None, ge=0)
+    speedup_high: float | None = Field(default=None, ge=0)
+    # Pairs of interleaved timed blocks (candidate, reference) behind the speedup.
+    paired_blocks: int = Field(default=0, ge=0)
+    # What the search measured for the winner, and how optimistic that was against validation
+    # (0.10: the search's figure was 10% higher). The best of many noisy figures is biased
+    # upward; validation corrects it, it does not hold it against the candidate.
+    search_speedup: float | None = Field(default=None, ge=0)
+    search_optimism: float | None = None
+    # This device's timing noise: the relative spread of the reference's timed blocks.
+    noise: float | None = Field(default=None, ge=0)
     # the plain AMP recipe (fp16, default GradScaler, base batch and lr), from the search probes
     amp_throughput: float | None = Field(default=None, ge=0)
     speedup_vs_amp: float | None = Field(default=None, ge=0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loguru import logger
 from rich.console import Console, Group, RenderableType
@@ -29,8 +29,17 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-if TYPE_CHECKING:
-    from autotune.search import Budget
+from autotune.search import (
+    Budget,
+    CeilingFound,
+    Event,
+    HardwareChecked,
+    PhaseStarted,
+    Standing,
+    TrialFinished,
+    TrialStarted,
+)
+from autotune.trials import label as params_label
 
 __all__ = ["SearchProgress", "candidate_label", "params_label", "scale_text"]
 
@@ -73,23 +82,6 @@ def candidate_label(candidate: dict[str, Any]) -> str:
     )
     if candidate.get("precision") == "fp16" and candidate.get("init_scale") is not None:
         text += f" init_scale={scale_text(float(candidate['init_scale']))}"
-    return text
-
-
-def params_label(params: dict[str, Any]) -> str:
-    """A trial's sampled parameters in one line, as the search's own summaries write them.
-
-    Example:
-        >>> params_label({"precision": "fp16", "batch_size": 32, "lr_multiplier": 1.0,
-        ...               "init_scale": 1024.0})
-        'fp16 bs=32 lr×1 init_scale=1024'
-    """
-    text = (
-        f"{params.get('precision')} bs={params.get('batch_size')} "
-        f"lr×{float(params.get('lr_multiplier', 1.0)):.3g}"
-    )
-    if "init_scale" in params:
-        text += f" init_scale={scale_text(float(params['init_scale']))}"
     return text
 
 
@@ -186,12 +178,19 @@ class SearchProgress:
 
     # ---- events ----------------------------------------------------------------------------
 
-    def __call__(self, kind: str, data: dict[str, Any]) -> None:
-        """Take one search event (``hardware``, ``phase``, ``ceiling``, ``trial``, ``result``)."""
+    def __call__(self, event: Event) -> None:
+        """Take one search event (see :mod:`autotune.search`'s event types)."""
         with self._lock:
-            handler = getattr(self, f"_on_{kind}", None)
-            if handler is not None:
-                handler(data)
+            if isinstance(event, HardwareChecked):
+                self._on_hardware(event)
+            elif isinstance(event, PhaseStarted):
+                self._on_phase(event)
+            elif isinstance(event, CeilingFound):
+                self.ceilings[event.mode] = event.ceiling.batch_size
+            elif isinstance(event, TrialStarted):
+                self._on_trial(event)
+            elif isinstance(event, TrialFinished):
+                self._on_result(event)
             queued, self._queue = self._queue, []
         # Log only after the lock is released: a log line prints through the console, whose
         # lock the live view's refresh thread holds while it waits for ours to draw a frame.
@@ -201,17 +200,17 @@ class SearchProgress:
     def _logger(self, **fields: Any) -> _Deferred:
         return _Deferred(self._queue, fields)
 
-    def _on_hardware(self, data: dict[str, Any]) -> None:
-        self.modes = list(data.get("modes", []))
-        self.cut = dict(data.get("cut", {}))
+    def _on_hardware(self, event: HardwareChecked) -> None:
+        self.modes = list(event.modes)
+        self.cut = dict(event.cut)
         cut = f" (cut: {', '.join(self.cut)})" if self.cut else ""
         self._logger(event="modes", modes=self.modes).info(
             "modes to search: {}{}", ", ".join(self.modes), cut
         )
 
-    def _on_phase(self, data: dict[str, Any]) -> None:
+    def _on_phase(self, event: PhaseStarted) -> None:
         self._settle_pending()
-        phase, mode = str(data.get("phase", "?")), data.get("mode")
+        phase, mode = event.phase, event.mode
         if (phase, mode) == (self.phase, self.phase_mode):
             return
         self.phase, self.phase_mode = phase, mode
@@ -224,14 +223,10 @@ class SearchProgress:
             _seconds(self.budget.total),
         )
 
-    def _on_ceiling(self, data: dict[str, Any]) -> None:
-        ceiling = data.get("ceiling") or {}
-        self.ceilings[str(data.get("mode"))] = int(ceiling.get("batch_size") or 0)
-
-    def _on_trial(self, data: dict[str, Any]) -> None:
+    def _on_trial(self, event: TrialStarted) -> None:
         self._settle_pending()
-        number = int(data.get("number", -1))
-        label = candidate_label(data.get("candidate") or {})
+        number = event.number
+        label = candidate_label(event.candidate.model_dump())
         self.current = (number, label, time.monotonic())
         self._pending = number
         self._logger(event="trial", trial=number).debug("trial {} started: {}", number, label)
@@ -247,34 +242,35 @@ class SearchProgress:
             "trial {} has the parameters of an earlier trial: its measurement is reused", number
         )
 
-    def _on_result(self, data: dict[str, Any]) -> None:
-        number = int(data.get("number", -1))
+    def _on_result(self, event: TrialFinished) -> None:
+        number = event.number
         if self._pending == number:
             self._pending = None
-        outcome = str(data.get("outcome", "?"))
+        outcome = event.outcome
         head = f"trial {number}"
         if self.current is not None and self.current[0] == number:
             head += f" {self.current[1]}"
         self.current = None
         if outcome == "reused":
             self.counts["reused"] += 1
-            self.last = f"{head}: {data.get('reason', 'measurement reused')}"
+            self.last = f"{head}: {event.reason or 'measurement reused'}"
         elif outcome in _COMPLETE:
             self.counts["complete"] += 1
-            throughput = float(data.get("throughput") or 0.0)
-            self.last = f"{head}: {throughput:,.1f} samples/s"
+            self.last = f"{head}: {event.throughput or 0.0:,.1f} samples/s"
+            if event.speedup is not None:
+                self.last += f" ({event.speedup:.2f}x)"
             if outcome == "infeasible":
                 self.counts["infeasible"] += 1
                 self.last += " — infeasible (loss parity)"
-                self._log_infeasible(number, data.get("gap"))
+                self._log_infeasible(number, event.gap)
         elif outcome in _FAILED:
             self.counts["failed"] += 1
-            self.last = f"{head}: crashed: {data.get('reason', '')}"
+            self.last = f"{head}: crashed: {event.reason}"
         else:
             self.counts["pruned"] += 1
             self.pruned_by[outcome] += 1
-            self.last = f"{head}: {outcome}: {data.get('reason', '')}"
-        self._update_best(data)
+            self.last = f"{head}: {outcome}: {event.reason}"
+        self._update_best(event.standing)
         if not self.live:
             self._log_status()
 
@@ -295,14 +291,13 @@ class SearchProgress:
             tol,
         )
 
-    def _update_best(self, data: dict[str, Any]) -> None:
-        if "best" not in data:
-            return
+    def _update_best(self, standing: Standing) -> None:
         best = {
-            "value": data.get("best"),
-            "params": data.get("best_params"),
-            "throughput": data.get("best_throughput"),
-            "reference": data.get("reference_throughput"),
+            "value": standing.best,
+            "params": standing.best_params,
+            "throughput": standing.best_throughput,
+            "speedup": standing.best_speedup,
+            "reference": standing.reference_throughput,
         }
         changed = best["params"] is not None and (
             best["params"] != self.best.get("params") or best["value"] != self.best.get("value")
@@ -316,11 +311,9 @@ class SearchProgress:
     # ---- what is shown ---------------------------------------------------------------------
 
     def speedup(self) -> float | None:
-        """Best feasible throughput over the fp32 reference's, once both exist."""
-        tp, ref = self.best.get("throughput"), self.best.get("reference")
-        if not tp or not ref:
-            return None
-        return float(tp) / float(ref)
+        """The best feasible trial's speedup over the fp32 reference measured near it."""
+        value = self.best.get("speedup")
+        return float(value) if value else None
 
     def best_text(self) -> str:
         """``bf16 bs=64 lr×1 at 3,811.6 samples/s, 1.35x the fp32 reference`` or ``—``."""

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.spec import Candidate
 
-__all__ = ["Outcome", "ProbeResult"]
+__all__ = ["Outcome", "PairedResult", "ProbeResult"]
 
 # completed   ran to the end (or to its time limit, then `truncated`); figures are valid
 # diverged    non-finite or blown-up loss, or a failing GradScaler; `reason` names step and value
@@ -32,8 +32,14 @@ class ProbeResult(BaseModel):
     device: str
     outcome: Outcome
     reason: str = ""
-    # samples/s over the timed steps only
+    # samples/s over the timed steps only: the median over timed blocks, with its 95% interval
     throughput: float = 0.0
+    throughput_low: float | None = None
+    throughput_high: float | None = None
+    # Each timed block's (steps, seconds), in order.
+    blocks: list[tuple[int, float]] = Field(default_factory=list)
+    # Relative spread of the blocks' rates (interquartile range over the median).
+    spread: float | None = None
     step_time: float | None = None
     warmup_steps: int = 0
     timed_steps: int = 0
@@ -81,3 +87,38 @@ class ProbeResult(BaseModel):
                 tail += f" (time limit, {self.timed_steps} timed steps)"
             return f"{head} → {tail}"
         return f"{head} → {self.outcome}: {self.reason}"
+
+
+class PairedResult(BaseModel):
+    """A candidate and the fp32 reference measured in one worker, their timed blocks
+    interleaved (candidate, reference, candidate, …), so drift and a neighbour's load hit both.
+
+    ``speedup`` is the median of the per-pair throughput ratios, with its 95% interval.
+    """
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+    candidate: ProbeResult
+    reference: ProbeResult
+    speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    pairs: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """Both arms completed and at least one pair was measured."""
+        return self.candidate.ok and self.reference.ok and self.speedup is not None
+
+    def summary(self) -> str:
+        """One line for logs: ``bf16 bs=256 … → 1.93x (1.85–2.01) over 12 pairs``."""
+        c = self.candidate.candidate
+        head = f"{c.precision} bs={c.batch_size} lr={c.learning_rate:.3g}"
+        if not self.candidate.ok:
+            return f"{head} → {self.candidate.outcome}: {self.candidate.reason}"
+        if not self.reference.ok:
+            return f"{head} → reference arm {self.reference.outcome}: {self.reference.reason}"
+        return (
+            f"{head} → {self.speedup:.2f}x ({self.speedup_low:.2f}–{self.speedup_high:.2f}) the "
+            f"fp32 reference over {self.pairs} pairs"
+        )

@@ -23,7 +23,7 @@ from loguru import logger
 
 from autotune.errors import AutotuneError, WorkloadError
 from autotune.facts import WorkerFacts
-from autotune.result import ProbeResult
+from autotune.result import PairedResult, ProbeResult
 from autotune.spec import Candidate, ProbeSettings
 
 __all__ = ["InProcessRunner", "ProbeWorker", "Runner"]
@@ -50,6 +50,21 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
         try:
             if ref not in cache:
                 cache[ref] = load_workload(ref)
+            if op == "compare":
+                from autotune.paired import run_paired
+
+                candidate, reference = (
+                    Candidate.model_validate(c) for c in json.loads(candidate_json)
+                )
+                paired = run_paired(
+                    cache[ref],
+                    candidate,
+                    reference,
+                    device,
+                    ProbeSettings.model_validate_json(settings_json),
+                )
+                send("paired", paired.model_dump_json())
+                continue
             if op == "facts":
                 from autotune.facts import collect_facts
 
@@ -108,6 +123,19 @@ class Runner:
         *,
         timeout: float | None = None,
     ) -> ProbeResult:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def compare(
+        self,
+        workload: str,
+        candidate: Candidate,
+        reference: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float | None = None,
+    ) -> PairedResult:  # pragma: no cover - interface
+        """Measure ``candidate`` paired with ``reference``: their timed blocks interleaved in
+        one process (see :func:`autotune.paired.run_paired`)."""
         raise NotImplementedError
 
     def facts(self, workload: str) -> WorkerFacts:  # pragma: no cover - interface
@@ -324,6 +352,55 @@ class ProbeWorker(Runner):
         self._requests.flush()
         return self._recv(timeout)
 
+    def compare(
+        self,
+        workload: str,
+        candidate: Candidate,
+        reference: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float | None = None,
+    ) -> PairedResult:
+        """Run a paired measurement in the worker; a crashed arm when the worker hung or died."""
+        hard = timeout if timeout is not None else settings.time_limit + _GRACE
+        started = time.perf_counter()
+        both = json.dumps([candidate.model_dump(mode="json"), reference.model_dump(mode="json")])
+        reason = ""
+        try:
+            self.start()
+            request = [workload, both, settings.model_dump_json(), "compare"]
+            self._requests.write(json.dumps(request) + "\n")
+            self._requests.flush()
+            reply = self._recv(hard)
+        except (EOFError, OSError, ValueError):
+            code = self._proc.poll() if self._proc is not None else None
+            self._stop(kill=True)
+            reply, reason = None, f"worker process died (exit code {code}) during the paired run"
+        timed_out = False
+        if reply is None and not reason:
+            self._stop(kill=True)
+            timed_out = True
+            reason = (
+                f"paired run exceeded its hard time limit of {hard:.0f}s; worker stopped after "
+                f"{time.perf_counter() - started:.0f}s"
+            )
+        elif reply is not None and reply[0] == "paired":
+            return PairedResult.model_validate_json(reply[1])
+        elif reply is not None and reply[0] == "user_error":
+            from autotune import errors
+
+            raise getattr(errors, reply[1], WorkloadError)(reply[2])
+        elif reply is not None:
+            reason = reply[1]
+        return PairedResult(
+            candidate=_crashed(
+                workload, candidate, self.device, settings, reason, timed_out=timed_out
+            ),
+            reference=_crashed(
+                workload, reference, self.device, settings, reason, timed_out=timed_out
+            ),
+        )
+
     def facts(self, workload: str, *, timeout: float = 120.0) -> WorkerFacts:
         reply = None
         try:
@@ -403,6 +480,31 @@ class InProcessRunner(Runner):
         except Exception as exc:
             return _crashed(
                 workload, candidate, self.device, settings, f"{type(exc).__name__}: {exc}"
+            )
+
+    def compare(
+        self,
+        workload: str,
+        candidate: Candidate,
+        reference: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float | None = None,
+    ) -> PairedResult:
+        from autotune.paired import run_paired
+        from autotune.workloads import load_workload
+
+        if workload not in self._cache:
+            self._cache[workload] = load_workload(workload)
+        try:
+            return run_paired(self._cache[workload], candidate, reference, self.device, settings)
+        except AutotuneError:
+            raise
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            return PairedResult(
+                candidate=_crashed(workload, candidate, self.device, settings, why),
+                reference=_crashed(workload, reference, self.device, settings, why),
             )
 
     def facts(self, workload: str) -> WorkerFacts:

@@ -29,20 +29,31 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError
+from autotune.facts import WorkerFacts
 from autotune.logs import FILE_FORMAT
-from autotune.result import ProbeResult
-from autotune.search import Budget, SearchStopped, run_search
+from autotune.result import PairedResult, ProbeResult
+from autotune.search import (
+    Budget,
+    CeilingFound,
+    Event,
+    PhaseStarted,
+    SearchStopped,
+    TrialFinished,
+    TrialStarted,
+    run_search,
+    settle,
+)
 from autotune.service._devices import DeviceMonitor
 from autotune.service._queue import QueueRow, StudyQueue
 from autotune.spec import Candidate, ProbeSettings, StudySpec, parse_spec
-from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, fail_stale
+from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
+from autotune.trials import record
 from autotune.worker import ProbeWorker, Runner
 
 __all__ = ["DRAIN_GRACE", "Scheduler", "StudyRun", "accepts"]
@@ -134,6 +145,22 @@ class _DeviceRunner(Runner):
     ) -> ProbeResult:
         with self._in_flight():
             return self.worker.run(workload, candidate, settings, timeout=timeout)
+
+    def facts(self, workload: str) -> WorkerFacts:
+        # Asked of the worker: the service never imports a workload or touches a device itself.
+        return self.worker.facts(workload)
+
+    def compare(
+        self,
+        workload: str,
+        candidate: Candidate,
+        reference: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float | None = None,
+    ) -> PairedResult:
+        with self._in_flight():
+            return self.worker.compare(workload, candidate, reference, settings, timeout=timeout)
 
     def diagnose(
         self,
@@ -342,7 +369,7 @@ class Scheduler:
                 out_dir=out,
                 runner=runner,
                 budget=run.budget,
-                on_event=lambda kind, data: self._on_event(run, kind, data),
+                on_event=lambda event: self._on_event(run, event),
                 gate=lambda cand: self._gate(run, cand),
                 should_stop=lambda: run.cancel.is_set() or self._draining.is_set(),
             )
@@ -405,20 +432,22 @@ class Scheduler:
     def _settle_stale(self, run: StudyRun) -> None:
         """Before resuming after a crash: wait until the crashed run's trials are stale, then
         fail them (each is re-enqueued once), so none stays RUNNING."""
+
+        def waiting(count: int) -> None:
+            run.detail = (
+                f"resuming: waiting up to {GRACE_PERIOD}s for {count} trial(s) of the "
+                "interrupted run to go stale, to fail and retry them"
+            )
+
         try:
             study = optuna.load_study(study_name=run.name, storage=self.storage)
-            deadline = time.monotonic() + _STALE_WAIT
-            while True:
-                fail_stale(study)
-                running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                stop = run.cancel.is_set() or self._draining.is_set()
-                if not running or stop or time.monotonic() > deadline:
-                    break
-                run.detail = (
-                    f"resuming: waiting up to {GRACE_PERIOD}s for {len(running)} trial(s) of the "
-                    "interrupted run to go stale, to fail and retry them"
-                )
-                time.sleep(_POLL)
+            running = settle(
+                study,
+                wait=_STALE_WAIT,
+                stop=lambda: run.cancel.is_set() or self._draining.is_set(),
+                on_wait=waiting,
+                poll=_POLL,
+            )
         except KeyError:  # never started a search: nothing in flight
             return
         except Exception as exc:  # the search's own stale check runs before each trial anyway
@@ -428,30 +457,27 @@ class Scheduler:
             logger.warning(
                 "study {!r}: trials {} still RUNNING (another worker may hold them)",
                 run.name,
-                [t.number for t in running],
+                running,
             )
 
     # ---- hooks into the search -------------------------------------------------------------
 
-    def _on_event(self, run: StudyRun, kind: str, data: dict[str, Any]) -> None:
-        if kind == "phase":
-            run.phase = str(data.get("phase"))
-            mode = f" ({data['mode']})" if data.get("mode") else ""
+    def _on_event(self, run: StudyRun, event: Event) -> None:
+        if isinstance(event, PhaseStarted):
+            run.phase = event.phase
+            mode = f" ({event.mode})" if event.mode else ""
             run.detail = f"running on {run.device}: {run.phase} phase{mode}"
-        elif kind == "ceiling":
-            ceiling = data.get("ceiling") or {}
-            for t in ceiling.get("tries", []):
-                if t.get("peak_memory"):
-                    run.peaks.append(
-                        (str(ceiling.get("precision")), int(t["batch_size"]), int(t["peak_memory"]))
-                    )
-        elif kind == "trial":
-            cand = data.get("candidate") or {}
+        elif isinstance(event, CeilingFound):
+            for t in event.ceiling.tries:
+                if t.peak_memory:
+                    run.peaks.append((event.mode, t.batch_size, t.peak_memory))
+        elif isinstance(event, TrialStarted):
+            cand = event.candidate
             run.detail = (
-                f"running on {run.device}: {run.phase} phase, trial {data.get('number')} "
-                f"({cand.get('precision')} bs={cand.get('batch_size')})"
+                f"running on {run.device}: {run.phase} phase, trial {event.number} "
+                f"({cand.precision} bs={cand.batch_size})"
             )
-        elif kind == "result":
+        elif isinstance(event, TrialFinished):
             self.queue.record_progress(run.name, run.budget.elapsed())
 
     def _need(self, run: StudyRun, cand: Candidate) -> int:
@@ -467,8 +493,8 @@ class Scheduler:
             if run.study is None:
                 run.study = optuna.load_study(study_name=run.name, storage=self.storage)
             for t in run.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-                peak = t.user_attrs.get("peak_memory_bytes")
-                if isinstance(peak, (int, float)) and peak > 0 and "batch_size" in t.params:
+                peak = record(t).peak_memory_bytes
+                if peak and peak > 0 and "batch_size" in t.params:
                     measured.append(
                         (str(t.params["precision"]), int(t.params["batch_size"]), int(peak))
                     )

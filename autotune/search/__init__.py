@@ -1,0 +1,120 @@
+"""The search: an Optuna study over precision × batch size × learning rate × init_scale.
+
+The phases, all inside one wall-clock budget:
+
+1. **Hardware** (``_hardware``): modes the device cannot really run are cut, with reasons.
+2. **Ceilings** (``_hardware``): the largest batch that fits, per mode; the ladder above it
+   is cut.
+3. **Reference** (``_reference``): the fp32 reference at the workload's base batch and lr,
+   long enough for the parity curve; measured again as the search goes, so each trial's
+   speedup divides by a reference measured close to it in time.
+4. **Search** (``_trial``): the baselines first (each mode at the reference's settings, the
+   plain AMP recipe for fp16), then the sampler's candidates. Completed trials report their
+   speedup with a convergence-parity constraint; diverged, OOM and unsupported trials are
+   PRUNED with the reason (the sampler learns from them); a crashed worker is FAIL.
+5. **Validation** (``_validate``): the best candidates measured again, paired block by block
+   with the reference, with a fresh seed; the best lower confidence bound wins.
+6. **Artifact** (``_artifact``): ``best.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from autotune.search._budget import Budget, SearchInterrupted, SearchStopped
+from autotune.search._context import Gate
+from autotune.search._coordination import settle
+from autotune.search._events import (
+    CeilingFound,
+    Event,
+    EventSink,
+    HardwareChecked,
+    PhaseStarted,
+    Standing,
+    TrialFinished,
+    TrialStarted,
+)
+from autotune.search._run import SearchResult
+from autotune.search._run import run_search as _run_search
+from autotune.search._space import batch_ladder, lr_for, reference_factor
+from autotune.spec import StudySpec
+from autotune.worker import Runner
+
+__all__ = [
+    "Budget",
+    "CeilingFound",
+    "Event",
+    "EventSink",
+    "Gate",
+    "HardwareChecked",
+    "PhaseStarted",
+    "SearchInterrupted",
+    "SearchResult",
+    "SearchStopped",
+    "Standing",
+    "TrialFinished",
+    "TrialStarted",
+    "batch_ladder",
+    "lr_for",
+    "reference_factor",
+    "run_search",
+    "settle",
+]
+
+
+def run_search(
+    spec: StudySpec,
+    *,
+    out_dir: str | Path | None = None,
+    runner: Runner | None = None,
+    budget: Budget | None = None,
+    on_event: EventSink | None = None,
+    gate: Gate | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    join: bool = False,
+    handle_sigint: bool = False,
+) -> SearchResult:
+    """Search a spec's space within its budget and write the validated config.
+
+    Args:
+        spec: the study spec (budget, space, probe lengths, storage...).
+        out_dir: where ``best.json`` goes; ``studies/<name>/`` by default.
+        runner: runs probes; a :class:`~autotune.worker.ProbeWorker` on the spec's device by
+            default (the workload is imported only there, never in this process).
+        budget: the clock to count against; starts now by default (the CLI starts it earlier).
+        on_event: called with each :data:`Event` as phases, trials and results happen.
+        gate: called before each probe with its candidate; may block while the device is busy
+            (that time does not count against the budget).
+        should_stop: polled before each trial; True stops the search with SearchStopped.
+        join: join a study another process started (``autotune worker``): use its budget
+            window instead of opening a new one.
+        handle_sigint: make Ctrl-C stop cleanly: the probe in flight is stopped, the trial is
+            recorded as interrupted (and retried on resume), then SearchInterrupted is raised.
+            A second Ctrl-C interrupts at once.
+
+    Returns:
+        The SearchResult with the TunedConfig and the path it was written to. When another
+        worker of the same study validates, ``config`` is what it stored so far (maybe None).
+
+    Raises:
+        SpecError, WorkloadError, DeviceError, StorageError: the user's mistake, named.
+        SearchInterrupted: Ctrl-C; the trials so far are saved, the same command resumes.
+        SearchStopped: ``should_stop`` said so; the interrupted trial is retried on resume.
+
+    Example:
+        >>> result = run_search(load_spec("studies/tiny.yaml"), out_dir="out")  # doctest: +SKIP
+        >>> result.config.precision, result.config.evidence.speedup  # doctest: +SKIP
+        ('bf16', 1.62)
+    """
+    return _run_search(
+        spec,
+        out_dir=out_dir,
+        runner=runner,
+        budget=budget,
+        on_event=on_event,
+        gate=gate,
+        should_stop=should_stop,
+        join=join,
+        handle_sigint=handle_sigint,
+    )

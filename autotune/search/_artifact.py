@@ -1,0 +1,194 @@
+"""Building the artifact: a TunedConfig from what validation selected, or the fp32 reference
+when nothing cleared it — with evidence that describes what was really measured."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import Evidence, GradScalerSettings, TrialCounts, TunedConfig
+from autotune.facts import WorkerFacts
+from autotune.result import PairedResult
+from autotune.search._validate import Selection
+from autotune.spec import StudySpec
+from autotune.trials import ReferenceRecord, Rejection, candidate, label, record
+
+__all__ = ["baseline", "build_config", "counts"]
+
+
+def counts(trials: Iterable[FrozenTrial]) -> TrialCounts:
+    states = Counter(t.state for t in trials)
+    return TrialCounts(
+        complete=states[TrialState.COMPLETE],
+        pruned=states[TrialState.PRUNED],
+        failed=states[TrialState.FAIL],
+    )
+
+
+def baseline(trial: FrozenTrial | None) -> dict[str, Any]:
+    """A baseline trial (the plain AMP recipe) as the summary shows it."""
+    if trial is None:
+        return {"outcome": "not run"}
+    rec = record(trial)
+    return {
+        "label": label(trial.params),
+        "outcome": rec.outcome or trial.state.name.lower(),
+        "reason": rec.reason,
+        "throughput": rec.throughput if trial.state == TrialState.COMPLETE else None,
+        "speedup": rec.speedup if trial.state == TrialState.COMPLETE else None,
+        "peak_memory_bytes": rec.peak_memory_bytes,
+        "loss": rec.loss,
+        "state": trial.state.name,
+    }
+
+
+def _saving(peak: int | None, base: int | None) -> float | None:
+    if not peak or not base:
+        return None
+    return 1 - peak / base
+
+
+def build_config(
+    spec: StudySpec,
+    facts: WorkerFacts,
+    *,
+    rule: str,
+    selection: Selection | None,
+    reference: ReferenceRecord,
+    reference_run: PairedResult | None,
+    amp_recipe: FrozenTrial | None,
+    trials: list[FrozenTrial],
+    rejected: list[Rejection],
+    cut: dict[str, str],
+    ceilings: dict[str, int],
+    seed_noise: float,
+    fp16_diagnosis: dict[str, Any] | None,
+) -> TunedConfig:
+    """The TunedConfig of a finished search.
+
+    Args:
+        spec: the study spec.
+        facts: the workload's and the device's facts (the environment comes from here).
+        rule: the lr scaling rule the search used.
+        selection: what validation decided; None when there was nothing to validate.
+        reference: the fp32 reference of this machine and device.
+        reference_run: a paired rerun whose reference arm describes the reference best (the
+            winner's, or any completed one); None when validation measured none.
+        amp_recipe: the plain AMP recipe's trial, when it ran.
+        trials: every trial of the study.
+        rejected: why candidates were rejected, search and validation.
+        cut: what the device cut from the space, with the reasons.
+        ceilings: the batch ceilings per mode.
+        seed_noise: the reference's seed-to-seed loss gap validation allowed.
+        fp16_diagnosis: the per-layer diagnosis of the worst diverged fp16 trial, if any.
+    """
+    val = spec.validation
+    amp = baseline(amp_recipe)
+    latest = reference.latest()
+    noise = latest.spread if latest is not None else None
+    common: dict[str, Any] = {
+        "parity_tolerance": spec.parity_tolerance,
+        "trials": counts(trials),
+        "lr_scaling": rule,
+        "base_learning_rate": facts.base_lr,
+        "base_batch_size": facts.base_batch_size,
+        "rejected": [str(r) for r in rejected[:10]],
+        "cut": cut,
+        "ceilings": ceilings,
+        "fp16_diagnosis": fp16_diagnosis,
+        "amp_throughput": amp.get("throughput"),
+    }
+    winner = selection.winner if selection is not None else None
+    notes = selection.notes if selection is not None else []
+    if winner is not None and winner.paired is not None:
+        paired = winner.paired
+        c, r = paired.candidate, paired.reference
+        cand = candidate(winner.trial)
+        searched = record(winner.trial).speedup
+        assert paired.speedup is not None
+        gap = winner.gap
+        amp_speedup = amp.get("speedup")
+        evidence = Evidence(
+            throughput=c.throughput,
+            throughput_low=c.throughput_low,
+            throughput_high=c.throughput_high,
+            baseline_throughput=r.throughput,
+            speedup=paired.speedup,
+            speedup_low=paired.speedup_low,
+            speedup_high=paired.speedup_high,
+            paired_blocks=paired.pairs,
+            search_speedup=searched,
+            search_optimism=(searched / paired.speedup - 1) if searched else None,
+            noise=r.spread if r.spread is not None else noise,
+            speedup_vs_amp=(paired.speedup / amp_speedup) if amp_speedup else None,
+            peak_memory_bytes=c.peak_memory,
+            baseline_peak_memory_bytes=r.peak_memory,
+            memory_saving=_saving(c.peak_memory, r.peak_memory),
+            loss=gap[1] if gap else None,
+            baseline_loss=gap[2] if gap else None,
+            parity_gap=gap[0] if gap else None,
+            skipped_steps=c.skipped_steps,
+            validated=True,
+            validation_note="; ".join(notes)
+            or (
+                f"{paired.pairs} timed blocks interleaved with the fp32 reference's, seed "
+                f"{c.seed}, {c.timed_steps} steps (parity tolerance {spec.parity_tolerance:.0%} "
+                f"+ seed noise {seed_noise:.1%}); the winner has the best lower bound of those "
+                f"that cleared {val.min_speedup:.2f}x"
+            ),
+            **common,
+        )
+    else:
+        cand = reference.candidate()
+        if selection is None:
+            why = (
+                f"no feasible candidate's speedup reached {val.min_speedup:.2f}x the fp32 "
+                "reference in the search"
+            )
+        else:
+            why = f"no candidate's validated lower bound cleared {val.min_speedup:.2f}x"
+        if notes:
+            why += " (" + "; ".join(notes) + ")"
+        # The reference describes itself: one throughput, its own interval, 1.00x.
+        if reference_run is not None and reference_run.reference.ok:
+            r = reference_run.reference
+            tp, low, high, peak = r.throughput, r.throughput_low, r.throughput_high, r.peak_memory
+            noise = r.spread if r.spread is not None else noise
+        elif latest is not None:
+            tp, low, high, peak = latest.throughput, latest.low, latest.high, None
+        else:
+            tp, low, high, peak = 0.0, None, None, None
+        peak = peak if peak is not None else reference.peak_memory_bytes
+        evidence = Evidence(
+            throughput=tp,
+            throughput_low=low,
+            throughput_high=high,
+            baseline_throughput=tp,
+            speedup=1.0 if tp else 0.0,
+            noise=noise,
+            speedup_vs_amp=(1.0 / amp["speedup"]) if amp.get("speedup") else None,
+            peak_memory_bytes=peak,
+            baseline_peak_memory_bytes=peak,
+            memory_saving=0.0 if peak else None,
+            validated=False,
+            validation_note=f"{why}: falling back to the fp32 reference, the safe mode",
+            **common,
+        )
+    return TunedConfig(
+        study=spec.name,
+        workload=facts.workload,
+        precision=cand.precision,
+        batch_size=cand.batch_size,
+        learning_rate=cand.learning_rate,
+        grad_scaler=GradScalerSettings(
+            enabled=cand.precision == "fp16",
+            init_scale=cand.init_scale,
+            growth_interval=cand.growth_interval,
+        ),
+        channels_last=facts.channels_last,
+        evidence=evidence,
+        environment=facts.environment,
+    )

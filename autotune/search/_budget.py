@@ -1,0 +1,106 @@
+"""The whole job's wall-clock budget, and the shares its phases may take of it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import optuna
+
+from autotune.errors import AutotuneError
+
+__all__ = [
+    "CEILING_SHARE",
+    "HARD_GRACE",
+    "TRIAL_SHARE",
+    "VALIDATION_SHARE",
+    "WRITE_RESERVE",
+    "Budget",
+    "SearchInterrupted",
+    "SearchStopped",
+    "open_window",
+]
+
+# Share of the budget the ceiling phase may use at most.
+CEILING_SHARE = 0.25
+# Share of the budget held back for validation until the search's own figures size it.
+VALIDATION_SHARE = 0.3
+# Seconds held back for writing the artifact.
+WRITE_RESERVE = 0.5
+# A probe may overrun its soft limit by about one step; the hard limit adds this much.
+HARD_GRACE = 15.0
+# No ordinary trial may take more than this share of the budget.
+TRIAL_SHARE = 0.1
+
+_WINDOW = "budget_window"
+
+
+class SearchInterrupted(AutotuneError):
+    """Ctrl-C: the trials done so far are saved in the storage; running again resumes."""
+
+
+class SearchStopped(AutotuneError):
+    """The caller asked the search to stop (a cancel, or a service draining)."""
+
+
+@dataclass
+class Budget:
+    """The whole job's wall-clock budget, counted from ``started`` (a ``time.monotonic()``).
+
+    Time spent inside :meth:`paused` (waiting for a busy device) does not count: a study's
+    budget is probe time, not queue time.
+
+    Example:
+        >>> b = Budget(60.0)
+        >>> 59.0 < b.left() <= 60.0
+        True
+    """
+
+    total: float
+    started: float = field(default_factory=time.monotonic)
+    paused_seconds: float = 0.0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started - self.paused_seconds
+
+    def left(self) -> float:
+        return self.total - self.elapsed()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.paused_seconds += time.monotonic() - t0
+
+    @classmethod
+    def shared(cls, study: optuna.Study) -> Budget | None:
+        """The budget window the study's current run opened, as seen by a joining worker.
+
+        Returns None when the study has no open window (nobody started a search on it).
+        """
+        window = study.user_attrs.get(_WINDOW)
+        if not isinstance(window, dict):
+            return None
+        ago = time.time() - float(window["started_at"])
+        return cls(total=float(window["seconds"]), started=time.monotonic() - ago)
+
+
+def open_window(study: optuna.Study, budget: Budget) -> str:
+    """Record the budget window this run opens, so joining workers share its clock.
+
+    Returns:
+        The window's id: validation runs once per window.
+    """
+    started_at = time.time() - budget.elapsed()
+    study.set_user_attr(_WINDOW, {"started_at": started_at, "seconds": budget.total})
+    return window_id(study)
+
+
+def window_id(study: optuna.Study) -> str:
+    """The id of the study's open budget window (``"0"`` when none is open)."""
+    window = study.user_attrs.get(_WINDOW)
+    return str(window.get("started_at", 0)) if isinstance(window, dict) else "0"

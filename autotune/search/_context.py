@@ -1,0 +1,109 @@
+"""What every phase of a search shares: the spec, the runner, the clock, the device's facts,
+the space, and what the phases found so far (cut modes, ceilings, probe times)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from autotune.facts import WorkerFacts
+from autotune.result import PairedResult, ProbeResult
+from autotune.search._budget import HARD_GRACE, Budget, SearchStopped
+from autotune.search._events import Event, EventSink
+from autotune.search._space import Space
+from autotune.spec import Candidate, ProbeSettings, StudySpec
+from autotune.worker import Runner
+
+__all__ = ["Gate", "SearchContext"]
+
+# Called before each probe with its candidate; may block until the device has room.
+Gate = Callable[[Candidate], None]
+
+
+def _no_events(event: Event) -> None:
+    return None
+
+
+@dataclass
+class SearchContext:
+    """The state a search's phases share.
+
+    Args:
+        spec: the study spec.
+        runner: runs probes (a worker process per device, or in-process).
+        budget: the whole job's clock.
+        facts: the workload's and the device's facts, from the runner.
+        space: what the sampler may choose.
+        emit: where events go.
+        gate: called before each probe; may block (off the budget) while the device is busy.
+        should_stop: polled before each probe and trial; True stops with SearchStopped.
+    """
+
+    spec: StudySpec
+    runner: Runner
+    budget: Budget
+    facts: WorkerFacts
+    space: Space
+    emit: EventSink = _no_events
+    gate: Gate | None = None
+    should_stop: Callable[[], bool] = lambda: False
+    cut: dict[str, str] = field(default_factory=dict)
+    ceilings: dict[str, int] = field(default_factory=dict)
+    # Wall seconds of every probe, and of the search trials' probes only.
+    probe_seconds: list[float] = field(default_factory=list)
+    trial_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def workload(self) -> str:
+        return self.facts.workload
+
+    @property
+    def device(self) -> str:
+        return self.facts.device
+
+    @property
+    def maximize(self) -> bool:
+        return self.spec.objective == "throughput"
+
+    def stop_if_asked(self) -> None:
+        """Raise SearchStopped when the caller asked the search to stop."""
+        if self.should_stop():
+            raise SearchStopped(f"study {self.spec.name!r} was asked to stop")
+
+    def typical_probe(self, default: float = 0.0) -> float:
+        """The median wall time of the last probes (``default`` before any)."""
+        recent = self.probe_seconds[-10:]
+        return statistics.median(recent) if recent else default
+
+    def run_probe(self, candidate: Candidate, settings: ProbeSettings) -> ProbeResult:
+        """Run one probe in the runner: gated, counted against the budget, hard-limited."""
+        self.stop_if_asked()
+        if self.gate is not None:
+            with self.budget.paused():
+                self.gate(candidate)
+        left = self.budget.left()
+        hard = min(settings.time_limit + HARD_GRACE, max(settings.time_limit + 1.0, left))
+        t0 = time.monotonic()
+        result = self.runner.run(self.workload, candidate, settings, timeout=hard)
+        self.probe_seconds.append(time.monotonic() - t0)
+        return result
+
+    def run_compare(
+        self,
+        candidate: Candidate,
+        reference: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float,
+    ) -> PairedResult:
+        """Measure a candidate paired with the reference in the runner: gated, counted."""
+        self.stop_if_asked()
+        if self.gate is not None:
+            with self.budget.paused():
+                self.gate(candidate)
+        t0 = time.monotonic()
+        result = self.runner.compare(self.workload, candidate, reference, settings, timeout=timeout)
+        self.probe_seconds.append(time.monotonic() - t0)
+        return result

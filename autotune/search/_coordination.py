@@ -1,0 +1,60 @@
+"""Workers of one study: let the others' last trials finish, and claim once-per-window jobs.
+
+Optuna's storage is the only coordination: heartbeats mark a trial alive, a trial without one
+is failed as stale (and retried once), and a row in the ``autotune_claims`` table says who
+validates a budget window.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, claim, fail_stale, owner_id
+
+__all__ = ["SETTLE_WAIT", "claim_validation", "settle"]
+
+# Long enough for a dead worker's trial to go stale: the grace period plus two missed beats.
+SETTLE_WAIT = GRACE_PERIOD + 2 * HEARTBEAT_INTERVAL
+
+
+def settle(
+    study: optuna.Study,
+    *,
+    wait: float = SETTLE_WAIT,
+    stop: Callable[[], bool] = lambda: False,
+    on_wait: Callable[[int], None] | None = None,
+    poll: float = 0.5,
+) -> list[int]:
+    """Wait until no trial of the study is RUNNING: each finishes, or goes stale and is failed
+    (and re-enqueued once). Gives up after ``wait`` seconds or when ``stop()`` says so.
+
+    Args:
+        study: the study.
+        wait: the most seconds to wait.
+        stop: polled between looks; True ends the wait.
+        on_wait: told how many trials are still running, before each wait.
+        poll: seconds between looks.
+
+    Returns:
+        The numbers of the trials still RUNNING when it gave up (empty when none).
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        fail_stale(study)
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not running or stop() or time.monotonic() >= deadline:
+            return [t.number for t in running]
+        if on_wait is not None:
+            on_wait(len(running))
+        time.sleep(min(poll, max(0.05, deadline - time.monotonic())))
+
+
+def claim_validation(study: optuna.Study, window: str) -> tuple[bool, str]:
+    """Claim the validation of a budget window: ``(won, owner)``."""
+    me = owner_id()
+    owner = claim(study, f"validation:{window}", me)
+    return owner == me, owner

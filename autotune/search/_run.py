@@ -1,0 +1,432 @@
+"""The search, phase by phase, inside one wall-clock budget (the face is :func:`run_search`)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from loguru import logger
+from optuna.trial import TrialState
+
+from autotune.config import TunedConfig
+from autotune.errors import AutotuneError, DeviceError, StorageError
+from autotune.parity import parity_gap
+from autotune.result import PairedResult
+from autotune.search._artifact import baseline, build_config
+from autotune.search._budget import (
+    HARD_GRACE,
+    VALIDATION_SHARE,
+    WRITE_RESERVE,
+    Budget,
+    SearchInterrupted,
+    SearchStopped,
+    open_window,
+    window_id,
+)
+from autotune.search._context import Gate, SearchContext
+from autotune.search._coordination import SETTLE_WAIT, claim_validation, settle
+from autotune.search._events import EventSink, PhaseStarted
+from autotune.search._hardware import check_hardware, find_ceilings
+from autotune.search._reference import ReferenceKeeper, ReferenceUnavailable
+from autotune.search._space import Space
+from autotune.search._trial import TrialStep
+from autotune.search._validate import (
+    Rerun,
+    Selection,
+    rejection_summary,
+    select,
+    shortlist,
+    with_gap,
+)
+from autotune.spec import StudySpec
+from autotune.storage import fail_stale, heartbeat, open_study
+from autotune.trials import (
+    ROLE_AMP,
+    ReferenceRecord,
+    Rejection,
+    TrialRecord,
+    at_base_role,
+    candidate,
+    role_trials,
+    worst_diverged,
+)
+from autotune.worker import ProbeWorker, Runner
+from autotune.workloads import normalize_reference
+
+__all__ = ["SearchResult", "run_search"]
+
+_CHOICES = "precision_choices"
+
+
+@dataclass
+class SearchResult:
+    """What a search produced: the config, where it was written and the study behind it."""
+
+    config: TunedConfig | None
+    path: Path | None
+    study: optuna.Study
+    reference: ReferenceRecord | None
+    baselines: dict[str, dict[str, Any]]
+    rejected: list[Rejection]
+    cut: dict[str, str]
+    ceilings: dict[str, int]
+    elapsed: float
+    # Who validated: this process, or another worker of the same study.
+    validated_by: str = ""
+    selection: Selection | None = field(default=None, repr=False)
+
+
+def _fix_choices(study: optuna.Study, spec: StudySpec, runnable: list[str]) -> list[str]:
+    """The precision choices the sampler offers: the spec's modes the study's first device
+    runs, stored with the study so every worker and every resumed run offers the same ones."""
+    stored = study.user_attrs.get(_CHOICES)
+    if isinstance(stored, list) and stored:
+        return [str(m) for m in stored]
+    choices = [m for m in spec.space.precisions if m in runnable] or list(spec.space.precisions)
+    study.set_user_attr(_CHOICES, choices)
+    return choices
+
+
+def _enqueue_baselines(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
+    """Each searched mode at the reference's own settings first (the plain AMP recipe for
+    fp16: GradScaler's defaults): the same curve, only faster or not."""
+    base = ctx.space.base_batch
+    for mode in modes:
+        if mode == "fp32":
+            continue  # the reference itself: measured as the baseline, never probed twice
+        role = ROLE_AMP if mode == "fp16" else at_base_role(mode)
+        study.enqueue_trial(
+            ctx.space.params(mode, base),
+            user_attrs=TrialRecord(role=role).to_attrs(),
+            skip_if_exists=True,
+        )
+
+
+def _validation_reserve(ctx: SearchContext, study: optuna.Study) -> float:
+    """Seconds validation will need: a paired rerun of each shortlisted candidate (or of one,
+    before any), from the search's own probe times, with room to spare."""
+    val, probe = ctx.spec.validation, ctx.spec.probe
+    picked = shortlist(
+        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+        top_k=val.top_k,
+        min_speedup=val.min_speedup,
+        parity_tolerance=ctx.spec.parity_tolerance,
+        maximize=ctx.maximize,
+    )
+    typical = ctx.typical_probe(default=0.0)
+    if not typical:
+        return VALIDATION_SHARE * ctx.budget.total
+    ratio = max(1.0, (probe.warmup_steps + val.steps) / (probe.warmup_steps + probe.steps))
+    # Both arms of a pair run, each about as long as a probe scaled to the longer horizon.
+    need = max(1, len(picked)) * (2.5 * ratio * typical + 1.0) + 1.0
+    return min(VALIDATION_SHARE * ctx.budget.total, need)
+
+
+def _search(
+    ctx: SearchContext, study: optuna.Study, step: TrialStep, modes: list[str], end_at: float
+) -> None:
+    """Phase 3: ask, probe, tell, until the search's share of the budget is spent."""
+    ctx.emit(PhaseStarted(phase="search"))
+    reserve, reserved_at = _validation_reserve(ctx, study), 0
+    while True:
+        if len(ctx.trial_seconds) - reserved_at >= 5:
+            # Reading the whole study costs: the reserve is recomputed every few trials.
+            reserve, reserved_at = _validation_reserve(ctx, study), len(ctx.trial_seconds)
+        left = end_at - reserve - ctx.budget.elapsed()
+        if left < max(1.0, 0.25 * ctx.typical_probe()):
+            logger.info("search phase over: {:.0f}s left for it", max(0.0, left))
+            return
+        ctx.stop_if_asked()
+        # Trials whose worker died (no heartbeat) are failed here and retried once.
+        fail_stale(study)
+        trial = study.ask()
+        try:
+            with heartbeat(study, trial):
+                step.run(trial, modes, left)
+        except (KeyboardInterrupt, SearchStopped) as exc:
+            TrialRecord(outcome="interrupted", reason="stopped before the trial finished").write(
+                trial
+            )
+            study.tell(trial, state=TrialState.FAIL)
+            if isinstance(exc, SearchStopped):
+                step.retry(trial)
+            raise
+        except AutotuneError:
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+
+
+def _diagnose_failures(ctx: SearchContext, study: optuna.Study) -> None:
+    """When fp16 trials diverged, diagnose the worst one layer by layer (in the worker), so
+    the config and the report say *why* next to the rejection. Costs a few steps; skipped when
+    the budget cannot spare them."""
+    if "fp16_diagnosis" in study.user_attrs:
+        return
+    worst = worst_diverged(study.get_trials(deepcopy=False), "fp16")
+    left = ctx.budget.left() - WRITE_RESERVE
+    if worst is None or left < 3 * ctx.typical_probe(default=5.0):
+        return
+    cand = candidate(worst)
+    if ctx.gate is not None:
+        with ctx.budget.paused():
+            ctx.gate(cand)
+    found = ctx.runner.diagnose(ctx.workload, cand, steps=3, timeout=max(2.0, min(60.0, left / 3)))
+    if found is None:
+        return
+    summary = {
+        "trial": worst.number,
+        "candidate": found["candidate"],
+        "verdict": found["verdict"],
+        "reason": found["reason"],
+        "first_nonfinite": found.get("first_nonfinite"),
+        "recommendations": [
+            f"{r['evidence']}: {r['action']}" for r in found.get("recommendations", [])
+        ],
+    }
+    study.set_user_attr("fp16_diagnosis", summary)
+    logger.info(
+        "fp16 diagnosis of trial {}: {} (first non-finite: {})",
+        worst.number,
+        found["verdict"],
+        found.get("first_nonfinite"),
+    )
+
+
+def _validate(
+    ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord, end_at: float
+) -> tuple[Selection | None, PairedResult | None, float]:
+    """Phase 4: paired reruns of the shortlist, then the selection.
+
+    Returns:
+        ``(selection, reference_run, seed_noise)``; selection None when nothing was worth
+        validating.
+    """
+    spec, val = ctx.spec, ctx.spec.validation
+    picked = shortlist(
+        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+        top_k=val.top_k,
+        min_speedup=val.min_speedup,
+        parity_tolerance=spec.parity_tolerance,
+        maximize=ctx.maximize,
+    )
+    if not picked:
+        return None, None, 0.0
+    settings = spec.probe.model_copy(update={"steps": val.steps, "seed": spec.probe.seed + 1})
+    reruns: list[Rerun] = []
+    for i, trial in enumerate(picked):
+        left = end_at - ctx.budget.elapsed()
+        if left < 1.0:
+            reruns.append(Rerun(trial, None))
+            continue
+        # Each candidate gets an equal share of what is left; a pair cut short by its share is
+        # still compared, on the blocks and samples both arms saw.
+        share = left / (len(picked) - i)
+        paired = ctx.run_compare(
+            candidate(trial),
+            reference.candidate(),
+            settings.model_copy(update={"time_limit": max(1.0, share - 1.0)}),
+            timeout=share + HARD_GRACE,
+        )
+        logger.info("validation of {}: {}", trial.number, paired.summary())
+        reruns.append(with_gap(Rerun(trial, paired)))
+    ref_run = next(
+        (r.paired for r in reruns if r.paired is not None and r.paired.reference.ok), None
+    )
+    # A fresh seed moves a loss curve by itself: the reference's two curves (search and
+    # validation seeds) measure by how much, and a candidate is allowed that much on top.
+    noise = 0.0
+    if ref_run is not None and reference.finite_losses:
+        r = ref_run.reference
+        seed_gap = parity_gap(r.losses, r.batch_size, reference.finite_losses, reference.batch_size)
+        noise = min(abs(seed_gap[0]), spec.parity_tolerance) if seed_gap else 0.0
+    selection = select(
+        reruns,
+        min_speedup=val.min_speedup,
+        parity_tolerance=spec.parity_tolerance,
+        seed_noise=noise,
+    )
+    for rejection in selection.rejected:
+        logger.info("rejected in validation: {}", rejection)
+    if selection.winner is not None and selection.winner.paired is not None:
+        ref_run = selection.winner.paired
+    return selection, ref_run, noise
+
+
+def _resolve_runner(spec: StudySpec, runner: Runner | None) -> tuple[Runner, bool]:
+    if runner is not None:
+        return runner, False
+    return ProbeWorker(spec.device), True
+
+
+def run_search(
+    spec: StudySpec,
+    *,
+    out_dir: str | Path | None = None,
+    runner: Runner | None = None,
+    budget: Budget | None = None,
+    on_event: EventSink | None = None,
+    gate: Gate | None = None,
+    should_stop: Any = None,
+    join: bool = False,
+    handle_sigint: bool = False,
+) -> SearchResult:
+    """Search a spec's space within its budget and write the validated config.
+
+    See :func:`autotune.search.run_search` for the arguments.
+    """
+    study = open_study(spec, create=not join)
+    if join:
+        budget = Budget.shared(study)
+        if budget is None:
+            raise StorageError(
+                f"study {spec.name!r} has no running search to join; start one with "
+                f"`autotune search ... --storage <url>` first"
+            )
+        window = window_id(study)
+    else:
+        budget = budget or Budget(spec.budget)
+        window = open_window(study, budget)
+    out = Path(out_dir) if out_dir is not None else Path("studies") / spec.name
+    runner, own_runner = _resolve_runner(spec, runner)
+    interrupted = threading.Event()
+
+    def stop_requested() -> bool:
+        return interrupted.is_set() or (should_stop is not None and should_stop())
+
+    previous_handler = None
+    if handle_sigint and threading.current_thread() is threading.main_thread():
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if interrupted.is_set():
+                raise KeyboardInterrupt
+            interrupted.set()
+            runner.interrupt()
+
+        previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    ctx: SearchContext | None = None
+    validated_by, config, selection, reference = "", None, None, None
+    rejected: list[Rejection] = []
+    try:
+        facts = runner.facts(normalize_reference(spec.workload))
+        rule = facts.lr_scaling if spec.space.lr_scaling == "auto" else spec.space.lr_scaling
+        logger.info(
+            "study {!r}: workload {} on {}, budget {:.0f}s ({:.0f}s left), {} trials stored",
+            spec.name,
+            facts.workload,
+            facts.device,
+            budget.total,
+            budget.left(),
+            len(study.trials),
+        )
+        runnable = [m for m in spec.space.precisions if m not in facts.unsupported]
+        if "fp32" in facts.unsupported:
+            raise DeviceError(
+                f"device {facts.device} cannot run the fp32 reference: {facts.unsupported['fp32']}"
+            )
+        ctx = SearchContext(
+            spec=spec,
+            runner=runner,
+            budget=budget,
+            facts=facts,
+            space=Space.of(
+                spec,
+                list(spec.space.precisions),
+                rule=rule,
+                base_lr=facts.base_lr,
+                base_batch=facts.base_batch_size,
+            ),
+            emit=on_event or (lambda event: None),
+            gate=gate,
+            should_stop=stop_requested,
+        )
+        modes = check_hardware(ctx, list(spec.space.precisions))
+        find_ceilings(ctx, study, modes)
+        modes = [m for m in modes if ctx.ceilings.get(m, 0) > 0]
+        choices = _fix_choices(study, spec, runnable)
+        ctx.space = Space.of(
+            spec, choices, rule=rule, base_lr=facts.base_lr, base_batch=facts.base_batch_size
+        )
+        refs = ReferenceKeeper(ctx, study)
+        try:
+            reference = refs.establish()
+        except ReferenceUnavailable as exc:
+            raise DeviceError(
+                f"study {spec.name!r}: {exc} at batch_size={ctx.space.base_batch}; the search "
+                "needs it as the baseline — check the workload runs in fp32 on "
+                f"{facts.device} (autotune probe --workload {facts.workload} --device "
+                f"{facts.device})"
+            ) from None
+        _enqueue_baselines(ctx, study, [m for m in choices if m in modes])
+        end_at = budget.total - WRITE_RESERVE
+        _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at)
+        # Validation runs once per budget window, by whichever worker gets there first.
+        won, validated_by = claim_validation(study, window)
+        if won:
+            settle(study, wait=min(SETTLE_WAIT, max(0.0, budget.left() - 1.0)), stop=stop_requested)
+            ctx.emit(PhaseStarted(phase="validation"))
+            _diagnose_failures(ctx, study)
+            selection, ref_run, noise = _validate(ctx, study, reference, end_at)
+            trials = study.get_trials(deepcopy=False)
+            rejected = rejection_summary(trials) + (selection.rejected if selection else [])
+            config = build_config(
+                spec,
+                facts,
+                rule=rule,
+                selection=selection,
+                reference=reference,
+                reference_run=ref_run,
+                amp_recipe=role_trials(trials).get(ROLE_AMP),
+                trials=trials,
+                rejected=rejected,
+                cut=ctx.cut,
+                ceilings=ctx.ceilings,
+                seed_noise=noise,
+                fp16_diagnosis=study.user_attrs.get("fp16_diagnosis"),
+            )
+        else:
+            logger.info("validation of study {!r} is done by {}", spec.name, validated_by)
+    except (KeyboardInterrupt, SearchStopped) as exc:
+        if isinstance(exc, SearchStopped) and not interrupted.is_set():
+            raise
+        done = len(
+            study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        )
+        raise SearchInterrupted(
+            f"interrupted: {done} finished trials of study {spec.name!r} are saved in its storage; "
+            "run the same command again to resume"
+        ) from None
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+        if own_runner:
+            runner.close()
+    path = None
+    if config is not None:
+        path = config.save(out / "best.json")
+        study.set_user_attr("best_config", str(path))
+        study.set_user_attr("tuned_config", config.model_dump(mode="json"))
+        logger.info(
+            "wrote {} after {:.1f}s of a {:.0f}s budget", path, budget.elapsed(), budget.total
+        )
+    else:
+        stored = study.user_attrs.get("tuned_config")
+        config = TunedConfig.model_validate(stored) if isinstance(stored, dict) else None
+    trials = study.get_trials(deepcopy=False)
+    roles = role_trials(trials)
+    return SearchResult(
+        config=config,
+        path=path,
+        study=study,
+        reference=reference,
+        baselines={"amp_recipe": baseline(roles.get(ROLE_AMP))},
+        rejected=rejected,
+        cut=ctx.cut if ctx else {},
+        ceilings=ctx.ceilings if ctx else {},
+        elapsed=budget.elapsed(),
+        validated_by=validated_by,
+        selection=selection,
+    )

@@ -1,0 +1,155 @@
+"""The search space: the batch-size ladder, the learning-rate rule, the init_scale grid, and
+turning an Optuna trial's suggestions into a Candidate.
+
+The sampler's choices are the spec's, the same for every worker and every resumed run of a
+study (Optuna refuses a categorical whose choices change); what a device cannot run is pruned
+at once, with the reason, at no cost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import optuna
+
+from autotune.spec import Candidate, StudySpec
+from autotune.trials import DEFAULT_INIT_SCALE
+
+__all__ = ["Space", "batch_ladder", "lr_for", "reference_factor"]
+
+# The fp32 reference runs up to this many times the probe length (see reference_factor).
+_MAX_REFERENCE_FACTOR = 8
+
+
+def reference_factor(largest_batch: int, base_batch: int) -> int:
+    """How many times longer the reference probe runs, so it sees as many samples as a probe of
+    the largest batch size does (capped at 8).
+
+    Example:
+        >>> reference_factor(1024, 128)
+        8
+    """
+    return max(1, min(_MAX_REFERENCE_FACTOR, math.ceil(largest_batch / base_batch)))
+
+
+def batch_ladder(lo: int, hi: int, base: int) -> list[int]:
+    """Powers of two in ``[lo, hi]``, plus ``lo``, ``hi`` and the workload's base batch size.
+
+    Example:
+        >>> batch_ladder(16, 1000, 128)
+        [16, 32, 64, 128, 256, 512, 1000]
+    """
+    sizes = {2**k for k in range(0, 31) if lo <= 2**k <= hi} | {lo, hi, base}
+    return sorted(sizes)
+
+
+def lr_for(rule: str, base_lr: float, base_batch: int, batch_size: int, multiplier: float) -> float:
+    """The learning rate for a batch size: the scaling rule, times the sampled multiplier.
+
+    ``linear``: lr ∝ batch (SGD-like); ``sqrt``: lr ∝ √batch (Adam-like); ``none``: lr fixed.
+
+    Example:
+        >>> lr_for("linear", 0.1, 128, 512, 1.0)
+        0.4
+    """
+    ratio = batch_size / base_batch
+    factor = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[rule]
+    return base_lr * factor * multiplier
+
+
+def _powers_of_two(lo: float, hi: float) -> list[float]:
+    out = [2.0**k for k in range(0, 40) if lo <= 2.0**k <= hi]
+    return sorted(set(out) | {DEFAULT_INIT_SCALE})
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the sampler may choose, for one spec and one workload.
+
+    Args:
+        precisions: the fixed precision choices (the same for every worker of the study).
+        ladder: the batch sizes.
+        lr_choices: explicit lr multipliers, or None for the continuous ``lr_range``.
+        lr_range: the multiplier's log-uniform range (1.0, the rule itself, always inside).
+        scales: fp16's GradScaler init_scale choices.
+        rule: the lr scaling rule (``linear``, ``sqrt`` or ``none``).
+        base_lr: the workload's lr at ``base_batch``.
+        base_batch: the workload's base batch size.
+    """
+
+    precisions: tuple[str, ...]
+    ladder: tuple[int, ...]
+    lr_choices: tuple[float, ...] | None
+    lr_range: tuple[float, float]
+    scales: tuple[float, ...]
+    rule: str
+    base_lr: float
+    base_batch: int
+
+    @classmethod
+    def of(
+        cls,
+        spec: StudySpec,
+        precisions: list[str],
+        *,
+        rule: str,
+        base_lr: float,
+        base_batch: int,
+    ) -> Space:
+        """The space a spec describes for a workload with this base lr, batch and lr rule."""
+        space = spec.space
+        if space.batch_sizes:
+            ladder = sorted(set(space.batch_sizes) | {base_batch})
+        else:
+            ladder = batch_ladder(space.batch_size.min, space.batch_size.max, base_batch)
+        choices = tuple(sorted(set(space.lr_multipliers) | {1.0})) if space.lr_multipliers else None
+        return cls(
+            precisions=tuple(precisions),
+            ladder=tuple(ladder),
+            lr_choices=choices,
+            lr_range=(min(space.lr_multiplier.min, 1.0), max(space.lr_multiplier.max, 1.0)),
+            scales=tuple(_powers_of_two(space.init_scale.min, space.init_scale.max)),
+            rule=rule,
+            base_lr=base_lr,
+            base_batch=base_batch,
+        )
+
+    def lr(self, batch_size: int, multiplier: float) -> float:
+        """The learning rate at a batch size and multiplier, by the space's rule."""
+        return lr_for(self.rule, self.base_lr, self.base_batch, batch_size, multiplier)
+
+    def candidate(
+        self, precision: str, batch_size: int, multiplier: float = 1.0, init_scale: float = 0.0
+    ) -> Candidate:
+        """The Candidate for a point of the space (``init_scale`` 0: GradScaler's default)."""
+        return Candidate(
+            precision=precision,
+            batch_size=batch_size,
+            learning_rate=self.lr(batch_size, multiplier),
+            init_scale=init_scale or DEFAULT_INIT_SCALE,
+        )
+
+    def suggest(self, trial: optuna.Trial) -> Candidate:
+        """Ask the trial for a point of the space (enqueued trials get their fixed params)."""
+        precision = trial.suggest_categorical("precision", list(self.precisions))
+        batch_size = trial.suggest_categorical("batch_size", list(self.ladder))
+        if self.lr_choices is not None:
+            multiplier = trial.suggest_categorical("lr_multiplier", list(self.lr_choices))
+        else:
+            multiplier = trial.suggest_float("lr_multiplier", *self.lr_range, log=True)
+        init_scale = DEFAULT_INIT_SCALE
+        if precision == "fp16":
+            init_scale = trial.suggest_categorical("init_scale", list(self.scales))
+        return self.candidate(precision, batch_size, multiplier, init_scale)
+
+    def params(self, precision: str, batch_size: int, multiplier: float = 1.0) -> dict[str, object]:
+        """The Optuna params of a point, for ``enqueue_trial`` (fp16 with the default scale)."""
+        out: dict[str, object] = {
+            "precision": precision,
+            "batch_size": batch_size,
+            "lr_multiplier": multiplier,
+        }
+        if precision == "fp16":
+            out["init_scale"] = DEFAULT_INIT_SCALE
+        return out

@@ -1,0 +1,337 @@
+"""One ask/tell step of the search: a trial from the sampler, probed and told.
+
+1. The sampler proposes a candidate (enqueued baselines come first).
+2. The same parameters as a finished trial: its measurement is reused, at no cost.
+3. A mode the device cannot run, or a batch above the mode's ceiling: PRUNED at once.
+4. Otherwise the candidate is probed. Completed: the objective is its speedup over the fp32
+   reference measured close in time (or its time to the reference's loss), with a loss-parity
+   constraint. Diverged, OOM, too slow: PRUNED with the reason (the sampler learns from
+   PRUNED). A crashed worker: FAIL, and the trial runs once more.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import optuna
+from loguru import logger
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.parity import parity_gap, time_to_loss
+from autotune.result import ProbeResult
+from autotune.search._budget import TRIAL_SHARE, SearchStopped
+from autotune.search._context import SearchContext
+from autotune.search._events import Standing, TrialFinished, TrialStarted
+from autotune.search._hardware import lower_ceiling
+from autotune.search._reference import ReferenceKeeper
+from autotune.spec import Candidate, ProbeSettings
+from autotune.storage import owner_id
+from autotune.trials import (
+    ReferenceMeasurement,
+    TrialRecord,
+    feasible_trials,
+    record,
+    set_constraints,
+)
+
+__all__ = ["TrialStep", "standing"]
+
+# Objective value of a time_to_loss trial that never reached the reference's loss: far worse
+# than any real time, and finite (storage never holds inf).
+_NEVER = 1e9
+
+
+def _finite(values: list[float]) -> list[float | None]:
+    return [v if math.isfinite(v) else None for v in values]
+
+
+def standing(study: optuna.Study, reference: ReferenceMeasurement | None) -> Standing:
+    """The best feasible measured trial so far, for progress."""
+    best_trials = feasible_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    ref_tp = reference.throughput if reference else None
+    if not best_trials:
+        return Standing(reference_throughput=ref_tp)
+    pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
+    best = pick(best_trials, key=lambda t: t.value)
+    rec = record(best)
+    return Standing(
+        best=best.value,
+        best_params=dict(best.params),
+        best_throughput=rec.throughput,
+        best_speedup=rec.speedup,
+        reference_throughput=ref_tp,
+    )
+
+
+class TrialStep:
+    """Runs trials of one search: probe, record, tell."""
+
+    def __init__(self, ctx: SearchContext, study: optuna.Study, refs: ReferenceKeeper) -> None:
+        self.ctx = ctx
+        self.study = study
+        self.refs = refs
+
+    # ---- the step ------------------------------------------------------------------------------
+
+    def run(self, trial: optuna.Trial, modes: list[str], left: float) -> None:
+        """Probe one trial and tell the study how it went."""
+        ctx = self.ctx
+        cand = ctx.space.suggest(trial)
+        role = record(trial).role
+        TrialRecord(
+            learning_rate=cand.learning_rate, lr_scaling=ctx.space.rule, worker=owner_id()
+        ).write(trial)
+        ctx.emit(TrialStarted(number=trial.number, candidate=cand))
+        twin = self._twin(trial)
+        if twin is not None:
+            self._copy(trial, twin)
+            return
+        if cand.precision not in modes:
+            why = ctx.cut.get(cand.precision, f"{cand.precision} was cut on this device")
+            self.prune(trial, "unsupported", why)
+            return
+        ceiling = ctx.ceilings.get(cand.precision, 0)
+        if cand.batch_size > ceiling and role is None:
+            self.prune(
+                trial,
+                "above_ceiling",
+                f"batch_size={cand.batch_size} is above the {cand.precision} ceiling {ceiling}",
+            )
+            return
+        reference = self.refs.current()
+        if self._is_reference(cand):
+            # The reference itself, listed as a candidate: its measurement is the reference's.
+            self._complete_as_reference(trial, reference)
+            return
+        result = ctx.run_probe(cand, self._settings(left))
+        if result.outcome == "crashed" and ctx.should_stop():
+            # The probe was cut short by the stop itself (Ctrl-C kills the worker's probe).
+            raise SearchStopped(f"study {ctx.spec.name!r} was asked to stop")
+        logger.info("trial {}: {}", trial.number, result.summary())
+        self._record_result(trial, result)
+        if result.outcome == "completed":
+            ctx.trial_seconds.append(result.wall_seconds)
+            self._complete(trial, result, reference)
+        elif result.outcome == "crashed":
+            if result.timed_out:
+                # Far too slow to finish one step in time: a measurement, not a crash.
+                self.prune(trial, "too_slow", result.reason)
+                return
+            self.fail(trial, "crashed", result.reason)
+            self.retry(trial)
+        else:
+            if result.outcome == "oom":
+                lower_ceiling(ctx, self.study, cand.precision, cand.batch_size)
+            self.prune(trial, result.outcome, result.reason)
+
+    def _is_reference(self, cand: Candidate) -> bool:
+        ref = self.refs.record
+        return (
+            ref is not None
+            and cand.precision == ref.precision
+            and cand.batch_size == ref.batch_size
+            and math.isclose(cand.learning_rate, ref.learning_rate, rel_tol=1e-9)
+        )
+
+    def _settings(self, left: float) -> ProbeSettings:
+        """Probe settings for a trial: the spec's, with a time limit that fits the budget."""
+        ctx = self.ctx
+        probe = ctx.spec.probe
+        limit = max(1.0, min(probe.time_limit, left))
+        # A mode far slower than the rest (fp16 on many CPUs) shows it in a few steps; a short
+        # budget should not spend a large slice of itself proving it.
+        limit = max(1.0, min(limit, max(3.0, TRIAL_SHARE * ctx.budget.total)))
+        if len(ctx.trial_seconds) >= 3:
+            # Once typical trials are known, one far slower than them is cut at a few times
+            # their length: its throughput is measured by then.
+            typical = statistics.median(ctx.trial_seconds)
+            limit = max(1.0, min(limit, max(2.0, 4 * typical)))
+        return probe.model_copy(update={"time_limit": limit})
+
+    # ---- telling ---------------------------------------------------------------------------------
+
+    def _record_result(self, trial: optuna.Trial, result: ProbeResult) -> None:
+        TrialRecord(
+            outcome=result.outcome,
+            reason=result.reason,
+            throughput=result.throughput,
+            throughput_low=result.throughput_low,
+            throughput_high=result.throughput_high,
+            blocks=len(result.blocks),
+            peak_memory_bytes=result.peak_memory,
+            skipped_steps=result.skipped_steps,
+            timed_steps=result.timed_steps,
+            truncated=result.truncated,
+            probe_seconds=round(result.wall_seconds, 3),
+            losses=_finite(result.losses),
+            scales=[(s, v) for s, v in result.scales],
+            seed=result.seed,
+        ).write(trial)
+
+    def _complete(
+        self, trial: optuna.Trial, result: ProbeResult, reference: ReferenceMeasurement
+    ) -> None:
+        ctx = self.ctx
+        ref = self.refs.record
+        assert ref is not None
+        tol = ctx.spec.parity_tolerance
+        rec = TrialRecord(reference_throughput=reference.throughput)
+        if reference.throughput > 0:
+            # The speedup's interval combines both relative half-widths.
+            rel = math.hypot(
+                _half_width(result.throughput, result.throughput_low, result.throughput_high),
+                _half_width(reference.throughput, reference.low, reference.high),
+            )
+            rec.speedup = result.throughput / reference.throughput
+            rec.speedup_low = rec.speedup * (1 - rel)
+            rec.speedup_high = rec.speedup * (1 + rel)
+        measured = parity_gap(result.losses, result.batch_size, ref.finite_losses, ref.batch_size)
+        gap = None
+        if measured is None:
+            constraint = 1.0
+            rec.reason = "parity: loss curve not comparable"
+        else:
+            gap, loss, ref_loss = measured
+            constraint = gap - tol
+            rec.loss, rec.ref_loss, rec.parity_gap = loss, ref_loss, gap
+            if constraint > 0:
+                rec.reason = (
+                    f"parity: loss {loss:.4g} is {gap:+.1%} vs the fp32 reference's "
+                    f"{ref_loss:.4g} (tolerance {tol:.0%})"
+                )
+        constraints = {"parity": constraint}
+        if ctx.spec.objective == "time_to_loss":
+            target = statistics.fmean(ref.finite_losses[-3:]) if ref.finite_losses else math.inf
+            seconds = time_to_loss(result.losses, result.batch_size, result.throughput, target)
+            if seconds is None:
+                constraints["reaches_reference_loss"] = 1.0
+                seconds = _NEVER
+            value = seconds
+        else:
+            value = rec.speedup or 0.0
+        feasible = all(v <= 0 for v in constraints.values())
+        if not feasible:
+            rec.outcome = "infeasible"
+        rec.write(trial)
+        set_constraints(trial, constraints)
+        self.study.tell(trial, value)
+        ctx.emit(
+            TrialFinished(
+                number=trial.number,
+                outcome="completed" if feasible else "infeasible",
+                reason=rec.reason,
+                throughput=result.throughput,
+                speedup=rec.speedup,
+                gap=gap,
+                standing=standing(self.study, reference),
+            )
+        )
+
+    def _complete_as_reference(self, trial: optuna.Trial, reference: ReferenceMeasurement) -> None:
+        ref = self.refs.record
+        assert ref is not None
+        TrialRecord(
+            outcome="completed",
+            reason="the fp32 reference's own settings: its measurement is the reference's",
+            throughput=reference.throughput,
+            throughput_low=reference.low,
+            throughput_high=reference.high,
+            reference_throughput=reference.throughput,
+            speedup=1.0,
+            speedup_low=reference.low / reference.throughput,
+            speedup_high=reference.high / reference.throughput,
+            peak_memory_bytes=ref.peak_memory_bytes,
+            losses=list(ref.losses),
+            parity_gap=0.0,
+        ).write(trial)
+        set_constraints(trial, {"parity": -self.ctx.spec.parity_tolerance})
+        value = 1.0
+        if self.ctx.spec.objective == "time_to_loss":
+            value = _NEVER
+            set_constraints(trial, {"reaches_reference_loss": 0.0})
+        self.study.tell(trial, value)
+        self.ctx.emit(
+            TrialFinished(
+                number=trial.number,
+                outcome="completed",
+                throughput=reference.throughput,
+                speedup=1.0,
+                gap=0.0,
+                standing=standing(self.study, reference),
+            )
+        )
+
+    def prune(self, trial: optuna.Trial, outcome: str, reason: str) -> None:
+        TrialRecord(outcome=outcome, reason=reason).write(trial)
+        self.study.tell(trial, state=TrialState.PRUNED)
+        logger.info("trial {} pruned: {}: {}", trial.number, outcome, reason)
+        self.ctx.emit(
+            TrialFinished(
+                number=trial.number,
+                outcome=outcome,
+                reason=reason,
+                standing=standing(self.study, self._latest()),
+            )
+        )
+
+    def fail(self, trial: optuna.Trial, outcome: str, reason: str) -> None:
+        TrialRecord(outcome=outcome, reason=reason).write(trial)
+        self.study.tell(trial, state=TrialState.FAIL)
+        logger.warning("trial {} failed: {}", trial.number, reason)
+        self.ctx.emit(TrialFinished(number=trial.number, outcome=outcome, reason=reason))
+
+    def retry(self, trial: optuna.Trial) -> None:
+        """A crashed or interrupted trial runs once more (a crash may be the worker, not the
+        candidate); a retry that fails too stays failed."""
+        rec = record(trial)
+        if rec.retry_of is not None or not trial.params:
+            return
+        attrs = TrialRecord(role=rec.role, retry_of=trial.number).to_attrs()
+        self.study.enqueue_trial(dict(trial.params), user_attrs=attrs)
+        logger.info("trial {} will be retried once", trial.number)
+
+    def _latest(self) -> ReferenceMeasurement | None:
+        ref = self.refs.record
+        return ref.latest() if ref is not None else None
+
+    # ---- twins -----------------------------------------------------------------------------------
+
+    def _twin(self, trial: optuna.Trial) -> FrozenTrial | None:
+        params = trial.params
+        for t in self.study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)
+        ):
+            if t.number != trial.number and t.params == params and record(t).outcome:
+                return t
+        return None
+
+    def _copy(self, trial: optuna.Trial, twin: FrozenTrial) -> None:
+        """Same parameters as a finished trial: reuse its measurement, spend no budget."""
+        rec = record(twin)
+        rec.role = None
+        attrs = rec.to_attrs()
+        attrs.pop("role", None)
+        attrs["duplicate_of"] = twin.number
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        if twin.state == TrialState.COMPLETE:
+            set_constraints(trial, twin.constraints)
+            self.study.tell(trial, twin.value)
+        else:
+            self.study.tell(trial, state=TrialState.PRUNED)
+        self.ctx.emit(
+            TrialFinished(
+                number=trial.number,
+                outcome="reused",
+                reason=f"same parameters as trial {twin.number}: its measurement is reused",
+                standing=standing(self.study, self._latest()),
+            )
+        )
+
+
+def _half_width(value: float, low: float | None, high: float | None) -> float:
+    """Relative half-width of an interval (0 when unknown)."""
+    if not value or low is None or high is None:
+        return 0.0
+    return max(0.0, (high - low) / 2 / value)

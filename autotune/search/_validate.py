@@ -1,0 +1,215 @@
+"""Validation: re-measure the best candidates paired with the fp32 reference, and select.
+
+The best of many noisy figures is biased upward (the winner's curse), so a candidate's search
+figure is expected to come out lower when measured again: validation re-measures to *correct*
+the figure, not to punish the candidate for it.
+
+1. :func:`shortlist` (pure): the feasible, measured trials that could clearly beat the
+   reference, best first, plus the fastest one with a clear parity margin.
+2. Each is measured again in one worker, its timed blocks interleaved with the reference's
+   (:meth:`autotune.worker.Runner.compare`), with a fresh seed and a longer horizon.
+3. :func:`select` (pure): among the reruns that completed, keep loss parity with the
+   reference rerun (tolerance plus the reference's own seed-to-seed noise) and whose speedup's
+   *lower* bound clears ``min_speedup``, the best lower bound wins. None clears it: the fp32
+   reference is the config, and says so.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.parity import parity_gap
+from autotune.result import PairedResult
+from autotune.trials import Rejection, display_outcome, feasible_trials, label, record
+
+__all__ = ["Rerun", "Selection", "rejection_summary", "select", "shortlist"]
+
+
+def shortlist(
+    trials: Iterable[FrozenTrial],
+    *,
+    top_k: int,
+    min_speedup: float,
+    parity_tolerance: float,
+    maximize: bool = True,
+) -> list[FrozenTrial]:
+    """The trials worth validating, best first.
+
+    Feasible, measured (not copied from a twin) trials whose speedup interval reaches
+    ``min_speedup`` (a candidate that cannot clearly beat the reference is not worth its risk),
+    ranked by their objective; the first ``top_k``, plus the fastest one with a clear parity
+    margin (half the tolerance) when none of those has one: the fastest candidates often sit at
+    the edge of the tolerance, where a fresh seed can tip them over.
+
+    Example:
+        >>> shortlist([], top_k=2, min_speedup=1.05, parity_tolerance=0.05)
+        []
+    """
+    ranked = []
+    for t in feasible_trials(trials):
+        rec = record(t)
+        upper = rec.speedup_high if rec.speedup_high is not None else rec.speedup
+        if maximize and (upper is None or upper < min_speedup):
+            continue
+        ranked.append(t)
+    ranked.sort(key=lambda t: t.value, reverse=maximize)
+    seen: set[tuple] = set()
+    unique = []
+    for t in ranked:
+        key = tuple(sorted(t.params.items()))
+        if key not in seen:
+            seen.add(key)
+            unique.append(t)
+    best = unique[:top_k]
+
+    def clear(t: FrozenTrial) -> bool:
+        gap = record(t).parity_gap
+        return gap is not None and gap <= parity_tolerance / 2
+
+    if not any(clear(t) for t in best):
+        margin = next((t for t in unique[top_k:] if clear(t)), None)
+        if margin is not None:
+            best.append(margin)
+    return best
+
+
+@dataclass
+class Rerun:
+    """A shortlisted trial and its paired re-measurement (None: no time was left for it)."""
+
+    trial: FrozenTrial
+    paired: PairedResult | None
+    gap: tuple[float, float, float] | None = None
+
+
+@dataclass
+class Selection:
+    """What validation decided: the winner (or None: fall back to the reference), and why
+    the others were not chosen."""
+
+    winner: Rerun | None
+    accepted: list[Rerun] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def select(
+    reruns: list[Rerun],
+    *,
+    min_speedup: float,
+    parity_tolerance: float,
+    seed_noise: float = 0.0,
+) -> Selection:
+    """Choose among paired reruns: parity kept, lower bound above ``min_speedup``, best lower
+    bound wins. Pure: it reads only the reruns.
+
+    Args:
+        reruns: the shortlisted trials with their paired reruns.
+        min_speedup: the lower bound a winner's speedup must clear (1.05: 5% faster).
+        parity_tolerance: the spec's loss-parity tolerance.
+        seed_noise: the reference's own seed-to-seed loss gap, allowed on top.
+
+    Returns:
+        The Selection.
+    """
+    out = Selection(winner=None)
+    tolerance = parity_tolerance + seed_noise
+    for rerun in reruns:
+        name = label(rerun.trial.params)
+        paired = rerun.paired
+        if paired is None:
+            out.notes.append(f"{name}: no time left to validate")
+            continue
+        if not paired.candidate.ok:
+            c = paired.candidate
+            out.rejected.append(
+                Rejection(
+                    label=name,
+                    stage="validation",
+                    kind=c.outcome,
+                    detail=f"{c.outcome}: {c.reason}",
+                )
+            )
+            continue
+        if not paired.ok:
+            r = paired.reference
+            out.notes.append(f"{name}: the fp32 reference arm {r.outcome}: {r.reason}")
+            continue
+        gap = rerun.gap
+        if gap is None or gap[0] > tolerance:
+            shown = "not comparable" if gap is None else f"{gap[0]:+.1%}"
+            out.rejected.append(
+                Rejection(
+                    label=name,
+                    stage="validation",
+                    kind="parity",
+                    detail=(
+                        f"loss parity {shown} vs the fp32 reference (tolerance "
+                        f"{parity_tolerance:.0%} + seed noise {seed_noise:.1%})"
+                    ),
+                )
+            )
+            continue
+        assert paired.speedup is not None and paired.speedup_low is not None
+        if paired.speedup_low < min_speedup:
+            out.rejected.append(
+                Rejection(
+                    label=name,
+                    stage="validation",
+                    kind="speed",
+                    detail=(
+                        f"{paired.speedup:.2f}x ({paired.speedup_low:.2f}–"
+                        f"{paired.speedup_high:.2f}) the fp32 reference side by side: its lower "
+                        f"bound does not clear {min_speedup:.2f}x"
+                    ),
+                )
+            )
+            continue
+        out.accepted.append(rerun)
+    if out.accepted:
+        out.winner = max(out.accepted, key=lambda r: r.paired.speedup_low)  # type: ignore[union-attr]
+    return out
+
+
+def with_gap(rerun: Rerun) -> Rerun:
+    """The rerun with its parity gap against its own reference arm, at equal samples seen."""
+    paired = rerun.paired
+    if paired is not None and paired.ok:
+        c, r = paired.candidate, paired.reference
+        rerun.gap = parity_gap(c.losses, c.batch_size, r.losses, r.batch_size)
+    return rerun
+
+
+def rejection_summary(trials: Iterable[FrozenTrial]) -> list[Rejection]:
+    """Why search trials were rejected, grouped by mode and outcome, most common first.
+
+    Example:
+        >>> rejection_summary([])
+        []
+    """
+    groups: Counter[tuple[str, str]] = Counter()
+    example: dict[tuple[str, str], str] = {}
+    for t in trials:
+        rec = record(t)
+        if rec.duplicate_of is not None:
+            continue
+        outcome = display_outcome(t)
+        if outcome is None or outcome == "completed" or t.state == TrialState.WAITING:
+            continue
+        key = (str(t.params.get("precision", "?")), outcome)
+        groups[key] += 1
+        example.setdefault(key, rec.reason)
+    return [
+        Rejection(
+            label=mode, stage="search", kind=outcome, detail=example[(mode, outcome)], count=n
+        )
+        for (mode, outcome), n in groups.most_common()
+    ]
+
+
+# A function that measures a candidate paired with the reference inside a slice of seconds.
+PairedRun = Callable[[FrozenTrial, float], PairedResult | None]

@@ -1,0 +1,135 @@
+"""Small, distribution-free statistics for timings: medians with intervals, paired speedups.
+
+Block timings on a shared machine are not normal: a neighbour's burst makes a few blocks slow.
+So every figure is a median, and its interval comes from order statistics (the binomial
+interval for a median, which assumes only that blocks are independent draws), not from a mean
+and a standard deviation that one slow block would drag along.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Estimate", "median_interval", "paired_ratios", "ratio_estimate", "spread"]
+
+# Two-sided confidence of every interval autotune reports.
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A median with its confidence interval, from ``n`` samples.
+
+    Example:
+        >>> e = Estimate(100.0, 95.0, 104.0, 12)
+        >>> round(e.half_width, 3), e.text()
+        (0.045, '100 (95–104)')
+    """
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width relative to the value (0.05: ±5%)."""
+        if self.value <= 0:
+            return math.inf
+        return (self.high - self.low) / 2 / self.value
+
+    def text(self, fmt: str = ".3g", suffix: str = "") -> str:
+        """``1.93x (1.85–2.01)``-style text."""
+        return f"{self.value:{fmt}}{suffix} ({self.low:{fmt}}{suffix}–{self.high:{fmt}}{suffix})"
+
+    def scaled(self, factor: float) -> Estimate:
+        return Estimate(self.value * factor, self.low * factor, self.high * factor, self.n)
+
+
+def _binom_cdf(k: int, n: int) -> float:
+    """P(X ≤ k) for X ~ Binomial(n, 1/2)."""
+    return sum(math.comb(n, i) for i in range(0, k + 1)) / 2**n
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Estimate:
+    """The median of ``values`` and a distribution-free interval for it.
+
+    The interval is ``[x_(l), x_(n+1-l)]`` for the largest ``l`` whose coverage is at least
+    ``confidence``; with fewer than 6 values no such ``l`` exists at 95%, and the interval is
+    the whole range (as wide as the data can say).
+
+    Raises:
+        ValueError: ``values`` is empty.
+
+    Example:
+        >>> e = median_interval([10, 11, 9, 10, 12, 10, 50, 10, 9, 11])
+        >>> e.value, e.low, e.high
+        (10.0, 9.0, 12.0)
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_interval needs at least one value, got none")
+    mid = n // 2
+    median = float(xs[mid]) if n % 2 else (xs[mid - 1] + xs[mid]) / 2
+    alpha = 1 - confidence
+    lo = 0  # 0-based index of the lower order statistic
+    for l in range(1, mid + 1):  # noqa: E741 - l as in the order-statistic formula
+        # Coverage of [x_(l), x_(n+1-l)] is 1 - 2 P(X ≤ l-1).
+        if 2 * _binom_cdf(l - 1, n) <= alpha:
+            lo = l - 1
+        else:
+            break
+    return Estimate(median, float(xs[lo]), float(xs[n - 1 - lo]), n)
+
+
+def spread(values: Sequence[float]) -> float:
+    """Relative spread of timings: the interquartile range over the median (0 when fewer than
+    4 values). A quiet machine shows a few percent; a shared one under load, tens.
+
+    Example:
+        >>> spread([100, 101, 99, 100, 102, 98, 100, 100])
+        0.01
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n < 4:
+        return 0.0
+    q1, q3 = xs[n // 4], xs[(3 * n) // 4]
+    median = xs[n // 2]
+    return (q3 - q1) / median if median else 0.0
+
+
+def paired_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """Per-pair ratios of interleaved measurements ``a1 b1 a2 b2 …`` (rates: higher is faster).
+
+    Each ``a_i`` is divided by the geometric mean of the ``b`` blocks on either side of it
+    (``b_{i-1}`` and ``b_i``), so a slow drift of the machine cancels out instead of favouring
+    whichever arm ran later.
+
+    Example:
+        >>> [round(r, 3) for r in paired_ratios([2, 2, 2], [1, 1, 1])]
+        [2.0, 2.0, 2.0]
+    """
+    n = min(len(a), len(b))
+    out = []
+    for i in range(n):
+        ref = b[0] if i == 0 else math.sqrt(b[i - 1] * b[i])
+        if ref > 0 and a[i] > 0:
+            out.append(a[i] / ref)
+    return out
+
+
+def ratio_estimate(a: Sequence[float], b: Sequence[float]) -> Estimate | None:
+    """The speedup of arm ``a`` over arm ``b`` from interleaved block rates, with its interval;
+    None when no pair was measured.
+
+    Example:
+        >>> e = ratio_estimate([200, 210, 190, 205, 198, 202], [100, 101, 99, 100, 102, 98])
+        >>> round(e.value, 2)
+        2.01
+    """
+    ratios = paired_ratios(a, b)
+    return median_interval(ratios) if ratios else None
