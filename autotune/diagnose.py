@@ -53,8 +53,9 @@ from autotune.precision import (
     resolve_device,
     unsupported_modes,
 )
-from autotune.probe import _check_loss, _to_device_format, leave_no_trace
+from autotune.probe import leave_no_trace
 from autotune.spec import Candidate, ProbeSettings
+from autotune.step import check_loss, prepare_batch
 from autotune.workloads import Workload
 
 __all__ = [
@@ -504,7 +505,7 @@ class _Run:
         state.update(model=model, opt=opt, scaler=scaler, batches=batches)
         self.hooks = hooks = _Hooks(model, mode, self.limit)
         for step in range(steps):
-            batch = _to_device_format(next(batches), channels_last)
+            batch = prepare_batch(next(batches), dev, channels_last)
             scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
             hooks.begin(step, scale)
             if mode.autocast_dtype is not None:  # 1. the fp32 shadow pass: true sizes
@@ -512,7 +513,7 @@ class _Run:
                 opt.zero_grad(set_to_none=True)
                 loss = wl.loss(model, batch)
                 if step == 0:
-                    _check_loss(loss, wl)
+                    check_loss(loss, wl)
                 loss.float().backward()
                 hooks.shadow_param_grads()
                 hooks.shadow = False
@@ -520,7 +521,7 @@ class _Run:
             with autocast(mode, dev):
                 loss = wl.loss(model, batch)
             if step == 0:
-                _check_loss(loss, wl)
+                check_loss(loss, wl)
             self.losses.append(float(loss.detach().float()))
             if hooks.first is None and not math.isfinite(self.losses[-1]):
                 hooks.first = (-1, step, "loss", False)
