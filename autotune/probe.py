@@ -1,8 +1,10 @@
 """One short, honestly timed training run of a workload under one candidate.
 
-A probe:
+A probe is a measurement policy over :class:`~autotune.step.StepEngine`, which owns the AMP
+step, the loss read-back and the OOM recovery. A probe:
 1. checks the device really supports the precision mode (autocast output dtype included);
-2. builds the model, optimizer and GradScaler from a fixed seed;
+2. clears the device cache and resets the peak memory statistics, so its peak is its own;
+   builds the model, optimizer and GradScaler from a fixed seed;
 3. runs untimed warmup steps, then timed steps between two device synchronizations;
 4. reads the loss (and the fp16 scale) back every ``check_every`` steps to catch divergence,
    so the host syncs only once per check;
@@ -15,25 +17,21 @@ out-of-memory error is cleaned up so the same process can run the next probe.
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import random
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 from loguru import logger
 
-from autotune.errors import WorkloadError
+from autotune.memory import PeakMemory
 from autotune.precision import (
     PrecisionMode,
     apply_backend_flags,
-    autocast,
     check_autocast,
     get_mode,
-    make_scaler,
     resolve_device,
     restore_backend_flags,
     snapshot_backend_flags,
@@ -41,6 +39,7 @@ from autotune.precision import (
 )
 from autotune.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings, format_duration
+from autotune.step import StepEngine
 from autotune.workloads import Workload
 
 __all__ = ["global_state", "leave_no_trace", "run_probe"]
@@ -89,65 +88,6 @@ def leave_no_trace() -> Iterator[None]:
         random.setstate(saved["python_rng"])
         if "cuda_rng" in saved:
             torch.cuda.set_rng_state_all(saved["cuda_rng"])
-
-
-class _CpuMemory:
-    """Peak resident-memory growth of this process on Linux, via VmHWM reset by clear_refs."""
-
-    def __init__(self) -> None:
-        self.base = 0
-        self.resettable = False
-
-    @staticmethod
-    def _status(field: str) -> int | None:
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
-
-    def start(self) -> None:
-        try:
-            Path("/proc/self/clear_refs").write_text("5")  # 5 resets the peak RSS (VmHWM)
-            self.resettable = True
-        except OSError:
-            self.resettable = False
-        self.base = self._status("VmRSS") or 0
-
-    def peak_growth(self) -> int | None:
-        peak = self._status("VmHWM") if self.resettable else None
-        return None if peak is None else max(0, peak - self.base)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _to_device_format(batch: tuple, channels_last: bool) -> tuple:
-    if not channels_last:
-        return batch
-    return tuple(
-        t.contiguous(memory_format=torch.channels_last)
-        if isinstance(t, torch.Tensor) and t.dim() == 4
-        else t
-        for t in batch
-    )
-
-
-def _check_loss(loss: Any, workload: Workload) -> None:
-    if not isinstance(loss, torch.Tensor):
-        raise WorkloadError(
-            f"workload {workload.reference or workload.name!r}: loss must be a scalar tensor, got "
-            f"{type(loss).__name__}; return e.g. F.cross_entropy(model(x), y)"
-        )
-    if loss.numel() != 1:
-        raise WorkloadError(
-            f"workload {workload.reference or workload.name!r}: loss must be a scalar tensor, got "
-            f"shape {tuple(loss.shape)}; reduce it with .mean()"
-        )
 
 
 def run_probe(
@@ -224,86 +164,41 @@ def _train(
                 "outcome": "unsupported",
                 "reason": f"autocast fell back to {got} instead of {mode.autocast_dtype}",
             }
-    channels_last = (
-        workload.channels_last if candidate.channels_last is None else candidate.channels_last
-    )
-    cpu_mem = _CpuMemory()
-    oom_message: str | None = None
-    state: dict[str, Any] = {}
-    try:
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
-        else:
-            cpu_mem.start()
-        _loop(workload, candidate, dev, mode, settings, started, channels_last, out, state)
-    except torch.OutOfMemoryError as exc:
-        oom_message = str(exc).splitlines()[0][:200] if str(exc) else "out of memory"
-    # Recover outside the except block: the traceback would keep the tensors alive.
-    state.clear()
-    if oom_message is not None:
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-        step = len(out.get("losses", []))
+    # Cleared cache, reset peaks: this probe's peak memory is its own, not an earlier one's.
+    peak = PeakMemory(dev)
+    peak.start()
+    with StepEngine(workload, candidate, dev, seed=settings.seed) as engine:
+        oom = engine.run(lambda e: _loop(e, settings, started, out))
+        # Also on divergence: the skips are part of the evidence the reason refers to.
+        out["skipped_steps"] = engine.skipped
+    if oom is not None:
         return {
             **out,
             "outcome": "oom",
             "throughput": 0.0,
-            "reason": f"out of memory at batch_size={candidate.batch_size}, step {step}: {oom_message}",
+            "reason": f"out of memory at batch_size={candidate.batch_size}, step {engine.steps}: {oom}",
         }
-    if dev.type == "cuda":
-        out["peak_memory_allocated"] = torch.cuda.max_memory_allocated(dev)
-        out["peak_memory_reserved"] = torch.cuda.max_memory_reserved(dev)
-    else:
-        out["peak_memory_allocated"] = cpu_mem.peak_growth()
+    out["peak_memory_allocated"] = peak.allocated()
+    out["peak_memory_reserved"] = peak.reserved()
     return out
 
 
-def _loop(
-    workload: Workload,
-    candidate: Candidate,
-    dev: torch.device,
-    mode: PrecisionMode,
-    settings: ProbeSettings,
-    started: float,
-    channels_last: bool,
-    out: dict[str, Any],
-    state: dict[str, Any],
-) -> None:
-    """The training loop; writes its figures into ``out``. ``state`` holds what OOM must free."""
-    gen = torch.Generator().manual_seed(settings.seed)
-    model = workload.build_model().to(dev)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model.train()
-    opt = workload.build_optimizer(model.parameters(), candidate.learning_rate)
-    scaler = make_scaler(
-        mode, dev, init_scale=candidate.init_scale, growth_interval=candidate.growth_interval
-    )
-    state.update(model=model, opt=opt, scaler=scaler)
-    applied = [0]
-    # GradScaler.step calls optimizer.step only when gradients are finite: count real steps.
-    hook = opt.register_step_post_hook(lambda *_: applied.__setitem__(0, applied[0] + 1))
-    batches = workload.make_batches(candidate.batch_size, dev, gen)
-    state["batches"] = batches
+def _loop(engine: StepEngine, settings: ProbeSettings, started: float, out: dict[str, Any]) -> None:
+    """The probe's policy over the engine: warmup, timed steps, checks; figures into ``out``."""
+    engine.build()
     warmup, total = settings.warmup_steps, settings.warmup_steps + settings.steps
-    losses: list[float] = []
+    losses = engine.losses
     scales: list[tuple[int, float]] = []
-    pending: list[torch.Tensor] = []
     out.update(losses=losses, scales=scales)
     t_start: float | None = None
     t_first: float | None = None
     applied_at_start = 0
     check_seconds = 0.0
-    done = 0
 
     def check(step: int) -> str | None:
         """Read pending losses (one sync) and the scale; return a divergence reason or None."""
-        values = torch.stack(pending).float().tolist()
-        pending.clear()
         first = len(losses)
-        losses.extend(values)
-        for offset, value in enumerate(values):
+        for offset, value in enumerate(engine.read_losses()):
             at = first + offset
             if not math.isfinite(value):
                 return f"loss={value} at step {at}"
@@ -312,14 +207,14 @@ def _loop(
                     f"loss={value:.4g} at step {at} is above {settings.loss_blowup_factor:g}x "
                     f"the initial {losses[0]:.4g}"
                 )
-        if mode.scales_loss:
-            scale = scaler.get_scale()
+        if engine.mode.scales_loss:
+            scale = engine.scale()
             scales.append((step, scale))
             if scale < 1:
                 return f"GradScaler scale fell to {scale:g} at step {step}"
             if t_start is not None:
                 timed = step + 1 - warmup
-                skipped = timed - (applied[0] - applied_at_start)
+                skipped = timed - (engine.applied - applied_at_start)
                 if timed >= settings.check_every and skipped / timed > settings.max_skip_rate:
                     return (
                         f"GradScaler skipped {skipped} of {timed} steps after warmup "
@@ -327,62 +222,48 @@ def _loop(
                     )
         return None
 
-    try:
-        for i in range(total):
-            if i == warmup:
-                if pending:
-                    reason = check(i - 1)
-                    if reason:
-                        out.update(outcome="diverged", reason=reason)
-                        return
-                _sync(dev)
-                t_start = time.perf_counter()
-                applied_at_start = applied[0]
-            batch = _to_device_format(next(batches), channels_last)
-            opt.zero_grad(set_to_none=True)
-            with autocast(mode, dev):
-                loss = workload.loss(model, batch)
-            if i == 0:
-                _check_loss(loss, workload)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            pending.append(loss.detach())
-            done = i + 1
-            if i == 0 and warmup > 0:
-                # Marks the end of the first (costliest) step, for a probe its time limit stops
-                # inside warmup; without warmup this step is timed and must not sync.
-                _sync(dev)
-                t_first = time.perf_counter()
-            last = i == total - 1
-            over_time = time.perf_counter() - started > settings.time_limit
-            if (i + 1) % settings.check_every == 0 or last or over_time:
-                c0 = time.perf_counter()
-                reason = check(i)
-                if t_start is not None:
-                    check_seconds += time.perf_counter() - c0
+    for i in range(total):
+        if i == warmup:
+            if engine.pending:
+                reason = check(i - 1)
                 if reason:
                     out.update(outcome="diverged", reason=reason)
                     return
-            if over_time and not last:
-                out["truncated"] = True
-                logger.info(
-                    "probe stopped at its time limit of {} after {} steps",
-                    format_duration(settings.time_limit),
-                    done,
-                )
-                break
-        if pending:
-            reason = check(done - 1)
+            engine.sync()
+            t_start = time.perf_counter()
+            applied_at_start = engine.applied
+        engine.step()
+        if i == 0 and warmup > 0:
+            # Marks the end of the first (costliest) step, for a probe its time limit stops
+            # inside warmup; without warmup this step is timed and must not sync.
+            engine.sync()
+            t_first = time.perf_counter()
+        last = i == total - 1
+        over_time = time.perf_counter() - started > settings.time_limit
+        if (i + 1) % settings.check_every == 0 or last or over_time:
+            c0 = time.perf_counter()
+            reason = check(i)
+            if t_start is not None:
+                check_seconds += time.perf_counter() - c0
             if reason:
                 out.update(outcome="diverged", reason=reason)
                 return
-        _sync(dev)
-        t_end = time.perf_counter()
-    finally:
-        hook.remove()
-        # Also on divergence: the skips are part of the evidence the reason refers to.
-        out["skipped_steps"] = done - applied[0]
+        if over_time and not last:
+            out["truncated"] = True
+            logger.info(
+                "probe stopped at its time limit of {} after {} steps",
+                format_duration(settings.time_limit),
+                engine.steps,
+            )
+            break
+    done = engine.steps
+    if engine.pending:
+        reason = check(done - 1)
+        if reason:
+            out.update(outcome="diverged", reason=reason)
+            return
+    engine.sync()
+    t_end = time.perf_counter()
     if t_start is not None and done > warmup:
         timed_steps, seconds = done - warmup, t_end - t_start
     elif done > 1 and t_first is not None:
@@ -396,7 +277,7 @@ def _loop(
     out["timed_seconds"] = seconds
     out["check_seconds"] = check_seconds
     if timed_steps and seconds > 0:
-        out["throughput"] = timed_steps * candidate.batch_size / seconds
+        out["throughput"] = timed_steps * engine.candidate.batch_size / seconds
         out["step_time"] = seconds / timed_steps
     if timed_steps < settings.steps:
         out["truncated"] = True

@@ -1,6 +1,7 @@
 """Training runs under a tuned config, measured the way people compare AMP.
 
-A run:
+A run is a measurement policy over :class:`~autotune.step.StepEngine` (the AMP step, the loss
+read-back, the OOM recovery):
 1. opens an :class:`~autotune.apply.AmpSession` (backend flags restored afterwards) and forks
    the RNG, so the caller's random state is untouched and every run starts from the same seed;
 2. builds the model, the optimizer at the run's learning rate and the batches at its size;
@@ -17,9 +18,6 @@ better, or worse, only by seeing more data.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import math
 import time
 from collections.abc import Callable
@@ -38,9 +36,10 @@ from pydantic import (
 
 from autotune.apply import AmpSession, check_supported
 from autotune.config import TunedConfig, one_line, warn_if_environment_differs
+from autotune.memory import PeakMemory, release_memory
 from autotune.precision import resolve_device
-from autotune.probe import _check_loss, _CpuMemory
 from autotune.spec import Candidate, PrecisionName
+from autotune.step import StepEngine
 from autotune.workloads import Batch, Workload
 
 __all__ = [
@@ -326,7 +325,8 @@ def train(
         samples_per_epoch=settings.samples_per_epoch,
         warmup_steps=min(settings.warmup_steps, total - 1),
     )
-    _release_memory()
+    # What earlier runs left is freed first, so this run's peak memory is its own.
+    release_memory(dev)
     session = AmpSession(cand, dev)
     if isinstance(setup, TunedConfig):
         warn_if_environment_differs(setup, session.device, stacklevel=2)
@@ -355,76 +355,54 @@ def _run(
 ) -> None:
     """The loop, then the memory and accuracy figures; writes them into ``result``."""
     dev = amp.device
-    cpu_mem = _CpuMemory()
-    start_allocated = 0
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-        start_allocated = torch.cuda.memory_allocated(dev)
-    else:
-        cpu_mem.start()
-    state: dict[str, Any] = {}
-    oom: str | None = None
-    try:
-        _loop(workload, amp, settings, total, result, on_progress, state)
-    except torch.OutOfMemoryError as exc:
-        oom = str(exc).splitlines()[0][:200] if str(exc) else "out of memory"
-    # Recover outside the except block: its traceback would keep the tensors alive.
-    if oom is not None:
-        state.clear()
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-        result.outcome = "oom"
-        result.reason = (
-            f"out of memory at batch_size={result.batch_size}, step {result.steps}: {oom}"
+    peak = PeakMemory(dev)
+    peak.start()
+    engine = StepEngine(workload, amp.candidate, dev, seed=settings.seed, scaler=amp.scaler)
+    with engine:
+        oom = engine.run(lambda e: _loop(e, amp, settings, total, result, on_progress))
+        result.steps = engine.steps
+        result.samples = engine.steps * amp.batch_size
+        result.skipped_steps = engine.skipped
+        result.losses = engine.losses
+        if oom is not None:
+            result.outcome = "oom"
+            result.reason = (
+                f"out of memory at batch_size={result.batch_size}, step {result.steps}: {oom}"
+            )
+            return
+        result.peak_memory_bytes = peak.growth()
+        result.memory_source = (
+            peak.source if result.peak_memory_bytes is not None else "unavailable"
         )
-        return
-    if dev.type == "cuda":
-        result.peak_memory_bytes = torch.cuda.max_memory_allocated(dev) - start_allocated
-        result.memory_source = "cuda_allocated"
-    else:
-        result.peak_memory_bytes = cpu_mem.peak_growth()
-        result.memory_source = "cpu_rss" if result.peak_memory_bytes is not None else "unavailable"
-    if result.ok and workload.accuracy is not None and settings.eval_samples:
-        if held_out is None:
-            held_out = held_out_batches(workload, dev, settings)
-        result.accuracy = _accuracy(workload.accuracy, amp, state["model"], held_out)
+        if result.ok and workload.accuracy is not None and settings.eval_samples:
+            if held_out is None:
+                held_out = held_out_batches(workload, dev, settings)
+            assert engine.model is not None
+            result.accuracy = _accuracy(workload.accuracy, amp, engine.model, held_out)
 
 
 def _loop(
-    workload: Workload,
+    engine: StepEngine,
     amp: AmpSession,
     settings: TrainSettings,
     total: int,
     result: TrainResult,
     on_progress: Progress | None,
-    state: dict[str, Any],
 ) -> None:
-    dev = amp.device
-    model = amp.prepare(workload.build_model())
-    model.train()
-    opt = workload.build_optimizer(model.parameters(), amp.learning_rate)
-    state.update(model=model, opt=opt)
-    applied = [0]
-    # GradScaler.step skips optimizer.step when the gradients are not finite: count real steps.
-    hook = opt.register_step_post_hook(lambda *_: applied.__setitem__(0, applied[0] + 1))
-    batches = workload.make_batches(
-        amp.batch_size, dev, torch.Generator().manual_seed(settings.seed)
-    )
-    state["batches"] = batches
+    """The training run's policy over the engine: every step, a loss read every
+    ``check_every`` steps; the timing and loss figures into ``result``."""
+    engine.build()
+    # The session sets its backend flags again: the workload's model code may have changed them.
+    amp.prepare(engine.model)
     warmup = result.warmup_steps
-    pending: list[torch.Tensor] = []
-    losses = result.losses
+    losses = engine.losses
     started = time.perf_counter()
     t_start = started
-    done = 0
 
     def read_losses(step: int) -> str | None:
         """Read the pending losses back (one sync); return why training must stop, or None."""
-        values = torch.stack(pending).float().tolist()
-        pending.clear()
         first = len(losses)
-        losses.extend(values)
+        values = engine.read_losses()
         if not amp.mode.scales_loss:
             # Without a scaler a non-finite loss reaches the weights: the run is lost.
             for offset, value in enumerate(values):
@@ -432,42 +410,29 @@ def _loop(
                     return f"loss={value} at step {first + offset}"
             return None
         # With one, a non-finite loss only skips its step; a scale below 1 means it skips all.
-        scale = amp.scaler.get_scale()
+        scale = engine.scale()
         if scale < 1:
             return f"GradScaler scale fell to {scale:g} at step {step}: every step is skipped"
         return None
 
-    try:
-        for i in range(total):
-            if i == warmup:
-                _sync(dev)
-                t_start = time.perf_counter()
-            batch = amp.prepare_batch(next(batches))
-            opt.zero_grad(set_to_none=True)
-            with amp.autocast():
-                loss = workload.loss(model, batch)
-            if i == 0:
-                _check_loss(loss, workload)
-            amp.backward(loss)
-            amp.step(opt)
-            pending.append(loss.detach())
-            done = i + 1
-            latest = None
-            if done % settings.check_every == 0 or done == total:
-                reason = read_losses(i)
-                latest = losses[-1]
-                if reason:
-                    result.outcome, result.reason = "diverged", reason
-                    break
-            if on_progress is not None:
-                on_progress(result.label, done, total, latest)
-        _sync(dev)
-        t_end = time.perf_counter()
-    finally:
-        hook.remove()
-        result.steps = done
-        result.samples = done * amp.batch_size
-        result.skipped_steps = done - applied[0]
+    for i in range(total):
+        if i == warmup:
+            engine.sync()
+            t_start = time.perf_counter()
+        engine.step()
+        done = engine.steps
+        latest = None
+        if done % settings.check_every == 0 or done == total:
+            reason = read_losses(i)
+            latest = losses[-1]
+            if reason:
+                result.outcome, result.reason = "diverged", reason
+                break
+        if on_progress is not None:
+            on_progress(result.label, done, total, latest)
+    engine.sync()
+    t_end = time.perf_counter()
+    done = engine.steps
     result.wall_seconds = t_end - started
     timed = done - warmup if done > warmup else done
     result.timed_steps = timed
@@ -523,23 +488,6 @@ def _accuracy(
         scores = [float(accuracy(model, amp.prepare_batch(b))) for b in batches]
     model.train()
     return sum(scores) / len(scores)
-
-
-def _release_memory() -> None:
-    """Free what earlier runs left, so this run's peak memory is its own.
-
-    On a CPU, glibc keeps freed memory for reuse; a second run in the same process would then
-    grow its resident memory by almost nothing. ``malloc_trim(0)`` hands the free pages back.
-    """
-    gc.collect()
-    # Not glibc (macOS, musl): no trim, and a second run's growth may be understated.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def compare(

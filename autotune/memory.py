@@ -1,0 +1,222 @@
+"""Small memory helpers for a training run: sync, free, tell an OOM, measure a peak.
+
+Each does one thing, so a run's policy reads as a list of them:
+
+- :func:`sync` waits for the device's queued work (the edges of a timed window);
+- :func:`clear_device_cache` hands cached free memory back (the CUDA caching allocator's
+  blocks, glibc's free pages on a CPU), so the next run's peak is its own;
+- :func:`release_memory` collects garbage first, then clears the cache: after an OOM;
+- :func:`is_oom` says whether an exception means the device ran out of memory;
+- :class:`PeakMemory` measures a run's peak: the CUDA allocator's peaks, or on a CPU the
+  growth of the process's peak resident memory (Linux).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "OOM_MESSAGES",
+    "OOM_TYPES",
+    "CpuPeakMemory",
+    "PeakMemory",
+    "clear_device_cache",
+    "is_oom",
+    "oom_message",
+    "release_memory",
+    "sync",
+]
+
+# What counts as running out of memory. torch's own allocators raise OutOfMemoryError; memory a
+# library allocates by itself fails as a plain RuntimeError whose message names the failure.
+OOM_TYPES: tuple[type[BaseException], ...] = (torch.OutOfMemoryError,)
+OOM_MESSAGES: tuple[str, ...] = (
+    "CUDA out of memory",  # the caching allocator, as older torch versions raised it
+    "CUDA error: out of memory",  # a cudaMalloc outside the caching allocator
+    "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS could not allocate its handle or workspace
+    "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN before 9
+    "CUDNN_STATUS_NOT_ALLOC",  # an old cuDNN spelling of the same failure
+    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",  # cuDNN 9
+    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",  # cuDNN 9
+    "DefaultCPUAllocator: can't allocate memory",  # host memory, on a CPU device
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` means the device ran out of memory (see ``OOM_TYPES``, ``OOM_MESSAGES``).
+
+    Args:
+        exc: the exception a training step raised.
+
+    Returns:
+        True for an out-of-memory error, in whichever form the library that allocated raised it.
+
+    Example:
+        >>> is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"))
+        True
+        >>> is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+        False
+    """
+    if isinstance(exc, OOM_TYPES):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MESSAGES)
+
+
+def oom_message(exc: BaseException) -> str:
+    """The first line of an OOM error, at most 200 characters: what a reason quotes.
+
+    Example:
+        >>> oom_message(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\\nmore"))
+        'CUDA out of memory. Tried to allocate 2.00 GiB'
+    """
+    text = str(exc)
+    return text.splitlines()[0][:200] if text.strip() else "out of memory"
+
+
+def sync(device: torch.device) -> None:
+    """Wait until the device has run everything queued on it (a no-op on a CPU).
+
+    Example:
+        >>> sync(torch.device("cpu"))
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def clear_device_cache(device: torch.device) -> None:
+    """Hand memory that is free but kept for reuse back, so the next run's peak is its own.
+
+    On CUDA that is the caching allocator's unused blocks: without it a run's peak *reserved*
+    memory would start at the largest earlier run's reserve. On a CPU, glibc keeps freed memory
+    for reuse, and a second run would grow its resident memory by almost nothing;
+    ``malloc_trim(0)`` hands the free pages back.
+
+    Args:
+        device: the run's device.
+
+    Example:
+        >>> clear_device_cache(torch.device("cpu"))
+    """
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        return
+    # Not glibc (macOS, musl): no trim, and a second run's growth may be understated.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+def release_memory(device: torch.device) -> None:
+    """Collect garbage, then clear the device cache: what is left after the references to a
+    run's tensors are dropped (after an OOM, before a measured run).
+
+    Call it outside an ``except`` block: the exception's traceback keeps the frames, and with
+    them the tensors, alive.
+
+    Example:
+        >>> release_memory(torch.device("cpu"))
+    """
+    gc.collect()
+    clear_device_cache(device)
+
+
+class CpuPeakMemory:
+    """Peak resident-memory growth of this process on Linux: VmHWM, reset through clear_refs.
+
+    Example:
+        >>> mem = CpuPeakMemory()
+        >>> mem.start()
+        >>> block = bytearray(32 * 2**20)
+        >>> growth = mem.peak_growth()
+        >>> growth is None or growth >= 0
+        True
+    """
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.resettable = False
+
+    @staticmethod
+    def _status(field: str) -> int | None:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+
+    def start(self) -> None:
+        """Reset the peak to the present resident size and remember it."""
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # 5 resets the peak RSS (VmHWM)
+            self.resettable = True
+        except OSError:
+            self.resettable = False
+        self.base = self._status("VmRSS") or 0
+
+    def peak_growth(self) -> int | None:
+        """Bytes the peak resident size grew since :meth:`start`; None where it cannot be read."""
+        peak = self._status("VmHWM") if self.resettable else None
+        return None if peak is None else max(0, peak - self.base)
+
+
+class PeakMemory:
+    """The peak memory of one run on its device.
+
+    :meth:`start` clears the device cache and resets the peak statistics, so the figures are
+    this run's own, not an earlier run's left-over reserve.
+
+    Args:
+        device: the run's device.
+
+    Example:
+        >>> peak = PeakMemory(torch.device("cpu"))
+        >>> peak.start()
+        >>> peak.source in ("cpu_rss", "unavailable")
+        True
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.start_allocated = 0
+        self._cpu = CpuPeakMemory()
+
+    def start(self) -> None:
+        """Clear the device cache and reset the peaks: what follows is measured."""
+        clear_device_cache(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_allocated = torch.cuda.memory_allocated(self.device)
+        else:
+            self._cpu.start()
+
+    @property
+    def source(self) -> Literal["cuda_allocated", "cpu_rss", "unavailable"]:
+        """Where the figures come from."""
+        if self.device.type == "cuda":
+            return "cuda_allocated"
+        return "cpu_rss" if self._cpu.resettable else "unavailable"
+
+    def allocated(self) -> int | None:
+        """CUDA: the allocator's peak of live tensors (absolute). CPU: the resident growth."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        return self._cpu.peak_growth()
+
+    def reserved(self) -> int | None:
+        """CUDA: the caching allocator's peak reserve (what the device gave up). CPU: None."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_reserved(self.device)
+        return None
+
+    def growth(self) -> int | None:
+        """The peak above what was allocated at :meth:`start`: the run's own tensors."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) - self.start_allocated
+        return self._cpu.peak_growth()

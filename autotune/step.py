@@ -1,0 +1,292 @@
+"""The AMP training step, written once, and the run it belongs to.
+
+A :class:`StepEngine` holds one run's model, optimizer, GradScaler and batches. Its step is the
+usual AMP step and nothing else::
+
+    with autocast:
+        loss = workload.loss(model, batch)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+
+What a run measures, and when it stops, is a policy written over it: the probe (timed, with
+divergence checks), a training run (the tuned config against a baseline) and a diagnosis
+(hooks and an fp32 shadow pass) each drive the same engine::
+
+    with StepEngine(workload, candidate, device, seed=0) as engine:
+        oom = engine.run(policy)          # policy(engine) builds and steps; None, or the OOM
+
+    engine.build()                        # model on the device, optimizer, batches
+    loss = engine.step()                  # one AMP step; the loss stays on the device
+    values = engine.read_losses()         # every loss since the last read, in one host sync
+    block = engine.run_steps(50)          # 50 steps between two device syncs, timed
+
+The engine keeps no clock of its own beyond :meth:`run_steps`, reads nothing back from the
+device except in :meth:`read_losses` and :meth:`scale`, and counts the optimizer steps really
+applied (GradScaler skips a step whose gradients are not finite).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from autotune.errors import WorkloadError
+from autotune.memory import is_oom, oom_message, release_memory, sync
+from autotune.precision import autocast, get_mode, make_scaler
+from autotune.spec import Candidate
+from autotune.workloads import Batch, Workload
+
+__all__ = ["Block", "StepEngine", "check_loss", "prepare_batch"]
+
+
+def check_loss(loss: Any, workload: Workload) -> None:
+    """Check the workload's loss is a scalar tensor (its contract), once, at the first step.
+
+    Raises:
+        WorkloadError: naming the workload, what it returned and the fix.
+
+    Example:
+        >>> from autotune.workloads import tiny_mlp
+        >>> check_loss(torch.ones(3), tiny_mlp())
+        Traceback (most recent call last):
+        ...
+        autotune.errors.WorkloadError: workload 'tiny_mlp': loss must be a scalar tensor, got shape (3,); reduce it with .mean()
+    """
+    if not isinstance(loss, torch.Tensor):
+        raise WorkloadError(
+            f"workload {workload.reference or workload.name!r}: loss must be a scalar tensor, got "
+            f"{type(loss).__name__}; return e.g. F.cross_entropy(model(x), y)"
+        )
+    if loss.numel() != 1:
+        raise WorkloadError(
+            f"workload {workload.reference or workload.name!r}: loss must be a scalar tensor, got "
+            f"shape {tuple(loss.shape)}; reduce it with .mean()"
+        )
+
+
+def prepare_batch(batch: Any, device: torch.device, channels_last: bool) -> Any:
+    """Move a batch (a tensor, or a tuple/list/dict of them) to the device; 4-d tensors become
+    channels_last when asked. A tensor already there is not copied; anything else passes.
+
+    Example:
+        >>> x, y = prepare_batch((torch.ones(2, 3, 4, 4), torch.zeros(2)), torch.device("cpu"), True)
+        >>> x.is_contiguous(memory_format=torch.channels_last), tuple(y.shape)
+        (True, (2,))
+    """
+    if isinstance(batch, torch.Tensor):
+        batch = batch.to(device, non_blocking=True)
+        if channels_last and batch.dim() == 4:
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        return batch
+    if isinstance(batch, dict):
+        return {k: prepare_batch(v, device, channels_last) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        moved = [prepare_batch(v, device, channels_last) for v in batch]
+        if hasattr(batch, "_fields"):  # a namedtuple keeps its type
+            return type(batch)(*moved)
+        return type(batch)(moved)
+    return batch
+
+
+@dataclass(frozen=True)
+class Block:
+    """Steps run back to back between two device syncs, and their wall time."""
+
+    first_step: int  # index of its first step in the run
+    steps: int
+    seconds: float
+    skipped: int  # steps GradScaler skipped (non-finite gradients)
+
+    @property
+    def step_time(self) -> float:
+        """Seconds per step."""
+        return self.seconds / self.steps if self.steps else 0.0
+
+
+class StepEngine:
+    """One training run: model, optimizer, GradScaler, batches, and the AMP step over them.
+
+    Nothing is built until :meth:`build` (inside :meth:`run`, so running out of memory while
+    building is caught too). Leaving the ``with`` block (or :meth:`close`) drops the references
+    and removes the step counter from the optimizer.
+
+    Args:
+        workload: what to train.
+        candidate: precision, batch size, learning rate, GradScaler settings, channels_last
+            (None: the workload's own choice).
+        device: the resolved device.
+        seed: seeds the batch generator; seed torch's global RNG before :meth:`build` for the
+            model's initial weights.
+        scaler: a GradScaler to use (an AmpSession's); one is made from the candidate if None.
+
+    Example:
+        >>> from autotune.workloads import tiny_mlp
+        >>> cand = Candidate(precision="bf16", batch_size=32, learning_rate=0.05)
+        >>> with StepEngine(tiny_mlp(), cand, torch.device("cpu")) as engine:
+        ...     oom = engine.run(lambda e: (e.build(), e.run_steps(3)))
+        ...     oom, engine.steps, len(engine.read_losses())
+        (None, 3, 3)
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        candidate: Candidate,
+        device: torch.device,
+        *,
+        seed: int = 0,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        self.workload, self.candidate, self.device, self.seed = workload, candidate, device, seed
+        self.mode = get_mode(candidate.precision)
+        self.channels_last = bool(
+            workload.channels_last if candidate.channels_last is None else candidate.channels_last
+        )
+        self.scaler = scaler or make_scaler(
+            self.mode,
+            device,
+            init_scale=candidate.init_scale,
+            growth_interval=candidate.growth_interval,
+        )
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.batches: Any = None
+        self.steps = 0  # steps taken
+        self.applied = 0  # optimizer steps really applied
+        self.losses: list[float] = []  # every loss read back so far, in step order
+        self.pending: list[torch.Tensor] = []  # losses not read back yet, still on the device
+        self._hook: Any = None
+
+    # ---- building and stepping ------------------------------------------------------------
+
+    def build(self) -> None:
+        """Build the model on the device, its optimizer at the candidate's lr, and the batches."""
+        gen = torch.Generator().manual_seed(self.seed)
+        model = self.workload.build_model().to(self.device)
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        model.train()
+        self.model = model
+        self.optimizer = self.workload.build_optimizer(
+            model.parameters(), self.candidate.learning_rate
+        )
+        # GradScaler.step calls optimizer.step only when the gradients are finite: count the
+        # steps really applied.
+        self._hook = self.optimizer.register_step_post_hook(self._count)
+        self.batches = self.workload.make_batches(self.candidate.batch_size, self.device, gen)
+
+    def _count(self, *_: Any) -> None:
+        self.applied += 1
+
+    def next_batch(self) -> Batch:
+        """The next batch, on the device and in the run's memory format."""
+        return prepare_batch(next(self.batches), self.device, self.channels_last)
+
+    def step(self, batch: Batch | None = None) -> torch.Tensor:
+        """One AMP training step on ``batch`` (the next one if None).
+
+        Returns:
+            The loss, detached and still on the device (also kept for :meth:`read_losses`).
+
+        Raises:
+            WorkloadError: at the first step, the workload's loss is not a scalar tensor.
+        """
+        assert self.model is not None and self.optimizer is not None, "build() first"
+        batch = self.next_batch() if batch is None else batch
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(self.mode, self.device):
+            loss = self.workload.loss(self.model, batch)
+        if self.steps == 0:
+            check_loss(loss, self.workload)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        loss = loss.detach()
+        self.pending.append(loss)
+        self.steps += 1
+        return loss
+
+    def run_steps(self, n: int) -> Block:
+        """``n`` steps back to back between two device syncs: a timed block.
+
+        The losses stay on the device until :meth:`read_losses`.
+        """
+        self.sync()
+        first, applied, started = self.steps, self.applied, time.perf_counter()
+        for _ in range(n):
+            self.step()
+        self.sync()
+        seconds = time.perf_counter() - started
+        return Block(first, n, seconds, n - (self.applied - applied))
+
+    # ---- reading back -------------------------------------------------------------------------
+
+    def read_losses(self) -> list[float]:
+        """The losses of the steps since the last read, in one host sync (appended to
+        ``losses`` too); non-finite values stay as they are."""
+        if not self.pending:
+            return []
+        values = torch.stack(self.pending).float().tolist()
+        self.pending.clear()
+        self.losses.extend(values)
+        return values
+
+    def scale(self) -> float:
+        """The GradScaler's scale now (a host sync); 1.0 for modes without one."""
+        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
+
+    @property
+    def skipped(self) -> int:
+        """Steps whose optimizer step GradScaler skipped."""
+        return self.steps - self.applied
+
+    def sync(self) -> None:
+        """Wait for the steps queued on the device."""
+        sync(self.device)
+
+    # ---- running a policy, and running out of memory --------------------------------------------
+
+    def run(self, policy: Callable[[StepEngine], Any]) -> str | None:
+        """Run ``policy(self)``; an out-of-memory error ends it and comes back as its message.
+
+        After an OOM the engine drops its references, collects garbage and clears the device
+        cache, outside the ``except`` block (whose traceback would keep the tensors alive), so
+        the same process can run the next one. Any other exception propagates.
+
+        Args:
+            policy: drives the run: calls :meth:`build`, :meth:`step`, :meth:`read_losses`...
+
+        Returns:
+            None when the policy returned, else the first line of the OOM error.
+        """
+        message: str | None = None
+        try:
+            policy(self)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            message = oom_message(exc)
+        if message is not None:
+            self.close()
+            release_memory(self.device)
+        return message
+
+    def close(self) -> None:
+        """Drop the model, optimizer, batches and pending losses; remove the step counter."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self.model = self.optimizer = self.batches = None
+        self.pending.clear()
+
+    def __enter__(self) -> StepEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
