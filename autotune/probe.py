@@ -5,10 +5,13 @@ step, the loss read-back and the OOM recovery. A probe:
 1. checks the device really supports the precision mode (autocast output dtype included);
 2. clears the device cache and resets the peak memory statistics, so its peak is its own;
    builds the model, optimizer and GradScaler from a fixed seed;
-3. runs untimed warmup steps, then timed steps between two device synchronizations;
-4. reads the loss (and the fp16 scale) back every ``check_every`` steps to catch divergence,
-   so the host syncs only once per check;
-5. reports throughput, peak memory, the loss and scale traces and an outcome.
+3. runs untimed warmup steps, then timed *blocks* of steps, each between two device syncs,
+   until the timed phase has lasted ``min_time`` and ``steps`` steps and the throughput's
+   interval is tight (:class:`TimedRun`);
+4. reads the loss (and the fp16 scale) back at the end of each block to catch divergence, so
+   the host syncs only once per block;
+5. reports throughput (the median over blocks, with its 95% interval), peak memory, the loss
+   and scale traces and an outcome.
 
 It leaves no trace: RNG states, backend flags and grad mode are restored afterwards, and an
 out-of-memory error is cleaned up so the same process can run the next probe.
@@ -38,11 +41,26 @@ from autotune.precision import (
     unsupported_modes,
 )
 from autotune.result import ProbeResult
-from autotune.spec import Candidate, ProbeSettings, format_duration
-from autotune.step import StepEngine
+from autotune.spec import DEFAULT_MIN_TIME, Candidate, ProbeSettings, format_duration
+from autotune.stats import median_interval, spread
+from autotune.step import Block, StepEngine
 from autotune.workloads import Workload
 
-__all__ = ["global_state", "leave_no_trace", "run_probe"]
+__all__ = [
+    "TimedRun",
+    "global_state",
+    "leave_no_trace",
+    "min_time_for",
+    "run_probe",
+    "unsupported_reason",
+]
+
+# A timed phase needs this many blocks for its interval to mean anything ...
+_MIN_BLOCKS = 5
+# ... and a block lasts about this share of min_time, so there are about ten.
+_BLOCK_SHARE = 0.1
+# When the interval never tightens (a noisy neighbour), stop at this many times min_time.
+_MAX_TIME_FACTOR = 4.0
 
 _UNSUPPORTED_CACHE: dict[str, dict[str, str]] = {}
 
@@ -52,6 +70,17 @@ def _unsupported(device: torch.device) -> dict[str, str]:
     if key not in _UNSUPPORTED_CACHE:
         _UNSUPPORTED_CACHE[key] = unsupported_modes(device)
     return _UNSUPPORTED_CACHE[key]
+
+
+def unsupported_reason(candidate: Candidate, device: torch.device) -> str | None:
+    """Why this device cannot really run the candidate's mode, or None when it can (the
+    hardware check, then autocast's real output dtype)."""
+    mode = get_mode(candidate.precision)
+    why = _unsupported(device).get(mode.name)
+    if why is not None:
+        return why
+    found = _check_autocast(mode, device)
+    return None if found is None else found["reason"]
 
 
 def global_state() -> dict[str, Any]:
@@ -146,6 +175,27 @@ def run_probe(
     return result
 
 
+def min_time_for(settings: ProbeSettings, device: torch.device) -> float:
+    """The timed phase's minimum length on a device: the setting, or the device's default."""
+    if settings.min_time is not None:
+        return settings.min_time
+    return DEFAULT_MIN_TIME.get(device.type, DEFAULT_MIN_TIME["cpu"])
+
+
+def _check_autocast(mode: PrecisionMode, dev: torch.device) -> dict[str, Any] | None:
+    """None when autocast really runs the mode's dtype here, else the unsupported fields."""
+    if mode.autocast_dtype is None:
+        return None
+    got = check_autocast(dev, mode.autocast_dtype)
+    if got == mode.autocast_dtype:
+        return None
+    return {
+        "autocast_dtype": str(got).replace("torch.", ""),
+        "outcome": "unsupported",
+        "reason": f"autocast fell back to {got} instead of {mode.autocast_dtype}",
+    }
+
+
 def _train(
     workload: Workload,
     candidate: Candidate,
@@ -154,23 +204,16 @@ def _train(
     settings: ProbeSettings,
     started: float,
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"outcome": "completed", "warmup_steps": 0}
-    if mode.autocast_dtype is not None:
-        got = check_autocast(dev, mode.autocast_dtype)
-        out["autocast_dtype"] = str(got).replace("torch.", "")
-        if got != mode.autocast_dtype:
-            return {
-                **out,
-                "outcome": "unsupported",
-                "reason": f"autocast fell back to {got} instead of {mode.autocast_dtype}",
-            }
+    unsupported = _check_autocast(mode, dev)
+    if unsupported is not None:
+        return unsupported
     # Cleared cache, reset peaks: this probe's peak memory is its own, not an earlier one's.
     peak = PeakMemory(dev)
     peak.start()
     with StepEngine(workload, candidate, dev, seed=settings.seed) as engine:
-        oom = engine.run(lambda e: _loop(e, settings, started, out))
-        # Also on divergence: the skips are part of the evidence the reason refers to.
-        out["skipped_steps"] = engine.skipped
+        run = TimedRun(engine, settings, started)
+        oom = engine.run(lambda e: run.measure())
+        out = run.fields()
     if oom is not None:
         return {
             **out,
@@ -183,20 +226,46 @@ def _train(
     return out
 
 
-def _loop(engine: StepEngine, settings: ProbeSettings, started: float, out: dict[str, Any]) -> None:
-    """The probe's policy over the engine: warmup, timed steps, checks; figures into ``out``."""
-    engine.build()
-    warmup, total = settings.warmup_steps, settings.warmup_steps + settings.steps
-    losses = engine.losses
-    scales: list[tuple[int, float]] = []
-    out.update(losses=losses, scales=scales)
-    t_start: float | None = None
-    t_first: float | None = None
-    applied_at_start = 0
-    check_seconds = 0.0
+class TimedRun:
+    """A probe's policy over one :class:`~autotune.step.StepEngine`: warm up, then time blocks.
 
-    def check(step: int) -> str | None:
+    1. Warm-up: ``warmup_steps`` untimed steps (the first one timed apart, to size blocks and
+       to score a run its time limit stops inside warm-up); the losses are checked after.
+    2. Blocks: ``k`` steps between two syncs, ``k`` sized so a block lasts about a tenth of
+       ``min_time`` (at most ``check_every`` steps); after each block the losses (and the fp16
+       scale) are read back, one host sync, and checked for divergence.
+    3. Enough: ``min_time`` and ``steps`` reached, at least five blocks, and the median block
+       rate's 95% interval within ``precision`` of it; or 4x ``min_time``; or ``time_limit``.
+
+    :meth:`warm_up` and :meth:`block` are public so a paired run can interleave two of these.
+
+    Args:
+        engine: the run's engine (built by :meth:`warm_up`).
+        settings: lengths, thresholds, time limit.
+        started: ``time.perf_counter()`` at the probe's start (the time limit counts from it).
+    """
+
+    def __init__(self, engine: StepEngine, settings: ProbeSettings, started: float) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.started = started
+        self.min_time = min_time_for(settings, engine.device)
+        self.blocks: list[Block] = []
+        self.scales: list[tuple[int, float]] = []
+        self.first_step: float | None = None
+        self.warm_seconds = 0.0
+        self.block_steps = 1
+        self.applied_at_start = 0
+        self.outcome, self.reason = "completed", ""
+        self.truncated = False
+        self.check_seconds = 0.0
+
+    # ---- what the policy checks -------------------------------------------------------------
+
+    def _check(self, step: int, timed: bool) -> str | None:
         """Read pending losses (one sync) and the scale; return a divergence reason or None."""
+        engine, settings = self.engine, self.settings
+        losses = engine.losses
         first = len(losses)
         for offset, value in enumerate(engine.read_losses()):
             at = first + offset
@@ -209,80 +278,154 @@ def _loop(engine: StepEngine, settings: ProbeSettings, started: float, out: dict
                 )
         if engine.mode.scales_loss:
             scale = engine.scale()
-            scales.append((step, scale))
+            self.scales.append((step, scale))
             if scale < 1:
                 return f"GradScaler scale fell to {scale:g} at step {step}"
-            if t_start is not None:
-                timed = step + 1 - warmup
-                skipped = timed - (engine.applied - applied_at_start)
-                if timed >= settings.check_every and skipped / timed > settings.max_skip_rate:
+            steps = self.timed_steps
+            if timed and steps >= settings.check_every:
+                skipped = steps - (engine.applied - self.applied_at_start)
+                if skipped / steps > settings.max_skip_rate:
                     return (
-                        f"GradScaler skipped {skipped} of {timed} steps after warmup "
+                        f"GradScaler skipped {skipped} of {steps} steps after warmup "
                         f"(limit {settings.max_skip_rate:.0%}) at step {step}, scale={scale:g}"
                     )
         return None
 
-    for i in range(total):
-        if i == warmup:
-            if engine.pending:
-                reason = check(i - 1)
-                if reason:
-                    out.update(outcome="diverged", reason=reason)
-                    return
-            engine.sync()
-            t_start = time.perf_counter()
-            applied_at_start = engine.applied
-        engine.step()
-        if i == 0 and warmup > 0:
-            # Marks the end of the first (costliest) step, for a probe its time limit stops
-            # inside warmup; without warmup this step is timed and must not sync.
-            engine.sync()
-            t_first = time.perf_counter()
-        last = i == total - 1
-        over_time = time.perf_counter() - started > settings.time_limit
-        if (i + 1) % settings.check_every == 0 or last or over_time:
-            c0 = time.perf_counter()
-            reason = check(i)
-            if t_start is not None:
-                check_seconds += time.perf_counter() - c0
-            if reason:
-                out.update(outcome="diverged", reason=reason)
-                return
-        if over_time and not last:
-            out["truncated"] = True
-            logger.info(
-                "probe stopped at its time limit of {} after {} steps",
-                format_duration(settings.time_limit),
-                engine.steps,
-            )
-            break
-    done = engine.steps
-    if engine.pending:
-        reason = check(done - 1)
+    def _diverged(self, reason: str | None) -> bool:
         if reason:
-            out.update(outcome="diverged", reason=reason)
+            self.outcome, self.reason = "diverged", reason
+        return reason is not None
+
+    def over_time(self) -> bool:
+        return time.perf_counter() - self.started > self.settings.time_limit
+
+    # ---- the phases ----------------------------------------------------------------------------
+
+    def warm_up(self) -> bool:
+        """Build and run the warm-up steps; False when the run already ended (diverged, or out
+        of time inside warm-up)."""
+        engine, settings = self.engine, self.settings
+        engine.build()
+        if settings.warmup_steps:
+            first = engine.run_steps(1)
+            self.first_step = first.seconds
+            rest = settings.warmup_steps - 1
+            if rest and not self.over_time():
+                self.warm_seconds = engine.run_steps(rest).step_time
+            if self._diverged(self._check(engine.steps - 1, timed=False)):
+                return False
+            if self.over_time():
+                self.truncated = True
+                return False
+        self.applied_at_start = engine.applied
+        self.block_steps = self._block_size(self.warm_seconds or self.first_step or 0.0)
+        return True
+
+    def _block_size(self, step_time: float) -> int:
+        """Steps per block: about a tenth of min_time, at most ``check_every``."""
+        settings = self.settings
+        if step_time > 0 and self.min_time > 0:
+            wanted = math.ceil(_BLOCK_SHARE * self.min_time / step_time)
+            return max(1, min(settings.check_every, wanted))
+        return max(1, min(settings.check_every, settings.steps))
+
+    def block(self, steps: int | None = None) -> bool:
+        """One timed block; False when the run ended (diverged, or its time limit)."""
+        k = steps or self.block_steps
+        block = self.engine.run_steps(k)
+        self.blocks.append(block)
+        if len(self.blocks) <= 2 and block.step_time > 0:
+            # The warm-up's step time includes first-use costs: size blocks by the timed ones.
+            self.block_steps = self._block_size(block.step_time)
+        c0 = time.perf_counter()
+        reason = self._check(self.engine.steps - 1, timed=True)
+        self.check_seconds += time.perf_counter() - c0
+        if self._diverged(reason):
+            return False
+        if self.over_time():
+            if not self.enough():
+                self.truncated = True
+                logger.info(
+                    "probe stopped at its time limit of {} after {} steps",
+                    format_duration(self.settings.time_limit),
+                    self.engine.steps,
+                )
+            return False
+        return True
+
+    @property
+    def timed_steps(self) -> int:
+        return sum(b.steps for b in self.blocks)
+
+    @property
+    def timed_seconds(self) -> float:
+        return sum(b.seconds for b in self.blocks)
+
+    def rates(self) -> list[float]:
+        """Each block's throughput, samples/s."""
+        bs = self.engine.candidate.batch_size
+        return [b.steps * bs / b.seconds for b in self.blocks if b.seconds > 0]
+
+    def enough(self) -> bool:
+        """Whether the timed phase has measured what it must (see the class docstring)."""
+        if self.timed_steps < self.settings.steps:
+            return False
+        if self.min_time <= 0:
+            return True
+        if self.timed_seconds < self.min_time or len(self.blocks) < _MIN_BLOCKS:
+            return False
+        if self.timed_seconds >= _MAX_TIME_FACTOR * self.min_time:
+            return True
+        return median_interval(self.rates()).half_width <= self.settings.precision
+
+    def measure(self) -> None:
+        """Warm up, then time blocks until enough (the probe's whole policy)."""
+        if not self.warm_up():
             return
-    engine.sync()
-    t_end = time.perf_counter()
-    if t_start is not None and done > warmup:
-        timed_steps, seconds = done - warmup, t_end - t_start
-    elif done > 1 and t_first is not None:
-        # Stopped inside warmup: score the steps after the first one (scored, and flagged).
-        timed_steps, seconds = done - 1, t_end - t_first
-    else:
-        timed_steps, seconds = done, t_end - started
-    # Stopped inside warmup: the steps scored as timed are no longer warmup.
-    out["warmup_steps"] = done - timed_steps
-    out["timed_steps"] = timed_steps
-    out["timed_seconds"] = seconds
-    out["check_seconds"] = check_seconds
-    if timed_steps and seconds > 0:
-        out["throughput"] = timed_steps * engine.candidate.batch_size / seconds
-        out["step_time"] = seconds / timed_steps
-    if timed_steps < settings.steps:
-        out["truncated"] = True
-        if not out.get("reason"):
-            out["reason"] = (
-                f"time limit {format_duration(settings.time_limit)} reached: scored on "
-                f"{timed_steps} of {settings.steps} timed steps"
-            )
+        while self.block() and not self.enough():
+            pass
+
+    # ---- the figures -------------------------------------------------------------------------
+
+    def fields(self) -> dict[str, Any]:
+        """The ProbeResult fields this run measured."""
+        engine, settings = self.engine, self.settings
+        out: dict[str, Any] = {
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "losses": list(engine.losses),
+            "scales": list(self.scales),
+            # Also on divergence: the skips are part of the evidence the reason refers to.
+            "skipped_steps": engine.skipped,
+            "check_seconds": self.check_seconds,
+            "truncated": self.truncated,
+        }
+        timed_steps, seconds = self.timed_steps, self.timed_seconds
+        rates = self.rates()
+        if not rates and engine.steps > 1 and self.warm_seconds:
+            # Stopped inside warmup: score the steps after the first one (scored, and flagged).
+            timed_steps = engine.steps - 1
+            seconds = self.warm_seconds * timed_steps
+            rates = [engine.candidate.batch_size / self.warm_seconds]
+        elif not rates and self.first_step:
+            timed_steps, seconds = engine.steps, self.first_step
+            rates = [engine.candidate.batch_size / self.first_step]
+        out["warmup_steps"] = engine.steps - timed_steps
+        out["timed_steps"] = timed_steps
+        out["timed_seconds"] = seconds
+        out["blocks"] = [(b.steps, b.seconds) for b in self.blocks]
+        if rates and self.outcome == "completed":
+            est = median_interval(rates)
+            out["throughput"] = est.value
+            out["throughput_low"] = est.low
+            out["throughput_high"] = est.high
+            out["step_time"] = engine.candidate.batch_size / est.value
+            out["spread"] = spread(rates)
+        if timed_steps < settings.steps:
+            out["truncated"] = True
+            if not out["reason"]:
+                out["reason"] = (
+                    f"time limit {format_duration(settings.time_limit)} reached: scored on "
+                    f"{timed_steps} of {settings.steps} timed steps"
+                )
+        return out

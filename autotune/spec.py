@@ -27,6 +27,7 @@ from autotune.errors import SpecError, format_validation_error
 
 __all__ = [
     "PRECISIONS",
+    "DEFAULT_MIN_TIME",
     "Candidate",
     "Duration",
     "PrecisionName",
@@ -125,15 +126,48 @@ class Candidate(_Model):
     channels_last: bool | None = None
 
 
+def _seconds_or_zero(value: Any, info: Any) -> float | None:
+    """A duration that may also be 0 (off) or None (the device's default)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    if isinstance(value, str) and value.strip() in ("0", "0s"):
+        return 0.0
+    return parse_duration(value, info.field_name or "duration")
+
+
+OptionalDuration = Annotated[
+    float | None,
+    BeforeValidator(_seconds_or_zero),
+    PlainSerializer(lambda v: None if v is None else format_duration(v) if v else 0.0),
+]
+
+# The timed phase lasts at least this long by default: a GPU step is short and steady, a CPU's
+# shares its cores with whatever else runs there.
+DEFAULT_MIN_TIME = {"cuda": 1.0, "cpu": 2.0}
+
+
 class ProbeSettings(_Model):
-    """How long one probe runs and what it calls divergence."""
+    """How long one probe runs and what it calls divergence.
+
+    The timed phase is measured in blocks of steps between two device syncs, and lasts until
+    it has run ``min_time`` *and* ``steps`` steps *and* the throughput's 95% interval is within
+    ``precision`` of its median (or until 4x ``min_time``, or ``time_limit``): long enough to
+    be measured, the way ``timeit`` sizes its runs by time, not by count.
+    """
 
     # Untimed steps first: cudnn autotune, allocator growth and scaler calibration happen here.
     warmup_steps: int = Field(default=3, ge=0)
-    # Timed steps: enough for a steady-state mean, short enough for many trials per budget.
+    # Timed steps at least: the parity check needs that much of the loss curve.
     steps: int = Field(default=20, gt=0)
-    # One host read of the loss every k steps keeps the check well under 2% of step time.
+    # The most steps between two loss reads (one host sync each); a timed block is at most
+    # this long, and shorter when its steps would take more than a tenth of min_time.
     check_every: int = Field(default=10, gt=0)
+    # Seconds the timed phase lasts at least; None: 1s on a GPU, 2s on a CPU; 0: count steps.
+    min_time: OptionalDuration = None
+    # Target relative half-width of the throughput's 95% interval (0.03: ±3%).
+    precision: float = Field(default=0.03, gt=0, le=1)
     # A loss this many times above its first value is a blow-up, not noise.
     loss_blowup_factor: float = Field(default=10.0, gt=1)
     # Past warmup, GradScaler should rarely skip; more than this share of skips is divergence.
@@ -254,7 +288,10 @@ class StudySpec(_Model):
         shape = {
             "workload": self.workload,
             "space": self.space.model_dump(mode="json"),
-            "probe": self.probe.model_dump(mode="json", exclude={"time_limit"}),
+            # How long a probe measures does not change the space; its step counts do.
+            "probe": self.probe.model_dump(
+                mode="json", exclude={"time_limit", "min_time", "precision"}
+            ),
             "objective": self.objective,
         }
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,198 @@
+"""A candidate and the fp32 reference measured side by side: their timed blocks interleaved.
+
+Two runs one after the other on a shared machine measure two different machines: a
+neighbour's job that starts in between slows only one of them. Interleaved blocks — candidate,
+reference, candidate, reference, … in one process, each run on its own model, optimizer and
+data — let drift and bursts hit both arms, and the speedup is the median of the per-pair
+ratios, with its interval (:func:`autotune.stats.ratio_estimate`).
+
+1. Both arms build from the same seed and warm up (untimed); each arm's backend flags are set
+   before each of its blocks (TF32 for one, IEEE for the other).
+2. Blocks alternate until the candidate has run ``min_time`` and ``steps`` steps, at least six
+   pairs are measured and the ratio's interval is within ``precision`` (or 4x ``min_time``, or
+   the time limit).
+3. The reference then runs on alone, untimed for the ratio, until it has seen as many samples
+   as the candidate's first ``steps`` steps: the parity check compares the two curves at equal
+   samples seen, over that horizon.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import torch
+from loguru import logger
+
+from autotune.memory import PeakMemory
+from autotune.precision import apply_backend_flags, get_mode, resolve_device
+from autotune.probe import TimedRun, leave_no_trace, unsupported_reason
+from autotune.result import PairedResult, ProbeResult
+from autotune.spec import Candidate, ProbeSettings
+from autotune.stats import ratio_estimate
+from autotune.step import StepEngine
+from autotune.workloads import Workload
+
+__all__ = ["run_paired"]
+
+# The ratio's interval needs this many pairs to mean anything.
+_MIN_PAIRS = 6
+_MAX_TIME_FACTOR = 4.0
+
+
+def run_paired(
+    workload: Workload,
+    candidate: Candidate,
+    reference: Candidate,
+    device: str | torch.device = "cpu",
+    settings: ProbeSettings | None = None,
+) -> PairedResult:
+    """Measure ``candidate`` and ``reference`` with their timed blocks interleaved.
+
+    Args:
+        workload: the workload both arms train.
+        candidate: the arm whose speedup is measured.
+        reference: the arm it is measured against (the fp32 reference).
+        device: ``cpu``, ``cuda:N`` or ``auto``.
+        settings: lengths (``steps`` is the candidate's horizon), precision, time limit, seed.
+
+    Returns:
+        A PairedResult: each arm's ProbeResult and the speedup with its interval. An arm that
+        diverges, runs out of memory or is unsupported ends the run with that outcome.
+
+    Raises:
+        WorkloadError: the workload breaks its contract.
+
+    Example:
+        >>> from autotune.workloads import tiny_mlp
+        >>> fp32 = Candidate(precision="fp32", batch_size=32, learning_rate=0.05)
+        >>> r = run_paired(tiny_mlp(), fp32, fp32, "cpu",
+        ...                ProbeSettings(warmup_steps=1, steps=4, min_time=0.2, time_limit=20))
+        >>> r.ok, r.pairs >= 6, 0.5 < r.speedup < 2.0
+        (True, True, True)
+    """
+    settings = settings or ProbeSettings()
+    dev = resolve_device(device)
+    started = time.perf_counter()
+    bases = {
+        name: {
+            "candidate": cand,
+            "workload": workload.reference or workload.name,
+            "device": str(dev),
+            "seed": settings.seed,
+            "planned_steps": settings.steps,
+            "batch_size": cand.batch_size,
+        }
+        for name, cand in (("candidate", candidate), ("reference", reference))
+    }
+    for name, cand in (("candidate", candidate), ("reference", reference)):
+        why = unsupported_reason(cand, dev)
+        if why is not None:
+            other = "reference" if name == "candidate" else "candidate"
+            return PairedResult(
+                **{
+                    name: ProbeResult(**bases[name], outcome="unsupported", reason=why),
+                    other: ProbeResult(
+                        **bases[other], outcome="unsupported", reason=f"the {name} arm: {why}"
+                    ),
+                }
+            )
+    with leave_no_trace():
+        torch.set_grad_enabled(True)
+        random.seed(settings.seed)
+        peak = PeakMemory(dev)
+        peak.start()
+        result = _interleave(workload, candidate, reference, dev, settings, started, bases)
+    result.candidate.wall_seconds = result.reference.wall_seconds = time.perf_counter() - started
+    logger.debug("paired {}", result.summary())
+    return result
+
+
+def _interleave(
+    workload: Workload,
+    candidate: Candidate,
+    reference: Candidate,
+    dev: torch.device,
+    settings: ProbeSettings,
+    started: float,
+    bases: dict[str, dict[str, Any]],
+) -> PairedResult:
+    modes = {"candidate": get_mode(candidate.precision), "reference": get_mode(reference.precision)}
+    runs: dict[str, TimedRun] = {}
+    engines = {
+        name: StepEngine(workload, cand, dev, seed=settings.seed)
+        for name, cand in (("candidate", candidate), ("reference", reference))
+    }
+    # The reference arm is timed by the pairs; its own steps floor is only what parity needs.
+    ref_settings = settings.model_copy(update={"steps": 1})
+    runs["candidate"] = TimedRun(engines["candidate"], settings, started)
+    runs["reference"] = TimedRun(engines["reference"], ref_settings, started)
+    ended: dict[str, str] = {}
+
+    def arm(name: str, action: Any) -> bool:
+        """Run one arm's action under its own flags; an OOM ends the pair."""
+        apply_backend_flags(modes[name])
+        holder: list[bool] = []
+        oom = engines[name].run(lambda e: holder.append(action()))
+        if oom is not None:
+            ended[name] = f"out of memory at batch_size={engines[name].candidate.batch_size}: {oom}"
+            return False
+        return bool(holder and holder[0])
+
+    def policy() -> None:
+        for name in ("candidate", "reference"):
+            # Same initial weights for both arms: the curves differ by their settings only.
+            torch.manual_seed(settings.seed)
+            if not arm(name, runs[name].warm_up):
+                return
+        # Both arms' blocks last about as long, so each pair sees the same stretch of time.
+        min_time = runs["candidate"].min_time
+        while True:
+            if not arm("candidate", runs["candidate"].block):
+                return
+            if not arm("reference", runs["reference"].block):
+                return
+            if _enough(runs, settings, min_time):
+                break
+        # The reference runs on until it has seen the samples of the candidate's horizon
+        # (``steps`` steps, or all it ran if fewer): parity compares at equal samples seen.
+        c, r = runs["candidate"].engine, runs["reference"].engine
+        horizon = min(c.steps, settings.warmup_steps + settings.steps) * c.candidate.batch_size
+        while r.steps * r.candidate.batch_size < horizon:
+            if not arm("reference", runs["reference"].block):
+                return
+
+    try:
+        policy()
+    finally:
+        fields = {name: runs[name].fields() for name in runs}
+        for engine in engines.values():
+            engine.close()
+    for name, why in ended.items():
+        fields[name].update(outcome="oom", reason=why, throughput=0.0)
+    results = {name: ProbeResult(**bases[name], **fields[name]) for name in runs}
+    out = PairedResult(candidate=results["candidate"], reference=results["reference"])
+    rates_c = runs["candidate"].rates()
+    pairs = min(len(rates_c), len(runs["reference"].rates()))
+    est = ratio_estimate(rates_c[:pairs], runs["reference"].rates()[:pairs])
+    if est is not None and out.candidate.ok and out.reference.ok:
+        out.speedup, out.speedup_low, out.speedup_high = est.value, est.low, est.high
+        out.pairs = est.n
+    return out
+
+
+def _enough(runs: dict[str, TimedRun], settings: ProbeSettings, min_time: float) -> bool:
+    """The candidate measured what it must and the pairs' ratio is tight (or time is up)."""
+    c, r = runs["candidate"], runs["reference"]
+    if c.timed_steps < settings.steps:
+        return False
+    pairs = min(len(c.blocks), len(r.blocks))
+    if min_time <= 0:
+        return pairs >= 1
+    if c.timed_seconds < min_time or pairs < _MIN_PAIRS:
+        return False
+    if c.timed_seconds >= _MAX_TIME_FACTOR * min_time:
+        return True
+    est = ratio_estimate(c.rates()[:pairs], r.rates()[:pairs])
+    return est is not None and est.half_width <= settings.precision
