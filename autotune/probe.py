@@ -207,6 +207,7 @@ def _train(
     unsupported = _check_autocast(mode, dev)
     if unsupported is not None:
         return unsupported
+    dtype = None if mode.autocast_dtype is None else str(mode.autocast_dtype).replace("torch.", "")
     # Cleared cache, reset peaks: this probe's peak memory is its own, not an earlier one's.
     peak = PeakMemory(dev)
     peak.start()
@@ -217,12 +218,14 @@ def _train(
     if oom is not None:
         return {
             **out,
+            "autocast_dtype": dtype,
             "outcome": "oom",
             "throughput": 0.0,
             "reason": f"out of memory at batch_size={candidate.batch_size}, step {engine.steps}: {oom}",
         }
     out["peak_memory_allocated"] = peak.allocated()
     out["peak_memory_reserved"] = peak.reserved()
+    out["autocast_dtype"] = dtype
     return out
 
 
@@ -307,13 +310,24 @@ class TimedRun:
         engine, settings = self.engine, self.settings
         engine.build()
         if settings.warmup_steps:
-            first = engine.run_steps(1)
-            self.first_step = first.seconds
-            rest = settings.warmup_steps - 1
-            if rest and not self.over_time():
-                self.warm_seconds = engine.run_steps(rest).step_time
-            if self._diverged(self._check(engine.steps - 1, timed=False)):
-                return False
+            # The first step apart: it carries first-use costs, and scores a run that its
+            # time limit stops inside warm-up.
+            self.first_step = engine.run_steps(1).seconds
+            left = settings.warmup_steps - 1
+            while True:
+                if (engine.steps % settings.check_every == 0 or not left) and self._diverged(
+                    self._check(engine.steps - 1, timed=False)
+                ):
+                    return False
+                if not left:
+                    break
+                if self.over_time():
+                    self.truncated = True
+                    return False
+                chunk = min(left, settings.check_every - engine.steps % settings.check_every)
+                block = engine.run_steps(chunk)
+                self.warm_seconds = block.step_time
+                left -= chunk
             if self.over_time():
                 self.truncated = True
                 return False

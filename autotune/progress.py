@@ -291,7 +291,9 @@ class SearchProgress:
             tol,
         )
 
-    def _update_best(self, standing: Standing) -> None:
+    def _update_best(self, standing: Standing | None) -> None:
+        if standing is None:
+            return
         best = {
             "value": standing.best,
             "params": standing.best_params,

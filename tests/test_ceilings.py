@@ -15,7 +15,7 @@ from autotune.spec import Candidate, ProbeSettings
 from autotune.workloads.testing import make_oom_workload
 
 MIB = 2**20
-TWO_STEPS = ProbeSettings(warmup_steps=0, steps=2)
+TWO_STEPS = ProbeSettings(warmup_steps=0, steps=2, min_time=0)
 
 
 def fake_try(fits_up_to: int, *, outcome_above: str = "oom") -> Callable[[int], ProbeResult]:

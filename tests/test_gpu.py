@@ -18,7 +18,7 @@ from autotune.workloads import load_workload
 
 pytestmark = pytest.mark.gpu
 
-SHORT = ProbeSettings(warmup_steps=2, steps=5, check_every=5)
+SHORT = ProbeSettings(warmup_steps=2, steps=5, check_every=5, min_time=0)
 STUDIES = Path(__file__).resolve().parent.parent / "studies"
 
 
@@ -94,7 +94,7 @@ def test_the_ceiling_finder_on_a_real_device_leaves_the_margin_free() -> None:
     dev = device()
     wl = load_workload("tiny_convnet")
     budget = memory_budget(dev, 0.1)
-    settings = ProbeSettings(warmup_steps=1, steps=1, check_every=1)
+    settings = ProbeSettings(warmup_steps=1, steps=1, check_every=1, min_time=0)
 
     def try_batch(bs: int):
         return run_probe(

@@ -17,7 +17,7 @@ from autotune.spec import Candidate, ProbeSettings
 from autotune.workloads import BUILTINS, Workload, load_workload
 from autotune.workloads.testing import make_oom_workload
 
-SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2)
+SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2, min_time=0)
 
 
 def candidate(
@@ -56,9 +56,13 @@ def test_each_mode_completes_on_cpu_with_consistent_figures(
     assert (r.warmup_steps, r.timed_steps, r.planned_steps) == (1, 4, 4)
     assert len(r.losses) == 1 + 4 and all(math.isfinite(x) for x in r.losses)
     assert r.throughput > 0
-    assert r.throughput == pytest.approx(r.timed_steps * r.batch_size / r.timed_seconds)
-    assert r.step_time == pytest.approx(r.timed_seconds / r.timed_steps)
-    assert 0 <= r.check_seconds <= r.timed_seconds < r.wall_seconds
+    # The throughput is the median of the timed blocks' rates, inside its own interval.
+    assert sum(n for n, _ in r.blocks) == r.timed_steps
+    assert sum(s for _, s in r.blocks) == pytest.approx(r.timed_seconds)
+    rates = sorted(n * r.batch_size / s for n, s in r.blocks)
+    assert rates[0] <= r.throughput_low <= r.throughput <= r.throughput_high <= rates[-1]
+    assert r.step_time == pytest.approx(r.batch_size / r.throughput)
+    assert 0 <= r.check_seconds < r.wall_seconds and r.timed_seconds < r.wall_seconds
 
 
 def test_tf32_is_unsupported_on_cpu_with_a_reason() -> None:
@@ -80,7 +84,7 @@ def test_fp16_scale_trace_and_skipped_steps() -> None:
     # 2^24 is far above what tiny_mlp's fp16 gradients fit: the scaler skips and halves during
     # warmup until they fit, then trains; growth_interval=2000 never lets it grow back.
     init = 2.0**24
-    settings = ProbeSettings(warmup_steps=12, steps=4, check_every=1)
+    settings = ProbeSettings(warmup_steps=12, steps=4, check_every=1, min_time=0)
     r = run_probe(workload("tiny_mlp"), candidate("fp16", init_scale=init), "cpu", settings)
     assert r.outcome == "completed", r.reason
     assert [step for step, _ in r.scales] == list(range(16))
@@ -101,7 +105,7 @@ def test_modes_without_a_scaler_have_no_scale_trace(precision: str) -> None:
     ("lr", "outcome"), [(0.01, "completed"), (1.0, "diverged"), (50.0, "diverged")]
 )
 def test_diverging_workload_blows_up_only_at_high_lr(lr: float, outcome: str) -> None:
-    settings = ProbeSettings(warmup_steps=1, steps=20, check_every=5)
+    settings = ProbeSettings(warmup_steps=1, steps=20, check_every=5, min_time=0)
     r = run_probe(workload("diverging"), candidate(batch_size=32, lr=lr), "cpu", settings)
     assert r.outcome == outcome, r.reason
     if outcome == "completed":
@@ -129,14 +133,14 @@ def test_fp16_overflow_diverges_only_in_fp16(precision: str, outcome: str) -> No
 
 def test_persistent_grad_scaler_skips_are_divergence() -> None:
     # Scale 2^60 overflows every fp16 gradient: the scaler skips far more than max_skip_rate.
-    settings = ProbeSettings(warmup_steps=1, steps=20, check_every=10)
+    settings = ProbeSettings(warmup_steps=1, steps=20, check_every=10, min_time=0)
     r = run_probe(workload("tiny_mlp"), candidate("fp16", init_scale=2.0**60), "cpu", settings)
     assert r.outcome == "diverged"
-    # The check at step 9 has seen 9 timed steps, fewer than check_every: no verdict yet.
+    # The first timed block has check_every steps: enough for a verdict at its end.
     assert r.reason.startswith(
-        "GradScaler skipped 19 of 19 steps after warmup (limit 25%) at step 19"
+        "GradScaler skipped 10 of 10 steps after warmup (limit 25%) at step 10"
     )
-    assert r.skipped_steps == 20  # the warmup step is skipped too
+    assert r.skipped_steps == 11  # the warmup step is skipped too
 
 
 def test_non_scalar_loss_is_a_workload_error_naming_the_workload() -> None:
@@ -212,7 +216,7 @@ def test_same_seed_same_losses_other_seed_other_losses(precision: str) -> None:
 
 @pytest.mark.parametrize("warmup", [0, 1], ids=["stopped-in-timed-window", "stopped-in-warmup"])
 def test_time_limit_truncates_but_still_scores(warmup: int) -> None:
-    settings = ProbeSettings(warmup_steps=warmup, steps=50, time_limit=0.001)
+    settings = ProbeSettings(warmup_steps=warmup, steps=50, time_limit=0.001, min_time=0)
     r = run_probe(workload("tiny_mlp"), candidate(), "cpu", settings)
     assert r.outcome == "completed", r.reason
     assert r.truncated

@@ -17,7 +17,18 @@ from loguru import logger
 from rich.console import Console
 
 from autotune.progress import SearchProgress
-from autotune.search import Budget
+from autotune.ceilings import Ceiling
+from autotune.search import (
+    Budget,
+    CeilingFound,
+    Event,
+    HardwareChecked,
+    PhaseStarted,
+    Standing,
+    TrialFinished,
+    TrialStarted,
+)
+from autotune.spec import Candidate
 
 ROOT = Path(__file__).resolve().parent.parent
 # Anything below 0x20 but newline and tab, and DEL: escapes, carriage returns, backspaces.
@@ -27,43 +38,45 @@ REF = {"precision": "fp32", "batch_size": 32, "lr_multiplier": 1.0}
 BF16 = {"precision": "bf16", "batch_size": 64, "lr_multiplier": 1.2}
 
 
-def standing(best: dict | None, best_tp: float | None, ref_tp: float | None = 1000.0) -> dict:
-    return {
-        "reference_throughput": ref_tp,
-        "best": best_tp,
-        "best_params": best,
-        "best_throughput": best_tp,
-    }
+def standing(best: dict | None, best_tp: float | None, ref_tp: float | None = 1000.0) -> Standing:
+    speedup = best_tp / ref_tp if best_tp and ref_tp else None
+    return Standing(
+        best=speedup,
+        best_params=best,
+        best_throughput=best_tp,
+        best_speedup=speedup,
+        reference_throughput=ref_tp,
+    )
 
 
-def cand(precision: str, bs: int, lr: float = 0.2, init_scale: float = 65536.0) -> dict:
-    return {"precision": precision, "batch_size": bs, "learning_rate": lr, "init_scale": init_scale}
+def cand(precision: str, bs: int, lr: float = 0.2, init_scale: float = 65536.0) -> Candidate:
+    return Candidate(precision=precision, batch_size=bs, learning_rate=lr, init_scale=init_scale)
 
 
 # One short search, as run_search reports it: every kind of event and outcome once.
-EVENTS: list[tuple[str, dict]] = [
-    ("hardware", {"modes": ["fp32", "fp16", "bf16"], "cut": {"tf32": "a CUDA feature"}}),
-    ("phase", {"phase": "ceilings", "mode": "fp32"}),
-    ("ceiling", {"mode": "fp32", "ceiling": {"batch_size": 128}}),
-    ("phase", {"phase": "ceilings", "mode": "bf16"}),
-    ("ceiling", {"mode": "bf16", "ceiling": {"batch_size": 64}}),
-    ("phase", {"phase": "search"}),
-    ("trial", {"number": 0, "candidate": cand("fp32", 32)}),
-    ("result", {"number": 0, "outcome": "completed", "throughput": 1000.0, "gap": None,
-                **standing(REF, 1000.0)}),
-    ("trial", {"number": 1, "candidate": cand("fp16", 256, init_scale=1024.0)}),
-    ("result", {"number": 1, "outcome": "oom", "reason": "out of memory at batch_size=256",
-                **standing(REF, 1000.0)}),
-    ("trial", {"number": 2, "candidate": cand("bf16", 64, 0.48)}),
-    ("result", {"number": 2, "outcome": "completed", "throughput": 1500.0, "gap": 0.01,
-                **standing(BF16, 1500.0)}),
-    ("trial", {"number": 3, "candidate": cand("bf16", 64, 0.48)}),  # a twin: no result follows
-    ("trial", {"number": 4, "candidate": cand("fp16", 32)}),
-    ("result", {"number": 4, "outcome": "infeasible", "throughput": 1700.0, "gap": 0.07,
-                **standing(BF16, 1500.0)}),
-    ("trial", {"number": 5, "candidate": cand("bf16", 32)}),
-    ("result", {"number": 5, "outcome": "crashed", "reason": "worker process died"}),
-    ("phase", {"phase": "validation"}),
+EVENTS: list[Event] = [
+    HardwareChecked(modes=["fp32", "fp16", "bf16"], cut={"tf32": "a CUDA feature"}),
+    PhaseStarted(phase="ceilings", mode="fp32"),
+    CeilingFound(mode="fp32", ceiling=Ceiling(precision="fp32", batch_size=128, limited_by="cap")),
+    PhaseStarted(phase="ceilings", mode="bf16"),
+    CeilingFound(mode="bf16", ceiling=Ceiling(precision="bf16", batch_size=64, limited_by="memory")),
+    PhaseStarted(phase="search"),
+    TrialStarted(number=0, candidate=cand("fp32", 32)),
+    TrialFinished(number=0, outcome="completed", throughput=1000.0, speedup=1.0,
+                  standing=standing(REF, 1000.0)),
+    TrialStarted(number=1, candidate=cand("fp16", 256, init_scale=1024.0)),
+    TrialFinished(number=1, outcome="oom", reason="out of memory at batch_size=256",
+                  standing=standing(REF, 1000.0)),
+    TrialStarted(number=2, candidate=cand("bf16", 64, 0.48)),
+    TrialFinished(number=2, outcome="completed", throughput=1500.0, speedup=1.5, gap=0.01,
+                  standing=standing(BF16, 1500.0)),
+    TrialStarted(number=3, candidate=cand("bf16", 64, 0.48)),  # a twin: no result follows
+    TrialStarted(number=4, candidate=cand("fp16", 32)),
+    TrialFinished(number=4, outcome="infeasible", throughput=1700.0, speedup=1.7, gap=0.07,
+                  standing=standing(BF16, 1500.0)),
+    TrialStarted(number=5, candidate=cand("bf16", 32)),
+    TrialFinished(number=5, outcome="crashed", reason="worker process died"),
+    PhaseStarted(phase="validation"),
 ]  # fmt: skip
 
 
@@ -76,9 +89,9 @@ def messages() -> Iterator[list[str]]:
     logger.remove(handler)
 
 
-def feed(progress: SearchProgress, events: list[tuple[str, dict]] = EVENTS) -> None:
-    for kind, data in events:
-        progress(kind, data)
+def feed(progress: SearchProgress, events: list[Event] = EVENTS) -> None:
+    for event in events:
+        progress(event)
 
 
 def test_plain_mode_logs_each_result_with_the_standing(messages: list[str]) -> None:
@@ -118,7 +131,7 @@ def test_live_view_shows_the_state_and_stops_cleanly_on_ctrl_c(messages: list[st
     assert progress.live is True
     with pytest.raises(KeyboardInterrupt), progress:
         feed(progress, EVENTS[:-1])
-        progress("trial", {"number": 6, "candidate": cand("bf16", 128)})
+        progress(TrialStarted(number=6, candidate=cand("bf16", 128)))
         time.sleep(0.3)  # at least one refresh from the live view's thread
         raise KeyboardInterrupt
     assert progress._live is None
@@ -179,4 +192,4 @@ def test_search_output_has_no_control_characters_when_not_a_terminal(tmp_path: P
     assert "config written to" in proc.stdout and "report written to" in proc.stdout
     assert (out_dir / "best.json").is_file() and (out_dir / "report.html").is_file()
     log = (out_dir / "search.log").read_text()
-    assert "| INFO    | autotune.search:" in log and "phase search at" in log
+    assert "| INFO    | autotune.search." in log and "phase search at" in log

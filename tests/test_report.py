@@ -127,7 +127,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
         runner.run(
             spec.workload,
             Candidate(precision=mode, batch_size=32, learning_rate=0.1),
-            ProbeSettings(warmup_steps=0, steps=1, check_every=1, time_limit="20s"),
+            ProbeSettings(warmup_steps=0, steps=1, check_every=1, time_limit="20s", min_time=0),
         )
     for _ in range(3):
         result = run_search(spec, out_dir=tmp / "out", runner=runner)

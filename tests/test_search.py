@@ -56,22 +56,36 @@ def test_end_to_end_search_writes_a_config_that_loads_and_keeps_its_budget(tmp_p
     assert spec.space.batch_size.min <= cfg.batch_size <= spec.space.batch_size.max
     assert cfg.evidence.trials.complete >= 2
     assert cfg.environment.torch
-    # Both baselines ran and are comparable.
+    # The fp32 reference ran as the baseline (not a trial), long enough for the parity curve,
+    # and the plain AMP recipe ran as the first fp16 trial.
+    ref = result.reference
+    assert ref is not None and (ref.precision, ref.batch_size) == ("fp32", 32)
+    assert len(ref.finite_losses) >= spec.probe.steps and ref.measurements
+    assert all(t.params.get("precision") != "fp32" or t.user_attrs.get("role") is None
+               for t in result.study.trials)  # fmt: skip
     roles = {t.user_attrs.get("role"): t for t in result.study.trials}
-    assert roles["reference"].state == TrialState.COMPLETE
-    assert roles["reference"].params["precision"] == "fp32"
     assert roles["amp_recipe"].params == {
         "precision": "fp16",
         "batch_size": 32,
         "lr_multiplier": 1.0,
         "init_scale": 65536.0,
     }
+    # Each trial's speedup divides by a reference measured close to it: fp16 is far slower.
     fp16 = [
-        t.user_attrs["throughput"]
+        t.user_attrs["speedup"]
         for t in trials_by_state(result.study, TrialState.COMPLETE)
         if t.params["precision"] == "fp16"
     ]
-    assert fp16 and max(fp16) < roles["reference"].user_attrs["throughput"]
+    assert fp16 and max(fp16) < 1.0
+    if cfg.evidence.validated:
+        ev = cfg.evidence
+        assert ev.speedup_low <= ev.speedup <= ev.speedup_high and ev.paired_blocks > 0
+        assert ev.speedup_low >= spec.validation.min_speedup
+    else:
+        # A fallback describes the reference, consistently.
+        ev = cfg.evidence
+        assert (cfg.precision, cfg.batch_size) == ("fp32", 32)
+        assert ev.throughput == ev.baseline_throughput and ev.speedup == 1.0
     # tf32 is cut on CPU, with the reason recorded in the config.
     assert "tf32" in cfg.evidence.cut and "CUDA" in cfg.evidence.cut["tf32"]
     # Nothing written to storage is NaN.
@@ -159,9 +173,12 @@ def test_running_again_resumes_the_same_study(tmp_path: Path) -> None:
     assert len(after) > len(before)
     # Nothing finished is lost or overwritten.
     assert {n: after[n] for n in before} == before
-    # The baselines were not enqueued a second time.
+    # The baselines were not enqueued a second time; the reference's curve was kept and its
+    # throughput measured again for the new run.
     roles = [t.user_attrs.get("role") for t in second.study.trials]
-    assert roles.count("reference") == 1
+    assert roles.count("amp_recipe") == 1
+    assert second.reference.losses == first.reference.losses
+    assert len(second.reference.measurements) > len(first.reference.measurements)
 
 
 def test_a_study_name_with_a_different_space_is_refused_and_kept(tmp_path: Path) -> None:
@@ -190,3 +207,13 @@ def test_budget_counts_from_the_given_clock(tmp_path: Path) -> None:
     result = run_search(spec, out_dir=tmp_path / "out", runner=InProcessRunner("cpu"), budget=clock)
     assert clock.elapsed() < 10 + 30
     assert result.path.is_file()
+
+
+def test_the_specs_space_is_the_space(tmp_path: Path) -> None:
+    """fp32 runs as the reference, but only listed modes are searched."""
+    spec = tiny_spec(tmp_path, name="only-bf16", budget="12s", space={"precisions": ["bf16"]})
+    result = run_search(spec, out_dir=tmp_path / "out", runner=InProcessRunner("cpu"))
+    searched = {t.params.get("precision") for t in result.study.trials if t.params}
+    assert searched == {"bf16"}
+    assert result.reference is not None and result.reference.measurements
+    assert result.config.precision in ("bf16", "fp32")  # bf16, or the reference's fallback

@@ -19,7 +19,7 @@ from autotune.spec import Candidate, ProbeSettings
 from autotune.worker import InProcessRunner, ProbeWorker
 from autotune.workloads import load_workload
 
-SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2)
+SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2, min_time=0)
 CRASHING = "autotune_test_crashing_workload:crashes"
 
 
@@ -117,7 +117,7 @@ def test_hard_timeout_kills_the_probe_and_the_next_run_restarts_the_worker(
 ) -> None:
     worker.run("tiny_mlp", cand(), SHORT, timeout=60)
     pid, starts = worker.pid, worker.starts
-    endless = ProbeSettings(warmup_steps=1, steps=1_000_000)
+    endless = ProbeSettings(warmup_steps=1, steps=1_000_000, min_time=0)
     started = time.perf_counter()
     r = worker.run("tiny_gpt", cand(batch_size=8, lr=0.003), endless, timeout=2)
     assert time.perf_counter() - started < 10

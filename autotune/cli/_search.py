@@ -149,9 +149,9 @@ def _report_args(spec: Any, out: Path | None) -> str:
 
 def _log_outcome(result: Any) -> None:
     """The search's final decisions, into the log file too (the summary table is stdout only)."""
-    for line in result.rejected:
-        if "failed validation" in line:
-            logger.info("rejected in validation: {}", line)
+    for rejection in result.rejected:
+        if rejection.stage == "validation":
+            logger.info("rejected in validation: {}", rejection)
     cfg = result.config
     if cfg is None:
         return
@@ -204,9 +204,17 @@ def _print_summary(result: Any) -> None:
         winner += f" init_scale={cfg.grad_scaler.init_scale:g}"
     status = "validated" if ev.validated else "NOT validated: fp32 fallback"
     table.add_row("winner", winner, _fmt_tp(ev.throughput), f"{ev.speedup:.2f}x", status)
-    ref_tp = result.baselines["reference"].get("throughput")
-    for role, label in (("reference", "fp32 reference"), ("amp_recipe", "plain AMP recipe")):
-        b = result.baselines[role]
+    latest = result.reference.latest() if result.reference is not None else None
+    ref_tp = latest.throughput if latest is not None else None
+    reference = {
+        "label": f"fp32 bs={result.reference.batch_size}" if result.reference else "—",
+        "throughput": ref_tp,
+        "outcome": "measured" if latest is not None else "not run",
+    }
+    for b, label in (
+        (reference, "fp32 reference"),
+        (result.baselines["amp_recipe"], "plain AMP recipe"),
+    ):
         tp = b.get("throughput")
         ratio = f"{tp / ref_tp:.2f}x" if tp and ref_tp else "—"
         outcome = b.get("outcome", "")

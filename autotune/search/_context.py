@@ -77,14 +77,22 @@ class SearchContext:
         recent = self.probe_seconds[-10:]
         return statistics.median(recent) if recent else default
 
-    def run_probe(self, candidate: Candidate, settings: ProbeSettings) -> ProbeResult:
-        """Run one probe in the runner: gated, counted against the budget, hard-limited."""
+    def run_probe(
+        self, candidate: Candidate, settings: ProbeSettings, *, floor: bool = False
+    ) -> ProbeResult:
+        """Run one probe in the runner: gated, counted against the budget, hard-limited.
+
+        The hard limit is the soft limit plus a grace, cut to what the budget has left unless
+        ``floor`` (a probe the search cannot do without, like the reference's).
+        """
         self.stop_if_asked()
         if self.gate is not None:
             with self.budget.paused():
                 self.gate(candidate)
         left = self.budget.left()
-        hard = min(settings.time_limit + HARD_GRACE, max(settings.time_limit + 1.0, left))
+        hard = settings.time_limit + HARD_GRACE
+        if not floor:
+            hard = min(hard, max(settings.time_limit + 1.0, left))
         t0 = time.monotonic()
         result = self.runner.run(self.workload, candidate, settings, timeout=hard)
         self.probe_seconds.append(time.monotonic() - t0)

@@ -84,7 +84,8 @@ class TrialFinished:
     throughput: float | None = None
     speedup: float | None = None
     gap: float | None = None
-    standing: Standing = field(default_factory=Standing)
+    # The best so far after this trial; None when the event does not say.
+    standing: Standing | None = None
     kind: str = field(default="result", init=False)
 
 

@@ -23,8 +23,10 @@ from autotune.trials import ReferenceMeasurement, ReferenceRecord, reference_key
 
 __all__ = ["ReferenceKeeper", "ReferenceUnavailable"]
 
-# The long first run takes at most this share of the budget.
+# The long first run takes at most this share of the budget ...
 _CURVE_SHARE = 0.15
+# ... and at least this many seconds (or the probe's own time limit, if shorter).
+_REFERENCE_FLOOR = 3.0
 # Re-measure when the last measurement is older than this many typical trials ...
 _REFRESH_TRIALS = 6
 # ... but never more often than this (seconds), and at least this often after drift.
@@ -92,11 +94,15 @@ class ReferenceKeeper:
         # a probe of the largest batch size does.
         factor = reference_factor(max(ctx.space.ladder), cand.batch_size)
         probe = ctx.spec.probe
+        # Without the reference nothing can be compared: it gets its floor even when the
+        # budget is nearly spent (the search then ends with it as the config).
+        floor = min(probe.time_limit, _REFERENCE_FLOOR)
         limit = max(
-            1.0, min(probe.time_limit * factor, _CURVE_SHARE * ctx.budget.total, ctx.budget.left())
+            floor,
+            min(probe.time_limit * factor, _CURVE_SHARE * ctx.budget.total, ctx.budget.left()),
         )
         settings = probe.model_copy(update={"steps": probe.steps * factor, "time_limit": limit})
-        result = ctx.run_probe(cand, settings)
+        result = ctx.run_probe(cand, settings, floor=True)
         if not result.ok:
             raise ReferenceUnavailable(result)
         self.record = ReferenceRecord(
@@ -146,7 +152,7 @@ class ReferenceKeeper:
         probe = ctx.spec.probe
         limit = max(1.0, min(probe.time_limit, ctx.budget.left()))
         settings = probe.model_copy(update={"time_limit": limit})
-        result = ctx.run_probe(self.record.candidate(), settings)
+        result = ctx.run_probe(self.record.candidate(), settings, floor=True)
         previous = self.record.latest()
         if not result.ok or result.throughput <= 0:
             logger.warning("fp32 reference re-measurement {}: {}", result.outcome, result.reason)

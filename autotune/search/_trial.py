@@ -279,7 +279,14 @@ class TrialStep:
         TrialRecord(outcome=outcome, reason=reason).write(trial)
         self.study.tell(trial, state=TrialState.FAIL)
         logger.warning("trial {} failed: {}", trial.number, reason)
-        self.ctx.emit(TrialFinished(number=trial.number, outcome=outcome, reason=reason))
+        self.ctx.emit(
+            TrialFinished(
+                number=trial.number,
+                outcome=outcome,
+                reason=reason,
+                standing=standing(self.study, self._latest()),
+            )
+        )
 
     def retry(self, trial: optuna.Trial) -> None:
         """A crashed or interrupted trial runs once more (a crash may be the worker, not the

@@ -15,6 +15,7 @@ from autotune.workloads._builtin import _class_images, tiny_convnet, tiny_mlp
 __all__ = [
     "OOM_LIMIT",
     "diverging",
+    "drifting",
     "fp16_overflow",
     "make_oom_workload",
     "non_scalar_loss",
@@ -191,4 +192,35 @@ def sleepy() -> Workload:
         base_batch_size=32,
         loss=loss,
         description="tiny MLP whose every step sleeps a fixed time",
+    )
+
+
+def drifting(step_seconds: float = 0.004, drift_per_second: float = 1.0) -> Workload:
+    """A machine that slows down as you measure it: every step sleeps ``step_seconds``, times
+    ``1 + drift_per_second × seconds since the workload was made``, whatever its batch size.
+
+    So a batch twice as large is exactly twice as fast in samples/s at any moment, while the
+    machine itself drifts: a paired measurement sees the 2x, one run after the other does not.
+    """
+    import time
+
+    made = time.monotonic()
+    base = tiny_mlp()
+
+    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        time.sleep(step_seconds * (1 + drift_per_second * (time.monotonic() - made)))
+        x, y = batch
+        return nn.functional.cross_entropy(model(x), y)
+
+    return Workload(
+        name="drifting",
+        build_model=base.build_model,
+        make_batches=lambda bs, dev, g: synthetic_batches(
+            _class_images(10, (64,), noise=1.5), bs, dev, g, samples=512
+        ),
+        build_optimizer=base.build_optimizer,
+        base_lr=base.base_lr,
+        base_batch_size=16,
+        loss=loss,
+        description="tiny MLP whose steps sleep longer and longer: a drifting machine",
     )

@@ -1,0 +1,74 @@
+"""Intervals on synthetic timings with known noise, and paired ratios under drift."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from autotune.stats import Estimate, median_interval, paired_ratios, ratio_estimate, spread
+
+
+def test_the_median_interval_covers_the_true_median_about_as_often_as_it_says() -> None:
+    rng = random.Random(1)
+    true = 100.0
+    hits = 0
+    runs = 2000
+    for _ in range(runs):
+        # Lognormal block rates around 100 (median exactly 100), 10% noise, and now and then a
+        # block slowed by a neighbour.
+        values = [true * math.exp(rng.gauss(0, 0.1)) for _ in range(12)]
+        values[rng.randrange(12)] *= 0.5
+        est = median_interval(values)
+        hits += est.low <= true <= est.high
+    # 95% nominal; the order-statistic interval is conservative (about 96% at n=12).
+    assert hits / runs > 0.93
+
+
+def test_an_outlier_block_does_not_move_the_median_or_widen_its_interval_much() -> None:
+    steady = [100.0, 101.0, 99.0, 100.5, 99.5, 100.0, 100.2, 99.8]
+    noisy = steady + [20.0]  # one block slowed five-fold by a neighbour
+    a, b = median_interval(steady), median_interval(noisy)
+    assert b.value == pytest.approx(a.value, rel=0.01)
+    assert b.half_width < 0.05
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_few_values_give_the_whole_range_not_false_precision(n: int) -> None:
+    values = [float(v) for v in range(10, 10 + n)]
+    est = median_interval(values)
+    assert (est.low, est.high, est.n) == (min(values), max(values), n)
+
+
+def test_an_empty_list_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one value"):
+        median_interval([])
+
+
+def test_paired_ratios_cancel_a_drift_that_sequential_runs_would_take_for_a_speedup() -> None:
+    # The machine slows by 5% per block; the candidate (a) is truly 2x the reference (b).
+    a, b = [], []
+    for i in range(10):
+        a.append(200.0 / (1 + 0.05 * (2 * i)))  # a runs first in each pair
+        b.append(100.0 / (1 + 0.05 * (2 * i + 1)))
+    est = ratio_estimate(a, b)
+    assert est is not None and est.low <= 2.0 * 1.03 and est.high >= 2.0 * 0.97
+    # Measured one after the other (all of a, then all of b), the drift would read as 2.5x+.
+    sequential = (sum(a[:5]) / 5) / (sum(b[5:]) / 5)
+    assert sequential > 2.4
+    assert len(paired_ratios(a, b)) == 10
+
+
+def test_spread_reads_quiet_and_busy_machines_apart() -> None:
+    quiet = [100.0 + d for d in (0, 1, -1, 0.5, -0.5, 0.2, -0.2, 0.1)]
+    busy = [100.0, 60.0, 110.0, 45.0, 100.0, 70.0, 105.0, 50.0]
+    assert spread(quiet) < 0.02 < 0.3 < spread(busy)
+    assert spread([1.0, 2.0]) == 0.0
+
+
+def test_estimate_text_and_half_width() -> None:
+    e = Estimate(1.93, 1.85, 2.01, 12)
+    assert e.text(".2f", "x") == "1.93x (1.85x–2.01x)"
+    assert e.half_width == pytest.approx(0.08 / 1.93)
+    assert Estimate(0.0, 0.0, 0.0, 1).half_width == math.inf
