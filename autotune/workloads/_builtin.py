@@ -10,13 +10,13 @@ from torch.nn import functional as F
 
 from autotune.workloads._base import Batch, Workload, synthetic_batches
 
-__all__ = ["BUILTINS", "resnet18", "tiny_convnet", "tiny_gpt", "tiny_mlp"]
+__all__ = ["BUILTINS", "class_images", "resnet18", "tiny_convnet", "tiny_gpt", "tiny_mlp"]
 
 # Fixed, so every probe of a workload sees the same data distribution whatever its seed.
 _DATA_SEED = 1234
 
 
-def _class_images(classes: int, shape: tuple[int, ...], noise: float, signal: float = 0.5):
+def class_images(classes: int, shape: tuple[int, ...], noise: float, signal: float = 0.5):
     """Images drawn around one fixed prototype per class: a classifier can learn them.
 
     ``signal`` scales the prototypes against unit-variance noise: at 0.5 a convnet's loss falls
@@ -51,7 +51,7 @@ def resnet18() -> Workload:
     """
     from torchvision.models import resnet18 as tv_resnet18
 
-    make = _class_images(10, (3, 32, 32), noise=1.0)
+    make = class_images(10, (3, 32, 32), noise=1.0)
     return Workload(
         name="resnet18",
         build_model=lambda: tv_resnet18(num_classes=10),
@@ -87,7 +87,7 @@ class _TinyConvNet(nn.Module):
 
 def tiny_convnet() -> Workload:
     """A two-layer convnet on 3×16×16 synthetic images: a test-sized conv workload."""
-    make = _class_images(10, (3, 16, 16), noise=1.0)
+    make = class_images(10, (3, 16, 16), noise=1.0)
     return Workload(
         name="tiny_convnet",
         build_model=_TinyConvNet,
@@ -104,7 +104,7 @@ def tiny_convnet() -> Workload:
 
 def tiny_mlp() -> Workload:
     """A two-layer MLP on 64-feature synthetic vectors: the smallest useful workload."""
-    make = _class_images(10, (64,), noise=1.5)
+    make = class_images(10, (64,), noise=1.5)
     return Workload(
         name="tiny_mlp",
         build_model=lambda: nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)),

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from autotune.workloads._base import Batch, Workload, synthetic_batches
-from autotune.workloads._builtin import _class_images, tiny_convnet, tiny_mlp
+from autotune.workloads._builtin import class_images, tiny_convnet, tiny_mlp
 
 __all__ = [
     "OOM_LIMIT",
@@ -109,7 +109,7 @@ class _Overflow(nn.Module):
 
 def fp16_overflow() -> Workload:
     """Trains fine in fp32 and bf16; fp16 overflows to inf in the layer ``amplify``."""
-    make = _class_images(10, (64,), noise=1.5)
+    make = class_images(10, (64,), noise=1.5)
     return Workload(
         name="fp16_overflow",
         build_model=_Overflow,
@@ -185,7 +185,7 @@ def sleepy() -> Workload:
         name="sleepy",
         build_model=base.build_model,
         make_batches=lambda bs, dev, g: synthetic_batches(
-            _class_images(10, (64,), noise=1.5), bs, dev, g, samples=256
+            class_images(10, (64,), noise=1.5), bs, dev, g, samples=256
         ),
         build_optimizer=base.build_optimizer,
         base_lr=base.base_lr,
@@ -216,7 +216,7 @@ def drifting(step_seconds: float = 0.004, drift_per_second: float = 1.0) -> Work
         name="drifting",
         build_model=base.build_model,
         make_batches=lambda bs, dev, g: synthetic_batches(
-            _class_images(10, (64,), noise=1.5), bs, dev, g, samples=512
+            class_images(10, (64,), noise=1.5), bs, dev, g, samples=512
         ),
         build_optimizer=base.build_optimizer,
         base_lr=base.base_lr,
