@@ -30,6 +30,7 @@ import torch
 from loguru import logger
 
 from autotune.memory import PeakMemory
+from autotune.parity import parity_gap
 from autotune.precision import (
     PrecisionMode,
     apply_backend_flags,
@@ -41,7 +42,7 @@ from autotune.precision import (
     unsupported_modes,
 )
 from autotune.result import ProbeResult
-from autotune.spec import DEFAULT_MIN_TIME, Candidate, ProbeSettings, format_duration
+from autotune.spec import DEFAULT_MIN_TIME, Candidate, EarlyStop, ProbeSettings, format_duration
 from autotune.stats import median_interval, spread
 from autotune.step import Block, StepEngine
 from autotune.workloads import Workload
@@ -124,6 +125,8 @@ def run_probe(
     candidate: Candidate,
     device: str | torch.device = "cpu",
     settings: ProbeSettings | None = None,
+    *,
+    early_stop: EarlyStop | None = None,
 ) -> ProbeResult:
     """Train ``workload`` for ``warmup_steps + steps`` under ``candidate`` and measure it.
 
@@ -132,9 +135,11 @@ def run_probe(
         candidate: precision, batch size, learning rate and GradScaler settings.
         device: ``cpu``, ``cuda:N`` or ``auto``.
         settings: probe lengths, check interval, divergence thresholds, time limit and seed.
+        early_stop: when to stop before the timed phase is done (``slower``, ``off_parity``).
 
     Returns:
-        A ProbeResult. Divergence, OOM and unsupported modes are outcomes, not exceptions.
+        A ProbeResult. Divergence, OOM, unsupported modes and early stops are outcomes, not
+        exceptions.
 
     Raises:
         WorkloadError: the workload breaks its contract (e.g. its loss is not a scalar tensor).
@@ -168,7 +173,7 @@ def run_probe(
         torch.manual_seed(settings.seed)
         random.seed(settings.seed)
         apply_backend_flags(mode)
-        fields = _train(workload, candidate, dev, mode, settings, started)
+        fields = _train(workload, candidate, dev, mode, settings, started, early_stop)
     fields["wall_seconds"] = time.perf_counter() - started
     result = ProbeResult(**base, **fields)
     logger.debug("probe {}", result.summary())
@@ -203,6 +208,7 @@ def _train(
     mode: PrecisionMode,
     settings: ProbeSettings,
     started: float,
+    early_stop: EarlyStop | None = None,
 ) -> dict[str, Any]:
     unsupported = _check_autocast(mode, dev)
     if unsupported is not None:
@@ -212,7 +218,7 @@ def _train(
     peak = PeakMemory(dev)
     peak.start()
     with StepEngine(workload, candidate, dev, seed=settings.seed) as engine:
-        run = TimedRun(engine, settings, started)
+        run = TimedRun(engine, settings, started, early_stop)
         oom = engine.run(lambda e: run.measure())
         out = run.fields()
     if oom is not None:
@@ -248,10 +254,18 @@ class TimedRun:
         started: ``time.perf_counter()`` at the probe's start (the time limit counts from it).
     """
 
-    def __init__(self, engine: StepEngine, settings: ProbeSettings, started: float) -> None:
+    def __init__(
+        self,
+        engine: StepEngine,
+        settings: ProbeSettings,
+        started: float,
+        early_stop: EarlyStop | None = None,
+    ) -> None:
         self.engine = engine
         self.settings = settings
         self.started = started
+        self.early_stop = early_stop
+        self.parity_samples: int | None = None
         self.min_time = min_time_for(settings, engine.device)
         self.blocks: list[Block] = []
         self.scales: list[tuple[int, float]] = []
@@ -356,6 +370,8 @@ class TimedRun:
         self.check_seconds += time.perf_counter() - c0
         if self._diverged(reason):
             return False
+        if self.early_stop is not None and self._stopped_early(self.early_stop):
+            return False
         if self.over_time():
             if not self.enough():
                 self.truncated = True
@@ -366,6 +382,37 @@ class TimedRun:
                 )
             return False
         return True
+
+    def _stopped_early(self, rule: EarlyStop) -> bool:
+        """Whether the run has answered its question already: clearly slower than the best,
+        or clearly off the reference's loss curve (see :class:`~autotune.spec.EarlyStop`)."""
+        engine = self.engine
+        if rule.below is not None and len(self.blocks) >= rule.after_blocks:
+            est = median_interval(self.rates())
+            if est.high < rule.below:
+                self.outcome = "slower"
+                self.reason = (
+                    f"slower: upper bound {est.high:,.0f} < best {rule.below:,.0f} samples/s "
+                    f"after {len(self.blocks)} blocks"
+                )
+                return True
+        samples = engine.steps * engine.candidate.batch_size
+        if rule.parity_gap is not None and rule.reference_losses and samples >= rule.parity_samples:
+            found = parity_gap(
+                engine.losses,
+                engine.candidate.batch_size,
+                rule.reference_losses,
+                rule.reference_batch_size,
+            )
+            if found is not None and found[0] > rule.parity_gap:
+                self.outcome = "off_parity"
+                self.parity_samples = samples
+                self.reason = (
+                    f"off parity: loss {found[0]:+.1%} vs the fp32 reference's at {samples:,} "
+                    f"samples seen (stops above {rule.parity_gap:+.0%})"
+                )
+                return True
+        return False
 
     @property
     def timed_steps(self) -> int:
@@ -414,6 +461,8 @@ class TimedRun:
             "check_seconds": self.check_seconds,
             "truncated": self.truncated,
         }
+        if self.parity_samples is not None:
+            out["parity_samples"] = self.parity_samples
         timed_steps, seconds = self.timed_steps, self.timed_seconds
         rates = self.rates()
         if not rates and engine.steps > 1 and self.warm_seconds:
@@ -428,7 +477,7 @@ class TimedRun:
         out["timed_steps"] = timed_steps
         out["timed_seconds"] = seconds
         out["blocks"] = [(b.steps, b.seconds) for b in self.blocks]
-        if rates and self.outcome == "completed":
+        if rates and self.outcome in ("completed", "slower", "off_parity"):
             est = median_interval(rates)
             out["throughput"] = est.value
             out["throughput_low"] = est.low

@@ -15,7 +15,9 @@ __all__ = ["Outcome", "PairedResult", "ProbeResult"]
 # oom         the device ran out of memory at this batch size
 # unsupported the device cannot run this precision mode (or autocast silently fell back)
 # crashed     the worker died or the probe raised; a bug or a broken workload, not a measurement
-Outcome = Literal["completed", "diverged", "oom", "unsupported", "crashed"]
+# slower      stopped early: its throughput's interval lay clearly below the best candidate's
+# off_parity  stopped early: its loss was clearly off the fp32 reference's at equal samples seen
+Outcome = Literal["completed", "diverged", "oom", "unsupported", "crashed", "slower", "off_parity"]
 
 
 class ProbeResult(BaseModel):
@@ -60,6 +62,8 @@ class ProbeResult(BaseModel):
     seed: int = 0
     autocast_dtype: str | None = None
     batch_size: int = 0
+    # Samples seen when the parity check that stopped it early was made (off_parity only).
+    parity_samples: int | None = None
 
     @property
     def ok(self) -> bool:

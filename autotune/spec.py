@@ -29,6 +29,7 @@ __all__ = [
     "PRECISIONS",
     "DEFAULT_MIN_TIME",
     "Candidate",
+    "EarlyStop",
     "Duration",
     "PrecisionName",
     "ProbeSettings",
@@ -175,6 +176,32 @@ class ProbeSettings(_Model):
     # Soft limit: the probe stops and is scored on the steps it finished.
     time_limit: Duration = 120.0
     seed: int = 0
+
+
+class EarlyStop(_Model):
+    """When a probe may stop before its timed phase is done: set by the search, per trial.
+
+    A probe whose throughput's interval lies clearly below the best candidate's, or whose loss
+    is clearly off the fp32 reference's, has answered its question; the rest of its time is
+    better spent on another candidate.
+
+    Example:
+        >>> EarlyStop(below=1240.0).after_blocks
+        3
+    """
+
+    # Stop once the throughput interval's upper bound is below this many samples/s ...
+    below: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # ... judged after at least this many timed blocks.
+    after_blocks: int = Field(default=3, ge=1)
+    # Stop once the loss is more than this far above the reference's (relative gap) ...
+    parity_gap: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # ... at equal samples seen, once this many samples are seen: the fidelity at which a
+    # short curve already says enough.
+    parity_samples: int = Field(default=0, ge=0)
+    # The reference's loss curve and batch size.
+    reference_losses: list[float] = Field(default_factory=list)
+    reference_batch_size: int = Field(default=1, gt=0)
 
 
 class Range(_Model):

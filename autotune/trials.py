@@ -21,6 +21,8 @@ reference_throughput   the fp32 reference measured close in time (the speedup's 
 speedup(+_low/_high)   throughput over that reference, with its interval
 losses / scales        the loss of every step (None where not finite) and GradScaler scales
 parity_gap             relative loss gap to the reference at equal samples seen
+parity_samples         the samples seen (by both) where the parity gap was measured
+decided_by             the fidelity that decided the trial (a full probe, or an early stop)
 duplicate_of           same parameters as an earlier trial: its measurement was reused
 retry_of               a crashed or interrupted trial this one runs again
 =====================  =================================================================
@@ -113,10 +115,13 @@ class TrialRecord(BaseModel):
     probe_seconds: float | None = None
     losses: list[float | None] = []
     scales: list[tuple[int, float]] = []
-    # Parity against the fp32 reference.
+    # Parity against the fp32 reference, and the samples seen where it was decided.
     loss: float | None = None
     ref_loss: float | None = None
     parity_gap: float | None = None
+    parity_samples: int | None = None
+    # Which fidelity decided the trial: "full probe", or where it stopped early and why.
+    decided_by: str | None = None
     # Bookkeeping.
     duplicate_of: int | None = None
     retry_of: int | None = None

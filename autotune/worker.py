@@ -24,7 +24,7 @@ from loguru import logger
 from autotune.errors import AutotuneError, WorkloadError
 from autotune.facts import WorkerFacts
 from autotune.result import PairedResult, ProbeResult
-from autotune.spec import Candidate, ProbeSettings
+from autotune.spec import Candidate, EarlyStop, ProbeSettings
 
 __all__ = ["InProcessRunner", "ProbeWorker", "Runner"]
 
@@ -46,7 +46,7 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
     cache: dict[str, Any] = {}
     send("ready", os.getpid())
     for line in requests:
-        ref, candidate_json, settings_json, op = json.loads(line)
+        ref, candidate_json, settings_json, op, *extra = json.loads(line)
         try:
             if ref not in cache:
                 cache[ref] = load_workload(ref)
@@ -88,6 +88,7 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
                 Candidate.model_validate_json(candidate_json),
                 device,
                 ProbeSettings.model_validate_json(settings_json),
+                early_stop=EarlyStop.model_validate_json(extra[0]) if extra and extra[0] else None,
             )
             send("result", result.model_dump_json())
         except AutotuneError as exc:
@@ -122,6 +123,7 @@ class Runner:
         settings: ProbeSettings,
         *,
         timeout: float | None = None,
+        early_stop: EarlyStop | None = None,
     ) -> ProbeResult:  # pragma: no cover - interface
         raise NotImplementedError
 
@@ -292,6 +294,7 @@ class ProbeWorker(Runner):
         settings: ProbeSettings,
         *,
         timeout: float | None = None,
+        early_stop: EarlyStop | None = None,
     ) -> ProbeResult:
         """Run one probe in the worker; restart the worker when it died or hung.
 
@@ -310,7 +313,7 @@ class ProbeWorker(Runner):
         hard = timeout if timeout is not None else settings.time_limit + _GRACE
         started = time.perf_counter()
         try:
-            reply = self._exchange("probe", workload, candidate, settings, hard)
+            reply = self._exchange("probe", workload, candidate, settings, hard, early_stop)
         except (EOFError, OSError, ValueError):
             code = self._proc.poll() if self._proc is not None else None
             self._stop(kill=True)
@@ -343,11 +346,19 @@ class ProbeWorker(Runner):
         return _crashed(workload, candidate, self.device, settings, reply[1])
 
     def _exchange(
-        self, op: str, workload: str, candidate: Candidate, settings: ProbeSettings, timeout: float
+        self,
+        op: str,
+        workload: str,
+        candidate: Candidate,
+        settings: ProbeSettings,
+        timeout: float,
+        early_stop: EarlyStop | None = None,
     ) -> list | None:
         """Send one request (starting the worker if needed); its reply, or None on timeout."""
         self.start()
         request = [workload, candidate.model_dump_json(), settings.model_dump_json(), op]
+        if early_stop is not None:
+            request.append(early_stop.model_dump_json())
         self._requests.write(json.dumps(request) + "\n")
         self._requests.flush()
         return self._recv(timeout)
@@ -467,6 +478,7 @@ class InProcessRunner(Runner):
         settings: ProbeSettings,
         *,
         timeout: float | None = None,
+        early_stop: EarlyStop | None = None,
     ) -> ProbeResult:
         from autotune.probe import run_probe
         from autotune.workloads import load_workload
@@ -474,7 +486,9 @@ class InProcessRunner(Runner):
         if workload not in self._cache:
             self._cache[workload] = load_workload(workload)
         try:
-            return run_probe(self._cache[workload], candidate, self.device, settings)
+            return run_probe(
+                self._cache[workload], candidate, self.device, settings, early_stop=early_stop
+            )
         except AutotuneError:
             raise
         except Exception as exc:

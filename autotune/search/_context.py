@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from autotune.facts import WorkerFacts
@@ -13,7 +14,7 @@ from autotune.result import PairedResult, ProbeResult
 from autotune.search._budget import HARD_GRACE, Budget, SearchStopped
 from autotune.search._events import Event, EventSink
 from autotune.search._space import Space
-from autotune.spec import Candidate, ProbeSettings, StudySpec
+from autotune.spec import Candidate, EarlyStop, ProbeSettings, StudySpec
 from autotune.worker import Runner
 
 __all__ = ["Gate", "SearchContext"]
@@ -54,6 +55,27 @@ class SearchContext:
     # Wall seconds of every probe, and of the search trials' probes only.
     probe_seconds: list[float] = field(default_factory=list)
     trial_seconds: list[float] = field(default_factory=list)
+    # Where the job's time went, by phase (seconds); see :meth:`clock`.
+    spent: dict[str, float] = field(default_factory=dict)
+    _clocks: list[list] = field(default_factory=list, repr=False)
+
+    @contextmanager
+    def clock(self, phase: str) -> Iterator[None]:
+        """Count the block's wall time to ``phase``; a clock started inside another pauses it,
+        so the figures add up to the whole."""
+        now = time.monotonic()
+        if self._clocks:
+            outer = self._clocks[-1]
+            self.spent[outer[0]] = self.spent.get(outer[0], 0.0) + now - outer[1]
+        self._clocks.append([phase, now])
+        try:
+            yield
+        finally:
+            name, since = self._clocks.pop()
+            now = time.monotonic()
+            self.spent[name] = self.spent.get(name, 0.0) + now - since
+            if self._clocks:
+                self._clocks[-1][1] = now
 
     @property
     def workload(self) -> str:
@@ -78,7 +100,12 @@ class SearchContext:
         return statistics.median(recent) if recent else default
 
     def run_probe(
-        self, candidate: Candidate, settings: ProbeSettings, *, floor: bool = False
+        self,
+        candidate: Candidate,
+        settings: ProbeSettings,
+        *,
+        floor: bool = False,
+        early_stop: EarlyStop | None = None,
     ) -> ProbeResult:
         """Run one probe in the runner: gated, counted against the budget, hard-limited.
 
@@ -94,7 +121,9 @@ class SearchContext:
         if not floor:
             hard = min(hard, max(settings.time_limit + 1.0, left))
         t0 = time.monotonic()
-        result = self.runner.run(self.workload, candidate, settings, timeout=hard)
+        result = self.runner.run(
+            self.workload, candidate, settings, timeout=hard, early_stop=early_stop
+        )
         self.probe_seconds.append(time.monotonic() - t0)
         return result
 

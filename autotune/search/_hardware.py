@@ -1,8 +1,9 @@
 """Phases 1 and 2: which modes the device really runs, and each mode's batch ceiling.
 
 1. **Hardware**: modes the device cannot run are cut, with the worker's reasons.
-2. **Ceilings**: per mode, one untimed warm-up step (first-use kernel costs), then the largest
-   batch that fits (:func:`autotune.ceilings.find_ceiling`), inside a share of the budget. The
+2. **Ceilings**: per mode, the largest batch that fits (:func:`autotune.ceilings.find_ceiling`;
+   each try one untimed step, which pays the mode's first-use costs, and one timed step),
+   inside a share of the budget. A mode whose first try cannot run is cut with the reason. The
    ceilings are stored with the study per machine and device, so a resumed run or another
    worker on the same machine does not measure them again.
 """
@@ -77,17 +78,32 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
                 )
             )
             continue
-        if not _warm_up(ctx, mode, start, share):
-            continue
         # Per try: a slice of this mode's share; a try that runs out of it stops the doubling.
+        # The first try pays the mode's first-use costs (on some CPUs seconds for bf16): it
+        # gets half the share.
         limit = max(0.5, min(ctx.spec.probe.time_limit, share / 4))
-        # One untimed step (first-use costs of the mode's kernels), one timed step.
+        first_limit = max(1.0, min(ctx.spec.probe.time_limit, share / 2))
+        # One untimed step (first-use costs of the mode's kernels), one timed step: counted,
+        # not timed by min_time.
         settings = ProbeSettings(
-            warmup_steps=1, steps=1, check_every=1, time_limit=limit, seed=ctx.spec.probe.seed
+            warmup_steps=1,
+            steps=1,
+            check_every=1,
+            min_time=0,
+            time_limit=limit,
+            seed=ctx.spec.probe.seed,
         )
 
-        def try_batch(bs: int, mode: str = mode, settings: ProbeSettings = settings) -> ProbeResult:
-            return ctx.run_probe(ctx.space.candidate(mode, bs), settings)
+        def try_batch(
+            bs: int,
+            mode: str = mode,
+            settings: ProbeSettings = settings,
+            first: ProbeSettings = settings.model_copy(update={"time_limit": first_limit}),
+            tried: list[int] = [],  # noqa: B006 - one list per mode, bound here on purpose
+        ) -> ProbeResult:
+            use = settings if tried else first
+            tried.append(bs)
+            return ctx.run_probe(ctx.space.candidate(mode, bs), use)
 
         ceiling = find_ceiling(
             try_batch,
@@ -103,31 +119,21 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
         # A try cut short by the stop says nothing about memory: store no ceiling.
         ctx.stop_if_asked()
         ctx.ceilings[mode] = ceiling.batch_size
+        if ceiling.batch_size == 0:
+            # Not even the first size ran: the mode cannot run here (or not within this budget).
+            first = ceiling.tries[0] if ceiling.tries else None
+            ctx.cut[mode] = f"{mode} could not run one step at batch_size={start}" + (
+                f": {first.outcome}: {first.note}" if first is not None else ""
+            )
+            logger.info("cut {}: {}", mode, ctx.cut[mode])
+            ctx.emit(CeilingFound(mode=mode, ceiling=ceiling))
+            continue
         if ceiling.batch_size < space.batch_size.max:
             ctx.cut[f"{mode} batch>{ceiling.batch_size}"] = (
                 f"{mode} ceiling is {ceiling.batch_size} (limited by {ceiling.limited_by})"
             )
         ctx.emit(CeilingFound(mode=mode, ceiling=ceiling))
     study.set_user_attr(key, dict(ctx.ceilings))
-
-
-def _warm_up(ctx: SearchContext, mode: str, batch_size: int, share: float) -> bool:
-    """Pay a mode's first-use costs (kernel compilation, library set-up) once, untimed.
-
-    On some CPUs the first bf16 step takes seconds. A mode that cannot finish one step within
-    its share is too slow for this budget: it is cut, with the measurement.
-    """
-    limit = max(1.0, share / 2)
-    settings = ProbeSettings(warmup_steps=0, steps=1, check_every=1, time_limit=limit)
-    result = ctx.run_probe(ctx.space.candidate(mode, batch_size), settings)
-    if result.outcome in ("completed", "diverged"):
-        return True
-    ctx.ceilings[mode] = 0
-    ctx.cut[mode] = (
-        f"{mode} could not run one step at batch_size={batch_size}: {result.outcome}: {result.reason}"
-    )
-    logger.info("cut {}: {}", mode, ctx.cut[mode])
-    return False
 
 
 def lower_ceiling(ctx: SearchContext, study: optuna.Study, mode: str, batch_size: int) -> None:

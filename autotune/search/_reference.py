@@ -147,6 +147,10 @@ class ReferenceKeeper:
         A run that does not complete keeps the last measurement: the reference ran before, so
         a failure now is the machine's, not the reference's.
         """
+        with self.ctx.clock("reference"):
+            return self._measure()
+
+    def _measure(self) -> ReferenceMeasurement:
         assert self.record is not None
         ctx = self.ctx
         probe = ctx.spec.probe

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,9 @@ class SearchResult:
     # Who validated: this process, or another worker of the same study.
     validated_by: str = ""
     selection: Selection | None = field(default=None, repr=False)
+    # Where the job's time went, by phase: start (worker and facts), ceilings, reference,
+    # trials, diagnosis, validation, writing.
+    spent: dict[str, float] = field(default_factory=dict)
 
 
 def _fix_choices(study: optuna.Study, spec: StudySpec, runnable: list[str]) -> list[str]:
@@ -91,19 +95,27 @@ def _fix_choices(study: optuna.Study, spec: StudySpec, runnable: list[str]) -> l
     return choices
 
 
-def _enqueue_baselines(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
-    """Each searched mode at the reference's own settings first (the plain AMP recipe for
-    fp16: GradScaler's defaults): the same curve, only faster or not."""
+def _enqueue_first_trials(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
+    """Informed first trials, before the sampler's own:
+
+    1. each searched mode at the reference's own settings (the plain AMP recipe for fp16:
+       GradScaler's defaults): the same curve, only faster or not;
+    2. each mode at the largest batch of the ladder that fits (its ceiling), lr by the rule:
+       on most devices the fastest point of a mode, and what its ceiling tries already hint.
+    """
     base = ctx.space.base_batch
     for mode in modes:
-        if mode == "fp32":
-            continue  # the reference itself: measured as the baseline, never probed twice
-        role = ROLE_AMP if mode == "fp16" else at_base_role(mode)
-        study.enqueue_trial(
-            ctx.space.params(mode, base),
-            user_attrs=TrialRecord(role=role).to_attrs(),
-            skip_if_exists=True,
-        )
+        if mode != "fp32":  # fp32 at base is the reference itself: measured, never twice
+            role = ROLE_AMP if mode == "fp16" else at_base_role(mode)
+            study.enqueue_trial(
+                ctx.space.params(mode, base),
+                user_attrs=TrialRecord(role=role).to_attrs(),
+                skip_if_exists=True,
+            )
+    for mode in modes:
+        fitting = [b for b in ctx.space.ladder if b <= ctx.ceilings.get(mode, 0)]
+        if fitting and max(fitting) != base:
+            study.enqueue_trial(ctx.space.params(mode, max(fitting)), skip_if_exists=True)
 
 
 def _validation_reserve(ctx: SearchContext, study: optuna.Study) -> float:
@@ -256,6 +268,14 @@ def _validate(
     return selection, ref_run, noise
 
 
+def _start_quietly(runner: Runner) -> None:
+    """Start the runner's worker; a failure here shows again, with its reason, on first use."""
+    try:
+        runner.start()
+    except Exception as exc:  # noqa: BLE001 - re-raised by the first real request
+        logger.debug("worker start failed ({}); retried on first use", exc)
+
+
 def _resolve_runner(spec: StudySpec, runner: Runner | None) -> tuple[Runner, bool]:
     if runner is not None:
         return runner, False
@@ -278,7 +298,18 @@ def run_search(
 
     See :func:`autotune.search.run_search` for the arguments.
     """
-    study = open_study(spec, create=not join)
+    t0 = time.monotonic()
+    runner, own_runner = _resolve_runner(spec, runner)
+    # The worker imports torch while the storage opens: the first trial starts sooner.
+    starting = threading.Thread(target=_start_quietly, args=(runner,), daemon=True)
+    starting.start()
+    try:
+        study = open_study(spec, create=not join)
+    except BaseException:
+        starting.join()
+        if own_runner:
+            runner.close()
+        raise
     if join:
         budget = Budget.shared(study)
         if budget is None:
@@ -291,7 +322,6 @@ def run_search(
         budget = budget or Budget(spec.budget)
         window = open_window(study, budget)
     out = Path(out_dir) if out_dir is not None else Path("studies") / spec.name
-    runner, own_runner = _resolve_runner(spec, runner)
     interrupted = threading.Event()
 
     def stop_requested() -> bool:
@@ -309,9 +339,12 @@ def run_search(
         previous_handler = signal.signal(signal.SIGINT, on_sigint)
     ctx: SearchContext | None = None
     validated_by, config, selection, reference = "", None, None, None
+    w0 = time.monotonic()
     rejected: list[Rejection] = []
     try:
+        starting.join()
         facts = runner.facts(normalize_reference(spec.workload))
+        started_in = time.monotonic() - t0
         rule = facts.lr_scaling if spec.space.lr_scaling == "auto" else spec.space.lr_scaling
         logger.info(
             "study {!r}: workload {} on {}, budget {:.0f}s ({:.0f}s left), {} trials stored",
@@ -343,8 +376,10 @@ def run_search(
             gate=gate,
             should_stop=stop_requested,
         )
+        ctx.spent["start"] = started_in
         modes = check_hardware(ctx, list(spec.space.precisions))
-        find_ceilings(ctx, study, modes)
+        with ctx.clock("ceilings"):
+            find_ceilings(ctx, study, modes)
         modes = [m for m in modes if ctx.ceilings.get(m, 0) > 0]
         choices = _fix_choices(study, spec, runnable)
         ctx.space = Space.of(
@@ -352,7 +387,8 @@ def run_search(
         )
         refs = ReferenceKeeper(ctx, study)
         try:
-            reference = refs.establish()
+            with ctx.clock("reference"):
+                reference = refs.establish()
         except ReferenceUnavailable as exc:
             raise DeviceError(
                 f"study {spec.name!r}: {exc} at batch_size={ctx.space.base_batch}; the search "
@@ -360,16 +396,20 @@ def run_search(
                 f"{facts.device} (autotune probe --workload {facts.workload} --device "
                 f"{facts.device})"
             ) from None
-        _enqueue_baselines(ctx, study, [m for m in choices if m in modes])
+        _enqueue_first_trials(ctx, study, [m for m in choices if m in modes])
         end_at = budget.total - WRITE_RESERVE
-        _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at)
+        with ctx.clock("trials"):
+            _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at)
         # Validation runs once per budget window, by whichever worker gets there first.
         won, validated_by = claim_validation(study, window)
         if won:
             settle(study, wait=min(SETTLE_WAIT, max(0.0, budget.left() - 1.0)), stop=stop_requested)
             ctx.emit(PhaseStarted(phase="validation"))
-            _diagnose_failures(ctx, study)
-            selection, ref_run, noise = _validate(ctx, study, reference, end_at)
+            with ctx.clock("diagnosis"):
+                _diagnose_failures(ctx, study)
+            with ctx.clock("validation"):
+                selection, ref_run, noise = _validate(ctx, study, reference, end_at)
+            w0 = time.monotonic()
             trials = study.get_trials(deepcopy=False)
             rejected = rejection_summary(trials) + (selection.rejected if selection else [])
             config = build_config(
@@ -405,6 +445,8 @@ def run_search(
         if own_runner:
             runner.close()
     path = None
+    if config is None:
+        w0 = time.monotonic()
     if config is not None:
         path = config.save(out / "best.json")
         study.set_user_attr("best_config", str(path))
@@ -415,6 +457,14 @@ def run_search(
     else:
         stored = study.user_attrs.get("tuned_config")
         config = TunedConfig.model_validate(stored) if isinstance(stored, dict) else None
+    spent = dict(ctx.spent) if ctx is not None else {}
+    spent["writing"] = time.monotonic() - w0
+    if ctx is not None:
+        study.set_user_attr("time_spent", {k: round(v, 3) for k, v in spent.items()})
+        logger.info(
+            "time spent: {}",
+            ", ".join(f"{k} {v:.1f}s" for k, v in spent.items()),
+        )
     trials = study.get_trials(deepcopy=False)
     roles = role_trials(trials)
     return SearchResult(
@@ -429,4 +479,5 @@ def run_search(
         elapsed=budget.elapsed(),
         validated_by=validated_by,
         selection=selection,
+        spent=spent,
     )

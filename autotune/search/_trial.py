@@ -25,7 +25,7 @@ from autotune.search._context import SearchContext
 from autotune.search._events import Standing, TrialFinished, TrialStarted
 from autotune.search._hardware import lower_ceiling
 from autotune.search._reference import ReferenceKeeper
-from autotune.spec import Candidate, ProbeSettings
+from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.storage import owner_id
 from autotune.trials import (
     ReferenceMeasurement,
@@ -37,6 +37,8 @@ from autotune.trials import (
 
 __all__ = ["TrialStep", "standing"]
 
+# A loss this many tolerances above the reference's, halfway through a probe, is clearly off.
+_CLEARLY_OFF = 3.0
 # Objective value of a time_to_loss trial that never reached the reference's loss: far worse
 # than any real time, and finite (storage never holds inf).
 _NEVER = 1e9
@@ -104,7 +106,10 @@ class TrialStep:
             # The reference itself, listed as a candidate: its measurement is the reference's.
             self._complete_as_reference(trial, reference)
             return
-        result = ctx.run_probe(cand, self._settings(left))
+        settings = self._settings(left)
+        result = ctx.run_probe(
+            cand, settings, early_stop=self._early_stop(cand, settings, reference)
+        )
         if result.outcome == "crashed" and ctx.should_stop():
             # The probe was cut short by the stop itself (Ctrl-C kills the worker's probe).
             raise SearchStopped(f"study {ctx.spec.name!r} was asked to stop")
@@ -123,6 +128,14 @@ class TrialStep:
         else:
             if result.outcome == "oom":
                 lower_ceiling(ctx, self.study, cand.precision, cand.batch_size)
+            elif result.outcome in ("slower", "off_parity"):
+                ctx.trial_seconds.append(result.wall_seconds)
+                decided = (
+                    f"speed after {len(result.blocks)} blocks"
+                    if result.outcome == "slower"
+                    else f"parity at {result.parity_samples:,} samples"
+                )
+                TrialRecord(decided_by=decided, parity_samples=result.parity_samples).write(trial)
             self.prune(trial, result.outcome, result.reason)
 
     def _is_reference(self, cand: Candidate) -> bool:
@@ -148,6 +161,34 @@ class TrialStep:
             typical = statistics.median(ctx.trial_seconds)
             limit = max(1.0, min(limit, max(2.0, 4 * typical)))
         return probe.model_copy(update={"time_limit": limit})
+
+    def _early_stop(
+        self, cand: Candidate, settings: ProbeSettings, reference: ReferenceMeasurement
+    ) -> EarlyStop:
+        """When this trial's probe may stop early: once its throughput's interval lies below
+        the best feasible candidate's lower bound (in samples/s now), or once its loss is
+        clearly off the reference's, at half the probe's horizon."""
+        ref = self.refs.record
+        assert ref is not None
+        below = None
+        best = standing(self.study, reference)
+        if best.best_params is not None and self.ctx.maximize:
+            best_trial = self._best_trial()
+            low = record(best_trial).speedup_low if best_trial is not None else None
+            if low:
+                below = low * reference.throughput
+        horizon = (settings.warmup_steps + settings.steps) * cand.batch_size
+        return EarlyStop(
+            below=below,
+            parity_gap=_CLEARLY_OFF * self.ctx.spec.parity_tolerance,
+            parity_samples=horizon // 2,
+            reference_losses=ref.finite_losses,
+            reference_batch_size=ref.batch_size,
+        )
+
+    def _best_trial(self) -> FrozenTrial | None:
+        done = feasible_trials(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        return max(done, key=lambda t: t.value) if done else None
 
     # ---- telling ---------------------------------------------------------------------------------
 
@@ -187,6 +228,10 @@ class TrialStep:
             rec.speedup_low = rec.speedup * (1 - rel)
             rec.speedup_high = rec.speedup * (1 + rel)
         measured = parity_gap(result.losses, result.batch_size, ref.finite_losses, ref.batch_size)
+        rec.decided_by = "full probe"
+        rec.parity_samples = min(
+            len(result.losses) * result.batch_size, len(ref.finite_losses) * ref.batch_size
+        )
         gap = None
         if measured is None:
             constraint = 1.0

@@ -39,8 +39,8 @@ def shortlist(
 ) -> list[FrozenTrial]:
     """The trials worth validating, best first.
 
-    Feasible, measured (not copied from a twin) trials whose speedup interval reaches
-    ``min_speedup`` (a candidate that cannot clearly beat the reference is not worth its risk),
+    Feasible, measured (not copied from a twin) trials whose search speedup reaches
+    ``min_speedup`` (a candidate that does not even look faster is not worth validating),
     ranked by their objective; the first ``top_k``, plus the fastest one with a clear parity
     margin (half the tolerance) when none of those has one: the fastest candidates often sit at
     the edge of the tolerance, where a fresh seed can tip them over.
@@ -51,9 +51,8 @@ def shortlist(
     """
     ranked = []
     for t in feasible_trials(trials):
-        rec = record(t)
-        upper = rec.speedup_high if rec.speedup_high is not None else rec.speedup
-        if maximize and (upper is None or upper < min_speedup):
+        speedup = record(t).speedup
+        if speedup is None or speedup < min_speedup:
             continue
         ranked.append(t)
     ranked.sort(key=lambda t: t.value, reverse=maximize)

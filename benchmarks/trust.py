@@ -1,0 +1,230 @@
+"""Does a claimed speedup survive a full training run? Searches, then full runs, side by side.
+
+For each study and seed:
+
+1. ``autotune search`` (in a worker, its own storage) emits a config with a claimed speedup
+   and its interval, or falls back to fp32;
+2. a full-length ``autotune train --compare fp32`` with that config — the tuned run and the
+   fp32 baseline interleaved block by block (paired), on the same samples — measures the real
+   speedup and the final losses;
+3. with ``--unpaired``, the same two runs one after the other as well: what a measurement
+   without pairing would have said.
+
+It prints per run and in total: the claimed speedup (interval), the full run's speedup,
+``|claimed/measured - 1|``, whether parity held in the full run (final loss within the
+tolerance of fp32's), the fallback rate, false claims (claimed >= 1.05x, measured <= 1.0x), and
+whether repeated searches agree on the winner. ``--neighbour`` runs a bursty CPU-bound process
+beside everything (on for a few seconds, off for a few), the noise a shared machine has.
+
+Goals: median |claimed/measured - 1| <= 10%; no false claims; the full run keeps parity; the fp32
+fallback only where no candidate beats fp32 by 5%; repeated searches agree.
+
+    python benchmarks/trust.py [--studies tiny,tiny-gpt] [--seeds 1,2,3] [--epochs 2]
+        [--neighbour] [--unpaired] [--json out.json] [--markdown out.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.search import run_search
+from autotune.spec import load_spec
+from autotune.train import TrainSettings, compare
+from autotune.workloads import load_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+# Per study: the budget a user would give a first search of it on a CPU.
+BUDGETS = {"tiny": 60.0, "tiny-gpt": 120.0, "resnet18": 180.0}
+
+
+def _burn(on: float, off: float) -> None:
+    """A neighbour: busy for ``on`` seconds, idle for ``off``, forever."""
+    while True:
+        end = time.monotonic() + on
+        x = 0
+        while time.monotonic() < end:
+            x += 1
+        time.sleep(off)
+
+
+def one_run(study: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    spec = load_spec(ROOT / "studies" / f"{study}.yaml").with_overrides(
+        {
+            "name": f"trust-{study}-{seed}",
+            "seed": seed,
+            "device": args.device,
+            "budget": BUDGETS.get(study, 60.0) * args.budget_scale,
+            "storage": f"sqlite:///{tmp / f'{study}-{seed}.db'}",
+            "probe.seed": seed,
+        }
+    )
+    t0 = time.monotonic()
+    result = run_search(spec, out_dir=tmp / f"{study}-{seed}")
+    search_seconds = time.monotonic() - t0
+    cfg = result.config
+    ev = cfg.evidence
+    workload = load_workload(cfg.workload)
+    settings = TrainSettings(epochs=args.epochs, seed=seed)
+    full = compare(workload, cfg, args.device, settings, against="fp32")
+    row: dict[str, Any] = {
+        "study": study,
+        "seed": seed,
+        "search_seconds": round(search_seconds, 1),
+        "budget": spec.budget,
+        "winner": f"{cfg.precision} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}",
+        "mode": cfg.precision,
+        "batch_size": cfg.batch_size,
+        "validated": ev.validated,
+        "claimed": ev.speedup,
+        "claimed_low": ev.speedup_low,
+        "claimed_high": ev.speedup_high,
+        "measured": full.speedup,
+        "measured_low": full.speedup_low,
+        "measured_high": full.speedup_high,
+        "tuned_loss": full.tuned.final_loss,
+        "fp32_loss": full.baseline.final_loss if full.baseline else None,
+        "loss_ratio": full.loss_ratio,
+        "accuracy_delta": full.accuracy_delta,
+        "parity_tolerance": spec.parity_tolerance,
+    }
+    if args.unpaired:
+        seq = compare(workload, cfg, args.device, settings, against="fp32", paired=False)
+        row["unpaired"] = seq.speedup
+    m, c = row["measured"], row["claimed"]
+    row["error"] = abs(c / m - 1) if m and c else None
+    row["parity_held"] = (
+        row["loss_ratio"] is not None and row["loss_ratio"] <= 1 + spec.parity_tolerance
+    )
+    row["false_claim"] = bool(c and m and c >= 1.05 and m <= 1.0)
+    lo, hi = row["claimed_low"], row["claimed_high"]
+    row["measured_in_claimed_interval"] = (
+        None if lo is None or hi is None or m is None else lo <= m <= hi
+    )
+    if args.unpaired and lo is not None and hi is not None and row["unpaired"]:
+        row["unpaired_in_claimed_interval"] = lo <= row["unpaired"] <= hi
+    return row
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    errors = [r["error"] for r in rows if r["error"] is not None and r["validated"]]
+    by_study: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_study.setdefault(r["study"], []).append(r)
+    agreement = {}
+    for study, runs in by_study.items():
+        winners = [(r["mode"], r["batch_size"]) for r in runs]
+        top = max(set(winners), key=winners.count)
+        agreement[study] = {"winner": f"{top[0]} bs={top[1]}", "agree": winners.count(top) / len(runs)}
+    return {
+        "runs": len(rows),
+        "median_error": statistics.median(errors) if errors else None,
+        "false_claims": sum(r["false_claim"] for r in rows),
+        "fallback_rate": sum(not r["validated"] for r in rows) / len(rows) if rows else None,
+        "parity_held": sum(r["parity_held"] for r in rows),
+        "fallbacks_where_a_candidate_beat_fp32": None,  # needs a grid: see search_vs_grid.py
+        "agreement": agreement,
+        "measured_in_claimed_interval": sum(bool(r.get("measured_in_claimed_interval")) for r in rows),
+        "unpaired_in_claimed_interval": sum(bool(r.get("unpaired_in_claimed_interval")) for r in rows),
+    }
+
+
+def _fmt(v: float | None, lo: float | None = None, hi: float | None = None) -> str:
+    if v is None:
+        return "—"
+    text = f"{v:.2f}x"
+    if lo is not None and hi is not None:
+        text += f" ({lo:.2f}–{hi:.2f})"
+    return text
+
+
+def markdown(rows: list[dict[str, Any]], total: dict[str, Any], note: str) -> str:
+    lines = [
+        f"{note}",
+        "",
+        "| study | seed | winner | claimed | full run | error | parity (loss ratio) | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['study']} | {r['seed']} | {r['winner']} | "
+            f"{_fmt(r['claimed'], r['claimed_low'], r['claimed_high'])} | "
+            f"{_fmt(r['measured'], r['measured_low'], r['measured_high'])} | "
+            f"{'—' if r['error'] is None else f'{r['error']:.1%}'} | "
+            f"{'held' if r['parity_held'] else 'broken'} ({r['loss_ratio'] or 0:.3f}) | "
+            f"{'validated' if r['validated'] else 'fp32 fallback'}"
+            f"{', FALSE CLAIM' if r['false_claim'] else ''} |"
+        )
+    med = total["median_error"]
+    lines += [
+        "",
+        f"median |claimed/measured - 1| (validated runs): {'—' if med is None else f'{med:.1%}'}"
+        " (goal <= 10%)",
+        f"false claims: {total['false_claims']} of {total['runs']} (goal 0)",
+        f"full runs that kept parity: {total['parity_held']} of {total['runs']}",
+        f"fp32 fallbacks: {total['fallback_rate']:.0%}",
+        "agreement between seeds: "
+        + ", ".join(f"{s}: {a['winner']} in {a['agree']:.0%}" for s, a in total["agreement"].items()),
+        f"full-run speedup inside the claimed interval: {total['measured_in_claimed_interval']} of "
+        f"{total['runs']}",
+    ]
+    if any("unpaired" in r for r in rows):
+        lines.append(
+            f"unpaired (sequential) speedup inside the claimed interval: "
+            f"{total['unpaired_in_claimed_interval']} of {total['runs']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--studies", default="tiny,tiny-gpt")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--budget-scale", type=float, default=1.0)
+    parser.add_argument("--neighbour", action="store_true", help="a bursty CPU-bound neighbour")
+    parser.add_argument("--unpaired", action="store_true", help="also time the runs one by one")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None)
+    args = parser.parse_args(argv)
+    neighbour = None
+    if args.neighbour:
+        neighbour = multiprocessing.get_context("spawn").Process(
+            target=_burn, args=(3.0, 3.0), daemon=True
+        )
+        neighbour.start()
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for study in args.studies.split(","):
+                for seed in (int(s) for s in args.seeds.split(",")):
+                    row = one_run(study, seed, args, Path(tmp))
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        if neighbour is not None:
+            neighbour.terminate()
+    total = summarize(rows)
+    note = (
+        f"trust: {len(rows)} searches + full runs ({args.epochs} epochs), device {args.device}"
+        + (", with a bursty CPU-bound neighbour" if args.neighbour else "")
+    )
+    text = markdown(rows, total, note)
+    print(text)
+    out = {"rows": rows, "total": total}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()
