@@ -6,6 +6,8 @@ processes can load them too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -195,20 +197,30 @@ def sleepy() -> Workload:
     )
 
 
-def drifting(step_seconds: float = 0.004, drift_per_second: float = 1.0) -> Workload:
+def drifting(
+    step_seconds: float = 0.004,
+    drift_per_second: float = 1.0,
+    *,
+    clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> Workload:
     """A machine that slows down as you measure it: every step sleeps ``step_seconds``, times
     ``1 + drift_per_second × seconds since the workload was made``, whatever its batch size.
 
     So a batch twice as large is exactly twice as fast in samples/s at any moment, while the
     machine itself drifts: a paired measurement sees the 2x, one run after the other does not.
+    ``clock`` and ``sleep`` replace ``time.monotonic`` and ``time.sleep`` (a test passes a
+    virtual clock, so the drift is exact whatever else the machine is doing).
     """
     import time
 
-    made = time.monotonic()
+    now = clock or time.monotonic
+    wait = sleep or time.sleep
+    made = now()
     base = tiny_mlp()
 
     def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-        time.sleep(step_seconds * (1 + drift_per_second * (time.monotonic() - made)))
+        wait(step_seconds * (1 + drift_per_second * (now() - made)))
         x, y = batch
         return nn.functional.cross_entropy(model(x), y)
 

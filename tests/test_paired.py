@@ -1,0 +1,80 @@
+"""Paired measurement: interleaved blocks keep a speedup honest while the machine drifts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autotune.paired import run_paired
+from autotune.probe import run_probe
+from autotune.spec import Candidate, ProbeSettings
+from autotune.workloads import load_workload
+from autotune.workloads.testing import drifting
+
+SETTINGS = ProbeSettings(warmup_steps=1, steps=4, min_time=0.3, precision=0.02, time_limit=30)
+
+
+def fp32(batch_size: int) -> Candidate:
+    return Candidate(precision="fp32", batch_size=batch_size, learning_rate=0.05)
+
+
+class VirtualClock:
+    """Time that passes only when the workload sleeps: the drift is exact, whatever else the
+    machine does, and the test takes no real time for it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    virtual = VirtualClock()
+    monkeypatch.setattr(time, "perf_counter", virtual)
+    return virtual
+
+
+def test_a_drifting_machine_does_not_move_the_paired_speedup(clock: VirtualClock) -> None:
+    # Steps sleep a fixed, growing time whatever the batch: bs=32 is exactly 2x bs=16 at any
+    # moment, while the machine slows down by its whole speed every second.
+    def workload():  # noqa: ANN202
+        return drifting(0.004, 1.0, clock=clock, sleep=clock.sleep)
+
+    result = run_paired(workload(), fp32(32), fp32(16), "cpu", SETTINGS)
+    assert result.ok, (result.candidate.reason, result.reference.reason)
+    assert result.pairs >= 6
+    assert result.speedup_low <= 2.0 <= result.speedup_high
+    assert result.speedup == pytest.approx(2.0, rel=0.03)
+    # Each arm keeps its own figures, and the reference saw at least the candidate's horizon.
+    c, r = result.candidate, result.reference
+    assert c.throughput_low <= c.throughput <= c.throughput_high
+    assert len(r.losses) * r.batch_size >= (SETTINGS.warmup_steps + SETTINGS.steps) * c.batch_size
+    # Measured one after the other on the same drifting machine, the same two settings read as
+    # a different speedup: the reason validation pairs them.
+    machine = workload()
+    first = run_probe(machine, fp32(32), "cpu", SETTINGS)
+    second = run_probe(machine, fp32(16), "cpu", SETTINGS)
+    assert first.throughput / second.throughput > 2.0 * 1.2
+
+
+def test_an_arm_that_diverges_ends_the_pair_with_its_reason() -> None:
+    wl = load_workload("autotune.workloads.testing:fp16_overflow")
+    cand = Candidate(precision="fp16", batch_size=32, learning_rate=0.001)
+    ref = Candidate(precision="fp32", batch_size=32, learning_rate=0.001)
+    result = run_paired(wl, cand, ref, "cpu", SETTINGS)
+    assert result.candidate.outcome == "diverged" and "loss=" in result.candidate.reason
+    assert not result.ok and result.speedup is None
+
+
+def test_an_unsupported_arm_is_named_on_both_sides() -> None:
+    tf32 = Candidate(precision="tf32", batch_size=16, learning_rate=0.05)
+    result = run_paired(load_workload("tiny_mlp"), tf32, fp32(16), "cpu", SETTINGS)
+    assert result.candidate.outcome == "unsupported"
+    assert result.reference.outcome == "unsupported"
+    assert "the candidate arm" in result.reference.reason
