@@ -1,10 +1,13 @@
 """The report of a study: an HTML page with plots, and a short text summary.
 
 The page is one self-contained file (inline CSS and SVG, no script, no URL) that opens offline:
-a summary of the winner and the two baselines, throughput by batch size per mode with the
-memory ceilings, the winner's loss against the fp32 reference on a samples-seen axis, the
-GradScaler scale of fp16 trials, the optimization history, parameter importances, and a table
-of every trial with its outcome and reason.
+a summary of the winner and the baselines (speedups with their 95% intervals, the device's
+timing noise), throughput by batch size per mode with intervals and the memory ceilings, the
+winner's loss against the fp32 reference on a samples-seen axis, the winner's speedup as the
+search measured it against what validation measured (the search's optimism), the fp32
+reference's measurements over time (drift), the GradScaler scale of fp16 trials, the
+optimization history, parameter importances, and a table of every trial with its outcome,
+speedup interval and reason.
 
 Example:
     >>> from autotune.report import write_report
