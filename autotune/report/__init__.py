@@ -22,6 +22,7 @@ from pathlib import Path
 import optuna
 
 from autotune.report._data import DEFAULT_STORAGE, ReportData, collect, load_study
+from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.report._html import render_html
 from autotune.report._text import render_text
 
@@ -30,8 +31,12 @@ __all__ = [
     "ReportData",
     "collect",
     "load_study",
+    "noise_text",
+    "optimism_text",
+    "ratio_text",
     "render_html",
     "render_text",
+    "throughput_text",
     "write_report",
 ]
 
