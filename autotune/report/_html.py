@@ -286,12 +286,19 @@ def _summary(data: ReportData) -> str:
     return "".join(parts)
 
 
+_OBJECTIVES = {
+    "speedup": "speedup over the fp32 reference measured close in time",
+    "throughput": "samples/s",
+    "time_to_loss": "time to the fp32 reference's loss",
+}
+
+
 def _facts(data: ReportData) -> str:
     spec, cfg = data.spec, data.config
     c = data.counts()
     items: list[tuple[str, str]] = [
         ("workload", str(spec.get("workload", "?"))),
-        ("budget", f"{spec.get('budget', '?')} · objective {spec.get('objective', 'throughput')}"),
+        ("budget", f"{spec.get('budget', '?')} · objective: {_OBJECTIVES[data.objective]}"),
         (
             "trials",
             f"{c['complete']} complete ({c['infeasible']} infeasible), {c['pruned']} pruned, "
