@@ -12,20 +12,30 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
+from _configs import make_config, write_config
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from autotune.config import TunedConfig
 from autotune.errors import StorageError
 from autotune.logs import reset_logging
 from autotune.report import collect, load_study, render_html, render_text, write_report
 from autotune.search import run_search
 from autotune.spec import Candidate, ProbeSettings, load_spec
+from autotune.trials import (
+    ReferenceMeasurement,
+    ReferenceRecord,
+    TrialRecord,
+    ceilings_key,
+    record,
+    reference_key,
+)
 from autotune.worker import InProcessRunner
 
 STUDIES = Path(__file__).resolve().parent.parent / "studies"
-PLOTS = ("throughput", "parity", "scaler", "history", "importance")
+PLOTS = ("throughput", "parity", "validation", "reference", "scaler", "history", "importance")
 
 
 class Page(HTMLParser):
@@ -56,8 +66,10 @@ class Page(HTMLParser):
         if tag == "section":
             self._section = a.get("id")
         elif tag == "svg" and "plot" in a.get("class", "").split():
-            self._svg = {"circle": 0, "polyline": 0, "path": 0, "rect": 0, "line": 0}
+            self._svg = {"circle": 0, "polyline": 0, "path": 0, "rect": 0, "line": 0, "errorbar": 0}
             self.svgs.setdefault(self._section or "", []).append(self._svg)
+        elif self._svg is not None and "errorbar" in a.get("class", "").split():
+            self._svg["errorbar"] += 1
         elif self._svg is not None and tag in self._svg:
             self._svg[tag] += 1
         elif tag == "table" and "baselines" in a.get("class", ""):
@@ -132,7 +144,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     for _ in range(3):
         result = run_search(spec, out_dir=tmp / "out", runner=runner)
         done = [t for t in result.study.trials if t.state.is_finished()]
-        if len(done) >= 3 and result.baselines["reference"].get("state") == "COMPLETE":
+        if len(done) >= 3 and result.reference is not None and result.reference.measurements:
             break
         # Still too busy to finish the baselines: run the same command again, as a user would;
         # the study resumes where it stopped.
@@ -163,6 +175,8 @@ def test_every_plot_section_is_there_and_drawn(searched: SimpleNamespace) -> Non
         "Summary",
         "Throughput by batch size",
         "Loss parity: winner against the fp32 reference",
+        "Search against validation",
+        "The fp32 reference over time",
         "GradScaler scale (fp16 trials)",
         "Optimization history",
         "Parameter importances",
@@ -172,18 +186,21 @@ def test_every_plot_section_is_there_and_drawn(searched: SimpleNamespace) -> Non
     # Each plot section holds a chart or a note that says why there is none.
     for section in PLOTS:
         assert page.svgs.get(section) or page.notes.get(section), section
-    ref = next(t for t in study.trials if t.user_attrs.get("role") == "reference")
-    assert ref.state == TrialState.COMPLETE
+    ref = searched.result.reference
+    assert ref is not None and ref.measurements
     measured = [
         t
         for t in study.trials
         if t.state == TrialState.COMPLETE
-        and t.user_attrs.get("duplicate_of") is None
-        and t.user_attrs.get("throughput")
+        and record(t).duplicate_of is None
+        and record(t).throughput
     ]
-    # One point per measured trial; every ceiling marked and labelled.
+    # One point per measured trial, the reference apart (a square); each interval a bar; every
+    # ceiling marked and labelled.
     (throughput,) = page.svgs["throughput"]
     assert throughput["circle"] == len(measured)
+    with_interval = [t for t in measured if record(t).throughput_low is not None]
+    assert throughput["errorbar"] == len(with_interval) + (ref.latest().blocks > 0)
     for mode, size in searched.result.ceilings.items():
         if size > 0:
             assert f"{mode} ceiling {size}" in page.svg_text["throughput"]
@@ -196,12 +213,15 @@ def test_every_plot_section_is_there_and_drawn(searched: SimpleNamespace) -> Non
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert history["circle"] >= len(done)
     assert history["polyline"] >= 1
-    fp16 = [t for t in measured if t.params["precision"] == "fp16" and t.user_attrs["scales"]]
+    fp16 = [t for t in measured if t.params["precision"] == "fp16" and record(t).scales]
     if fp16:
         # A line per fp16 trial with two or more check points, a dot at every check point.
         (scaler,) = page.svgs["scaler"]
-        assert scaler["polyline"] == sum(len(t.user_attrs["scales"]) > 1 for t in fp16)
-        assert scaler["circle"] >= sum(len(t.user_attrs["scales"]) for t in fp16)
+        assert scaler["polyline"] == sum(len(record(t).scales) > 1 for t in fp16)
+        assert scaler["circle"] >= sum(len(record(t).scales) for t in fp16)
+    # The reference's measurements over time: a point each.
+    (drift,) = page.svgs["reference"]
+    assert drift["circle"] == len(ref.measurements)
 
 
 def test_summary_names_the_winner_and_both_baselines(searched: SimpleNamespace) -> None:
@@ -227,6 +247,7 @@ def test_text_summary(searched: SimpleNamespace) -> None:
     assert text.startswith("study 'tiny':")
     assert f"winner: {cfg.precision} bs={cfg.batch_size}" in text
     assert "fp32 reference: fp32 bs=32" in text
+    assert "timing noise: " in text
     complete = sum(t.state == TrialState.COMPLETE for t in searched.result.study.trials)
     assert f"trials: {complete} complete" in text
 
@@ -276,124 +297,218 @@ DISTS = {
     "lr_multiplier": FloatDistribution(0.5, 2.0, log=True),
     "init_scale": CategoricalDistribution([256.0, 65536.0]),
 }
+SPEC = {
+    "workload": "autotune.workloads:tiny_convnet",
+    "device": "cpu",
+    "budget": "1m",
+    "parity_tolerance": 0.05,
+    "space": {"precisions": ["fp32", "fp16", "bf16"]},
+    "validation": {"min_speedup": 1.05},
+}
+BASE = {"precision": "fp32", "batch_size": 32, "lr_multiplier": 1.0}
+FP16 = {**BASE, "precision": "fp16", "init_scale": 65536.0}
+CURVE = [2.3 - 0.05 * i for i in range(12)]
+OK = {"parity": 0.0}
+# The fp32 reference measured three times; the third moved out of the second's interval.
+T0 = 1_700_000_000.0
+MEASUREMENTS = [
+    ReferenceMeasurement(at=T0, throughput=1000.0, low=980.0, high=1020.0, blocks=12, spread=0.02),
+    ReferenceMeasurement(
+        at=T0 + 60, throughput=1010.0, low=990.0, high=1030.0, blocks=10, spread=0.03
+    ),
+    ReferenceMeasurement(
+        at=T0 + 180, throughput=900.0, low=880.0, high=915.0, blocks=11, spread=0.02
+    ),
+]
 
 
-def _trial(state: TrialState, params: dict, value: float | None = None, **attrs) -> object:
-    dists = {k: DISTS[k] for k in params}
-    constraints = attrs.pop("constraints", None)
+def _trial(
+    state: TrialState,
+    params: dict,
+    value: float | None = None,
+    constraints: dict | None = None,
+    **fields,
+) -> object:
+    """A trial as a search stores it: its record as user attributes, its constraints as
+    Optuna's system attributes."""
     return create_trial(
         state=state,
         value=value,
         params=params,
-        distributions=dists,
-        user_attrs=attrs,
-        constraints=constraints,
+        distributions={k: DISTS[k] for k in params},
+        user_attrs=TrialRecord(**fields).to_attrs(),
+        system_attrs={f"constraints:{k}": v for k, v in (constraints or {}).items()},
     )
+
+
+def _interval(tp: float, speedup: float, ref: float = 1000.0) -> dict:
+    """A completed trial's figures with ±5% intervals, against a reference of ``ref``."""
+    return {
+        "throughput": tp,
+        "throughput_low": tp * 0.95,
+        "throughput_high": tp * 1.05,
+        "blocks": 12,
+        "reference_throughput": ref,
+        "speedup": speedup,
+        "speedup_low": round(speedup - 0.1, 2),
+        "speedup_high": round(speedup + 0.1, 2),
+    }
 
 
 def build_handmade(tmp_path: Path) -> SimpleNamespace:
-    """A study with one trial of each outcome a search can write, and no best.json."""
+    """A study with one trial of each outcome a search can write, the fp32 reference stored
+    with the study (three measurements, one drifted), and no best.json."""
     storage = f"sqlite:///{tmp_path / 'h.db'}"
     study = optuna.create_study(study_name="hand", storage=storage, direction="maximize")
+    study.set_user_attr("spec", SPEC)
+    study.set_user_attr(ceilings_key("box", "cpu"), {"fp32": 128, "fp16": 64, "bf16": 64})
     study.set_user_attr(
-        "spec",
-        {
-            "workload": "autotune.workloads:tiny_convnet",
-            "device": "cpu",
-            "budget": "1m",
-            "parity_tolerance": 0.05,
-            "space": {"precisions": ["fp32", "fp16", "bf16"]},
-        },
+        reference_key("box", "cpu"),
+        ReferenceRecord(
+            batch_size=32,
+            learning_rate=0.2,
+            losses=CURVE,
+            peak_memory_bytes=2**20,
+            measurements=MEASUREMENTS,
+        ).model_dump(mode="json"),
     )
-    study.set_user_attr("ceilings:cpu", {"fp32": 128, "fp16": 64, "bf16": 64})
-    base = {"precision": "fp32", "batch_size": 32, "lr_multiplier": 1.0}
-    fp16 = {**base, "precision": "fp16", "init_scale": 65536.0}
-    curve = [2.3 - 0.05 * i for i in range(12)]
-    ok = {"parity": 0.0}
+    good = {**BASE, "precision": "bf16", "batch_size": 64}
     trials = [
         _trial(
             TrialState.COMPLETE,
-            base,
-            1000.0,
-            role="reference",
-            outcome="completed",
-            throughput=1000.0,
-            losses=curve,
-            scales=[],
-            learning_rate=0.2,
-            constraints=ok,
-        ),
-        _trial(
-            TrialState.COMPLETE,
-            fp16,
-            900.0,
+            FP16,
+            0.9,
+            OK,
             role="amp_recipe",
             outcome="completed",
-            throughput=900.0,
-            losses=curve,
+            losses=CURVE,
             learning_rate=0.2,
-            constraints=ok,
-            scales=[[1, 65536.0], [5, 32768.0], [11, 16384.0]],
+            scales=[(1, 65536.0), (5, 32768.0), (11, 16384.0)],
+            **_interval(900.0, 0.9),
         ),
         _trial(
             TrialState.COMPLETE,
-            {**base, "precision": "bf16", "batch_size": 64},
-            1800.0,
+            good,
+            1.8,
+            OK,
             outcome="completed",
-            throughput=1800.0,
-            losses=curve[:6],
+            losses=CURVE[:6],
             learning_rate=0.4,
             parity_gap=0.01,
-            constraints=ok,
+            **_interval(1800.0, 1.8),
         ),
         _trial(
             TrialState.COMPLETE,
-            {**base, "precision": "bf16", "lr_multiplier": 2.0},
-            1500.0,
-            outcome="completed",
-            throughput=1500.0,
+            {**BASE, "precision": "bf16", "lr_multiplier": 2.0},
+            1.5,
+            {"parity": 0.07},
+            outcome="infeasible",
             losses=[2.3] * 12,
             learning_rate=0.4,
             parity_gap=0.12,
-            constraints={"parity": 0.07},
             reason="parity: loss 2.3 is +12.0% vs the fp32 reference's 2.05 (tolerance 5%)",
+            **_interval(1500.0, 1.5),
         ),
         _trial(
             TrialState.PRUNED,
-            {**fp16, "init_scale": 256.0, "batch_size": 64},
+            {**FP16, "init_scale": 256.0, "batch_size": 64},
             outcome="diverged",
             reason="loss=inf at step 14, scale=0.5",
             losses=[2.3, None, None],
-            scales=[[1, 256.0], [5, 1.0], [11, 0.5]],
+            scales=[(1, 256.0), (5, 1.0), (11, 0.5)],
         ),
         _trial(
             TrialState.PRUNED,
-            {**base, "batch_size": 128},
+            {**BASE, "batch_size": 128},
             outcome="oom",
             reason="out of memory at batch_size=128",
         ),
         _trial(
             TrialState.FAIL,
-            {**base, "precision": "bf16"},
+            {**BASE, "precision": "bf16"},
             outcome="crashed",
             reason="worker process died (exit code -9) during the probe",
         ),
         _trial(
             TrialState.COMPLETE,
-            {**base, "precision": "bf16", "batch_size": 64},
-            1800.0,
+            good,
+            1.8,
+            OK,
             outcome="completed",
-            throughput=1800.0,
-            losses=curve[:6],
+            losses=CURVE[:6],
             learning_rate=0.4,
-            duplicate_of=2,
-            constraints=ok,
+            duplicate_of=1,
+            **_interval(1800.0, 1.8),
         ),
-        _trial(TrialState.WAITING, {}),
+        create_trial(state=TrialState.WAITING),
     ]
     for t in trials:
         study.add_trial(t)
     return SimpleNamespace(study=study, storage=storage, tmp=tmp_path)
+
+
+def build_legacy(tmp_path: Path) -> SimpleNamespace:
+    """A study an older autotune wrote: the fp32 reference is trial 0, no figure has an
+    interval, the objective is samples/s, and the ceilings key names no machine."""
+    storage = f"sqlite:///{tmp_path / 'old.db'}"
+    study = optuna.create_study(study_name="old", storage=storage, direction="maximize")
+    study.set_user_attr("spec", {k: v for k, v in SPEC.items() if k != "validation"})
+    study.set_user_attr("ceilings:cpu", {"fp32": 128, "fp16": 64, "bf16": 64})
+    old = [
+        _trial(
+            TrialState.COMPLETE,
+            BASE,
+            1000.0,
+            OK,
+            role="reference",
+            outcome="completed",
+            throughput=1000.0,
+            losses=CURVE,
+            learning_rate=0.2,
+        ),
+        _trial(
+            TrialState.COMPLETE,
+            {**BASE, "precision": "bf16", "batch_size": 64},
+            1800.0,
+            OK,
+            outcome="completed",
+            throughput=1800.0,
+            losses=CURVE[:6],
+            learning_rate=0.4,
+            parity_gap=0.01,
+        ),
+        _trial(
+            TrialState.PRUNED,
+            {**BASE, "batch_size": 128},
+            outcome="oom",
+            reason="out of memory at batch_size=128",
+        ),
+    ]
+    for t in old:
+        study.add_trial(t)
+    return SimpleNamespace(study=study, storage=storage, tmp=tmp_path)
+
+
+def validated_config(**evidence: object) -> TunedConfig:
+    """The config a search of the hand-made study would write: bf16 bs=64, validated."""
+    cfg = make_config("bf16", batch_size=64, learning_rate=0.4)
+    ev = cfg.evidence.model_copy(
+        update={
+            "throughput": 1750.0,
+            "throughput_low": 1700.0,
+            "throughput_high": 1800.0,
+            "baseline_throughput": 1000.0,
+            "speedup": 1.75,
+            "speedup_low": 1.66,
+            "speedup_high": 1.84,
+            "paired_blocks": 24,
+            "search_speedup": 1.8,
+            "search_optimism": 0.0286,
+            "noise": 0.021,
+            **evidence,
+        }
+    )
+    return cfg.model_copy(update={"study": "hand", "evidence": ev})
 
 
 @pytest.fixture
@@ -404,21 +519,21 @@ def handmade(tmp_path: Path) -> SimpleNamespace:
 def test_every_outcome_renders_with_its_reason(handmade: SimpleNamespace) -> None:
     data = collect(handmade.study, out_dir=handmade.tmp / "out", storage=handmade.storage)
     page = parse(render_html(data))
-    assert page.rows == list(range(9))
-    assert "diverged" in page.row_text[4] and "loss=inf at step 14" in page.row_text[4]
-    assert "oom" in page.row_text[5] and "pruned" in page.row_text[5]
-    assert "crashed" in page.row_text[6] and "fail" in page.row_text[6]
-    assert "infeasible" in page.row_text[3] and "+12.0%" in page.row_text[3]
-    assert "same parameters as trial 2" in page.row_text[7]
-    assert "waiting" in page.row_text[8]
+    assert page.rows == list(range(8))
+    assert "diverged" in page.row_text[3] and "loss=inf at step 14" in page.row_text[3]
+    assert "oom" in page.row_text[4] and "pruned" in page.row_text[4]
+    assert "crashed" in page.row_text[5] and "fail" in page.row_text[5]
+    assert "infeasible" in page.row_text[2] and "+12.0%" in page.row_text[2]
+    assert "same parameters as trial 1" in page.row_text[6]
+    assert "waiting" in page.row_text[7]
     # No best.json: the summary says so, and the winner is the best feasible trial.
     assert any("No best.json" in n for n in page.notes["summary"])
-    assert data.winner is not None and data.winner.number == 2
+    assert data.winner is not None and data.winner.number == 1
     # Both fp16 runs are drawn; the diverged one falls to the "scale < 1" line.
     (scaler,) = page.svgs["scaler"]
     assert scaler["polyline"] == 2
     assert "scale < 1: diverging" in page.svg_text["scaler"]
-    # The winner (bs 64) and the reference (bs 32) share the samples-seen axis.
+    # The winner (bs 64) and the stored reference (bs 32) share the samples-seen axis.
     (parity,) = page.svgs["parity"]
     assert parity["polyline"] >= 2
     assert "parity window" in page.svg_text["parity"]
@@ -427,6 +542,165 @@ def test_every_outcome_renders_with_its_reason(handmade: SimpleNamespace) -> Non
     assert {"fp32 ceiling 128", "fp16 ceiling 64", "bf16 ceiling 64"} <= set(
         page.svg_text["throughput"]
     )
+
+
+def test_intervals_are_shown_in_the_table_the_plots_and_the_summary(
+    handmade: SimpleNamespace,
+) -> None:
+    data = collect(handmade.study, storage=handmade.storage)
+    page = parse(render_html(data))
+    # The trial table: each speedup with its interval; a trial without figures shows "—".
+    assert "1.80× (1.70–1.90)" in page.row_text[1]
+    assert "0.90× (0.80–1.00)" in page.row_text[0]
+    assert "—" in page.row_text[4]
+    # Error bars: the three measured trials (the duplicate reuses a twin's) and the reference.
+    (throughput,) = page.svgs["throughput"]
+    assert throughput["errorbar"] == 4
+    assert throughput["circle"] == 3 and throughput["rect"] >= 1
+    (history,) = page.svgs["history"]
+    assert history["errorbar"] == 4
+    assert "speedup over the fp32 reference (×)" in page.svg_text["history"]
+    # The baselines: the reference's latest measurement with its interval; the AMP recipe.
+    ref_row = next(r for r in page.baseline_rows if r.startswith("fp32 reference"))
+    assert "900.0 (880.0–915.0)" in ref_row and "measured 3 times" in ref_row
+    amp_row = next(r for r in page.baseline_rows if r.startswith("plain AMP recipe"))
+    assert "0.90× (0.80–1.00)" in amp_row
+    # The device's noise: the median spread of the reference's timed blocks.
+    assert "timing noise" in render_html(data) and "2.0% (spread" in render_html(data)
+
+
+def test_the_reference_over_time_shows_its_drift(handmade: SimpleNamespace) -> None:
+    page = parse(render_html(collect(handmade.study, storage=handmade.storage)))
+    (drift,) = page.svgs["reference"]
+    assert drift["circle"] == 3 and drift["errorbar"] == 3
+    html = render_html(collect(handmade.study, storage=handmade.storage))
+    assert "1 of 2 re-measurements moved outside the previous interval (drift)" in html
+    assert "drifted from the previous one" in html
+
+
+def test_a_validated_config_shows_search_against_validation(handmade: SimpleNamespace) -> None:
+    out = handmade.tmp / "out"
+    out.mkdir()
+    write_config(out / "best.json", validated_config())
+    data = collect(handmade.study, out_dir=out, storage=handmade.storage)
+    html = render_html(data)
+    page = parse(html)
+    assert data.winner is not None and data.winner.number == 1
+    # The winner card: validated speedup with interval and paired blocks, the search's figure
+    # and its optimism, the noise that validation recorded.
+    assert "<b>1.75×</b> (1.66–1.84) the fp32 reference, over 24 paired blocks" in html
+    assert "the search measured 1.80× (search optimism +2.9%)" in html
+    assert "timing noise of this device 2.1%" in html
+    rows = page.baseline_rows
+    assert any(
+        r.startswith("winner (validation, paired)") and "1.75× (1.66–1.84)" in r for r in rows
+    )
+    assert any(r.startswith("winner (in the search)") and "1.80× (1.70–1.90)" in r for r in rows)
+    # The figure: the search's interval above validation's.
+    (fig,) = page.svgs["validation"]
+    assert fig["errorbar"] == 2 and fig["circle"] == 2
+    assert "search optimism: +2.9%" in html.lower()
+    text = render_text(data)
+    assert "1.75x (1.66–1.84) the fp32 reference over 24 paired blocks (validated)" in text
+    assert "the search measured 1.80x: search optimism +2.9%" in text
+    assert "timing noise: 2.1%" in text
+
+
+def test_a_fallback_config_says_no_candidate_validated(handmade: SimpleNamespace) -> None:
+    out = handmade.tmp / "out"
+    out.mkdir()
+    cfg = make_config("fp32", batch_size=32, learning_rate=0.2)
+    ev = cfg.evidence.model_copy(
+        update={
+            "throughput": 900.0,
+            "baseline_throughput": 900.0,
+            "speedup": 1.0,
+            "validated": False,
+        }
+    )
+    write_config(out / "best.json", cfg.model_copy(update={"study": "hand", "evidence": ev}))
+    data = collect(handmade.study, out_dir=out, storage=handmade.storage)
+    page = parse(render_html(data))
+    assert any("lower bound cleared the bar" in n for n in page.notes["validation"])
+    assert "NOT validated: fp32 fallback" in render_text(data)
+
+
+def test_the_text_report_shows_intervals_and_the_noise(handmade: SimpleNamespace) -> None:
+    text = render_text(collect(handmade.study, storage=handmade.storage))
+    assert "fp32 reference: fp32 bs=32 lr×1: 900.0 samples/s (880.0–915.0)" in text
+    assert "latest of 3 measurements; range 900.0–1,010.0" in text
+    assert "timing noise: 2.0%" in text
+    assert (
+        "plain AMP recipe: fp16 bs=32 lr×1 init_scale=65536: 900.0 samples/s, 0.90x (0.80–1.00)"
+        in text
+    )
+    best = text.split("best feasible trials:")[1]
+    # Feasible and measured only: the infeasible trial and the duplicate are not ranked.
+    assert "#1" in best and "1.80x (1.70–1.90)" in best
+    assert "#2 " not in best and "#6 " not in best
+
+
+def test_importances_are_said_to_be_on_the_speedup(handmade: SimpleNamespace) -> None:
+    data = collect(handmade.study, storage=handmade.storage)
+    assert data.objective == "speedup" and data.importances is not None
+    assert "computed on the objective: each trial's speedup" in data.importance_note
+    html = render_html(data)
+    caption = html.split('<section id="importance">')[1].split("</section>")[0]
+    assert "speedup over the fp32 reference measured close to it in time" in caption
+
+
+def test_an_older_study_still_renders_with_dashes_for_intervals(tmp_path: Path) -> None:
+    old = build_legacy(tmp_path)
+    data = collect(old.study, storage=old.storage)
+    html = render_html(data)
+    page = parse(html)
+    assert page.rows == [0, 1, 2]
+    assert data.objective == "throughput"
+    # The reference trial is the divisor, measured once; figures without interval show "—".
+    assert "reference" in page.row_text[0]
+    assert "1.80× (—)" in page.row_text[1]
+    ref_row = next(r for r in page.baseline_rows if r.startswith("fp32 reference"))
+    assert "1,000.0 (—)" in ref_row
+    (throughput,) = page.svgs["throughput"]
+    assert throughput["errorbar"] == 0
+    assert any("measured once" in n for n in page.notes["reference"])
+    assert {"fp32 ceiling 128", "fp16 ceiling 64"} <= set(page.svg_text["throughput"])
+    assert "samples/s" in page.svg_text["history"]
+    text = render_text(data)
+    assert "fp32 reference: fp32 bs=32 lr×1: 1,000.0 samples/s" in text
+    assert "1.80x" in text and "timing noise: —" in text
+    assert "older autotune" in text
+
+
+def test_the_spec_device_picks_the_reference(handmade: SimpleNamespace) -> None:
+    other = ReferenceRecord(
+        batch_size=32,
+        learning_rate=0.2,
+        losses=CURVE,
+        measurements=[MEASUREMENTS[0].model_copy(update={"throughput": 50_000.0})],
+    )
+    handmade.study.set_user_attr(reference_key("box", "cuda:0"), other.model_dump(mode="json"))
+    data = collect(handmade.study, storage=handmade.storage)
+    assert data.reference_where == "box:cpu" and data.reference_throughput == 900.0
+    assert any("box:cuda:0" in n for n in data.notes)
+    spec = {**SPEC, "device": "cuda"}
+    handmade.study.set_user_attr("spec", spec)
+    data = collect(handmade.study, storage=handmade.storage)
+    assert data.reference_where == "box:cuda:0" and data.reference_throughput == 50_000.0
+
+
+def test_a_study_without_a_reference_says_so(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'n.db'}"
+    study = optuna.create_study(study_name="noref", storage=storage, direction="maximize")
+    study.add_trial(
+        _trial(TrialState.PRUNED, BASE, outcome="oom", reason="out of memory at batch_size=32")
+    )
+    data = collect(study, storage=storage)
+    page = parse(render_html(data))
+    assert page.rows == [0]
+    assert any("has not been measured" in n for n in page.notes["summary"])
+    assert page.notes["reference"]
+    assert "fp32 reference: not run" in render_text(data)
 
 
 def test_a_study_with_too_few_trials_explains_what_is_missing(tmp_path: Path) -> None:

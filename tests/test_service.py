@@ -523,3 +523,103 @@ def test_gpu_room_from_nvml(
     assert reading.own_bytes == 2 * 2**30 and [p.pid for p in reading.others] == [200]
     room = monitor.room_for("cuda:0", int(need_gib * 2**30), 0.1)
     assert (why in room) if why else room == ""
+
+
+# ---- a study's standing, read through the trial record -----------------------------------------
+
+
+def test_standing_reads_trials_through_their_record(tmp_path: Path) -> None:
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from autotune.service._models import StudyDetail
+    from autotune.service._standing import read_standing
+    from autotune.trials import (
+        ReferenceMeasurement,
+        ReferenceRecord,
+        TrialRecord,
+        reference_key,
+    )
+
+    dists = {
+        "precision": CategoricalDistribution(["fp32", "bf16"]),
+        "batch_size": CategoricalDistribution([32, 64]),
+    }
+
+    def trial(state: TrialState, value: float | None = None, gap: float = 0.0, **fields: Any):
+        return create_trial(
+            state=state,
+            value=value,
+            params={"precision": "bf16", "batch_size": 64},
+            distributions=dists,
+            user_attrs=TrialRecord(**fields).to_attrs(),
+            system_attrs={"constraints:parity": gap} if state == TrialState.COMPLETE else {},
+        )
+
+    study = optuna.create_study(
+        study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize"
+    )
+    reference = ReferenceRecord(
+        batch_size=32,
+        learning_rate=0.1,
+        measurements=[
+            ReferenceMeasurement(at=100.0, throughput=1000.0, low=990.0, high=1010.0, blocks=9),
+            ReferenceMeasurement(at=200.0, throughput=950.0, low=940.0, high=960.0, blocks=9),
+        ],
+    )
+    study.set_user_attr(reference_key("box", "cpu"), reference.model_dump(mode="json"))
+    measured = {"throughput": 1800.0, "reference_throughput": 950.0}
+    for t in (
+        trial(
+            TrialState.COMPLETE,
+            1.9,
+            outcome="completed",
+            speedup=1.9,
+            speedup_low=1.8,
+            speedup_high=2.0,
+            **measured,
+        ),
+        # Faster, but breaks parity: not the best.
+        trial(TrialState.COMPLETE, 2.5, gap=0.04, outcome="infeasible", speedup=2.5, **measured),
+        # Faster still, but a copy of a twin's measurement: not ranked.
+        trial(TrialState.COMPLETE, 3.0, outcome="completed", speedup=3.0, duplicate_of=0),
+        trial(TrialState.PRUNED, outcome="oom", reason="out of memory at batch_size=64"),
+        trial(TrialState.FAIL),  # failed by the heartbeat check: nobody recorded why
+        trial(TrialState.RUNNING),
+    ):
+        study.add_trial(t)
+
+    standing = read_standing(study)
+    assert standing.reference_throughput == 950.0  # the latest measurement
+    assert standing.by_outcome == {"completed": 2, "infeasible": 1, "oom": 1, "stale": 1}
+    assert standing.trials == {"complete": 3, "pruned": 1, "fail": 1, "running": 1}
+    best = standing.best
+    assert best is not None and best.number == 0
+    assert (best.speedup, best.speedup_low, best.speedup_high) == (1.9, 1.8, 2.0)
+    by_number = {t.number: t for t in standing.latest}
+    assert by_number[1].outcome == "infeasible" and by_number[1].speedup == 2.5
+    assert by_number[4].outcome == "stale" and "no heartbeat" in (by_number[4].reason or "")
+    assert by_number[5].outcome is None and by_number[5].speedup is None
+    # The API's answer carries the intervals (and parses back: the client reads it).
+    detail = StudyDetail(
+        name="s",
+        state="running",
+        detail="",
+        priority=0,
+        workload="w",
+        device="cpu",
+        submitted_at=datetime.now(),
+        progress={"budget_seconds": 60.0, "budget_used_seconds": 1.0},
+        best=best,
+        trials=standing.latest,
+    )
+    again = StudyDetail.model_validate_json(detail.model_dump_json())
+    assert again.best is not None and again.best.speedup_low == 1.8
+
+
+def test_standing_without_a_reference(tmp_path: Path) -> None:
+    from autotune.service._standing import read_standing
+
+    study = optuna.create_study(study_name="e", storage=f"sqlite:///{tmp_path / 'e.db'}")
+    standing = read_standing(study)
+    assert standing.reference_throughput is None and standing.best is None

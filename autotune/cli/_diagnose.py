@@ -115,6 +115,7 @@ def diagnose(
 def _resolve(target: str, storage: str, precision: str) -> tuple[str, Any, str]:
     """A workload reference or a study name → (workload reference, trial or None, a note)."""
     from autotune.diagnose import worst_diverged_trial
+    from autotune.trials import record
     from autotune.workloads import BUILTINS, normalize_reference
 
     ref = normalize_reference(target)
@@ -137,7 +138,7 @@ def _resolve(target: str, storage: str, precision: str) -> tuple[str, Any, str]:
                 f"workload's base settings"
             ),
         )
-    reason = trial.user_attrs.get("reason") or "diverged"
+    reason = record(trial).reason or "diverged"
     return (
         reference,
         trial,

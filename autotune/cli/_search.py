@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from loguru import logger
+from optuna.trial import TrialState
 from rich.markup import escape
 from rich.table import Table
 
@@ -18,7 +19,16 @@ from autotune.errors import AutotuneError, SpecError
 from autotune.logs import JSON_ENV, log_to_file
 from autotune.precision import resolve_device
 from autotune.progress import SearchProgress
+from autotune.report import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.storage import mask_url
+from autotune.trials import (
+    ROLE_AMP,
+    ReferenceRecord,
+    display_outcome,
+    label,
+    record,
+    role_trials,
+)
 
 DEFAULT_SPEC = Path("studies/resnet18.yaml")
 
@@ -149,9 +159,11 @@ def _report_args(spec: Any, out: Path | None) -> str:
 
 def _log_outcome(result: Any) -> None:
     """The search's final decisions, into the log file too (the summary table is stdout only)."""
-    for rejection in result.rejected:
-        if rejection.stage == "validation":
-            logger.info("rejected in validation: {}", rejection)
+    for r in result.rejected:
+        if r.stage == "validation":
+            logger.bind(event="rejected", label=r.label, kind=r.kind).info(
+                "rejected in validation: {}", r
+            )
     cfg = result.config
     if cfg is None:
         return
@@ -163,14 +175,21 @@ def _log_outcome(result: Any) -> None:
         learning_rate=cfg.learning_rate,
         throughput=ev.throughput,
         speedup=ev.speedup,
+        speedup_low=ev.speedup_low,
+        speedup_high=ev.speedup_high,
+        paired_blocks=ev.paired_blocks,
+        search_speedup=ev.search_speedup,
+        search_optimism=ev.search_optimism,
+        noise=ev.noise,
         validated=ev.validated,
     ).info(
-        "config: {} bs={} lr={:.3g} at {:.1f} samples/s, {:.2f}x the fp32 reference ({})",
+        "config: {} bs={} lr={:.3g} at {:.1f} samples/s, {} the fp32 reference{} ({})",
         cfg.precision,
         cfg.batch_size,
         cfg.learning_rate,
         ev.throughput,
-        ev.speedup,
+        ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high),
+        f" over {ev.paired_blocks} paired blocks" if ev.paired_blocks else "",
         "validated" if ev.validated else "not validated: fp32 fallback",
     )
 
@@ -189,8 +208,47 @@ def _write_report(spec: Any, out_dir: Path) -> None:
     console.print(f"report written to [bold]{escape(str(path))}[/]", highlight=False)
 
 
-def _fmt_tp(value: Any) -> str:
-    return f"{value:,.1f}" if isinstance(value, (int, float)) and value else "—"
+def _reference_row(reference: ReferenceRecord | None) -> tuple[str, ...]:
+    """The fp32 reference's row: its latest measurement with its interval."""
+    if reference is None:
+        return ("fp32 reference", "—", "—", "—", "not measured")
+    settings = label({"precision": reference.precision, "batch_size": reference.batch_size})
+    m = reference.latest()
+    if m is None:
+        return ("fp32 reference", settings, "—", "—", "not measured")
+    n = len(reference.measurements)
+    outcome = f"measured {n} time{'s' if n != 1 else ''}" + (", latest shown" if n > 1 else "")
+    low, high = (m.low, m.high) if m.blocks > 0 else (None, None)
+    return ("fp32 reference", settings, throughput_text(m.throughput, low, high), "1.00x", outcome)
+
+
+def _amp_row(result: Any) -> tuple[str, ...]:
+    """The plain AMP recipe's row, read through its trial's record."""
+    t = role_trials(result.study.get_trials(deepcopy=False)).get(ROLE_AMP)
+    if t is None:
+        return ("plain AMP recipe", "—", "—", "—", "not run")
+    rec = record(t)
+    outcome = display_outcome(t) or t.state.name.lower()
+    if rec.reason and outcome != "completed":
+        outcome += f": {rec.reason}"
+    if t.state != TrialState.COMPLETE:
+        return ("plain AMP recipe", label(t.params), "—", "—", outcome)
+    return (
+        "plain AMP recipe",
+        label(t.params),
+        throughput_text(rec.throughput),
+        ratio_text(rec.speedup, rec.speedup_low, rec.speedup_high),
+        outcome,
+    )
+
+
+def _noise(result: Any) -> float | None:
+    """This device's timing noise: what validation recorded, else the reference's latest."""
+    ev = result.config.evidence
+    if ev.noise is not None:
+        return ev.noise
+    latest = result.reference.latest() if result.reference is not None else None
+    return latest.spread if latest is not None and latest.blocks > 0 else None
 
 
 def _print_summary(result: Any) -> None:
@@ -198,38 +256,42 @@ def _print_summary(result: Any) -> None:
     ev = cfg.evidence
     table = Table(title=f"study {cfg.study!r}: {cfg.workload} on {cfg.environment.device}")
     for col in ("", "settings", "samples/s", "vs fp32", "outcome"):
-        table.add_column(col)
+        # Wrap at spaces, never cut a figure short.
+        table.add_column(col, overflow="fold")
     winner = f"{cfg.precision} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}"
     if cfg.grad_scaler.enabled:
         winner += f" init_scale={cfg.grad_scaler.init_scale:g}"
     status = "validated" if ev.validated else "NOT validated: fp32 fallback"
-    table.add_row("winner", winner, _fmt_tp(ev.throughput), f"{ev.speedup:.2f}x", status)
-    latest = result.reference.latest() if result.reference is not None else None
-    ref_tp = latest.throughput if latest is not None else None
-    reference = {
-        "label": f"fp32 bs={result.reference.batch_size}" if result.reference else "—",
-        "throughput": ref_tp,
-        "outcome": "measured" if latest is not None else "not run",
-    }
-    for b, label in (
-        (reference, "fp32 reference"),
-        (result.baselines["amp_recipe"], "plain AMP recipe"),
-    ):
-        tp = b.get("throughput")
-        ratio = f"{tp / ref_tp:.2f}x" if tp and ref_tp else "—"
-        outcome = b.get("outcome", "")
-        if b.get("reason") and outcome != "completed":
-            outcome += f": {b['reason']}"
-        table.add_row(label, b.get("label", "—"), _fmt_tp(tp), ratio, outcome)
+    if ev.validated and ev.paired_blocks:
+        status += f" over {ev.paired_blocks} paired blocks"
+    table.add_row(
+        "winner",
+        winner,
+        # The speedup carries the interval; samples/s alone keeps the table narrow.
+        throughput_text(ev.throughput),
+        ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high),
+        status,
+    )
+    if ev.search_speedup is not None:
+        table.add_row(
+            "  in the search",
+            "the same",
+            "",
+            f"{ev.search_speedup:.2f}x",
+            f"search optimism {optimism_text(ev.search_optimism)}",
+        )
+    table.add_row(*_reference_row(result.reference))
+    table.add_row(*_amp_row(result))
     console.print(table)
+    console.print(f"timing noise: {noise_text(_noise(result))}", highlight=False)
     if ev.cut:
         console.print("[bold]cut from the space:[/]")
         for key, why in ev.cut.items():
             console.print(f"  {key}: {why}", highlight=False)
     if result.rejected:
         console.print("[bold]main rejections:[/]")
-        for line in result.rejected[:6]:
-            console.print(f"  {line}", highlight=False)
+        for r in result.rejected[:6]:
+            console.print(f"  {escape(str(r))}", highlight=False)
     t = ev.trials
     console.print(
         f"trials: {t.complete} complete, {t.pruned} pruned, {t.failed} failed; "

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from autotune.cli._app import app, console, fail, setup_logging
 from autotune.errors import AutotuneError, SpecError
+from autotune.report import ratio_text
 
 if TYPE_CHECKING:
     from autotune.service import ServiceClient
@@ -268,15 +269,18 @@ def _print_study(s: Any) -> None:
         params = " ".join(
             f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in s.best.params.items()
         )
+        best = s.best
+        line = f"  best so far: trial {best.number} {params} → {_tp(best.throughput)} samples/s"
+        if best.speedup is not None:
+            line += f", {ratio_text(best.speedup, best.speedup_low, best.speedup_high)} the fp32 reference"
         console.print(
-            f"  best so far: trial {s.best.number} {params} → {_tp(s.best.throughput)} samples/s "
-            f"(fp32 reference {_tp(p.reference_throughput)})",
+            f"{line} (fp32 reference now {_tp(p.reference_throughput)} samples/s)",
             highlight=False,
         )
     if not s.trials:
         return
     table = Table(title=f"latest trials of {s.name}")
-    for col in ("#", "state", "settings", "samples/s", "outcome", "reason"):
+    for col in ("#", "state", "settings", "samples/s", "vs fp32", "outcome", "reason"):
         table.add_column(col, overflow="fold")
     for t in s.trials[:20]:
         settings = " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in t.params.values())
@@ -286,6 +290,7 @@ def _print_study(s: Any) -> None:
             t.state,
             settings + retry,
             _tp(t.throughput),
+            ratio_text(t.speedup, t.speedup_low, t.speedup_high),
             t.outcome or "—",
             escape(t.reason or ""),
         )

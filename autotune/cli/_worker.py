@@ -88,7 +88,9 @@ def worker(
     except AutotuneError as exc:
         fail(str(exc))
         return
-    mine = [t for t in result.study.trials if t.user_attrs.get("worker") == _me()]
+    from autotune.trials import record
+
+    mine = [t for t in result.study.trials if record(t).worker == _me()]
     console.print(
         f"worker {_me()}: ran {len(mine)} trials of study {spec.name!r}; "
         + (

@@ -1,10 +1,13 @@
 """The report of a study: an HTML page with plots, and a short text summary.
 
 The page is one self-contained file (inline CSS and SVG, no script, no URL) that opens offline:
-a summary of the winner and the two baselines, throughput by batch size per mode with the
-memory ceilings, the winner's loss against the fp32 reference on a samples-seen axis, the
-GradScaler scale of fp16 trials, the optimization history, parameter importances, and a table
-of every trial with its outcome and reason.
+a summary of the winner and the baselines (speedups with their 95% intervals, the device's
+timing noise), throughput by batch size per mode with intervals and the memory ceilings, the
+winner's loss against the fp32 reference on a samples-seen axis, the winner's speedup as the
+search measured it against what validation measured (the search's optimism), the fp32
+reference's measurements over time (drift), the GradScaler scale of fp16 trials, the
+optimization history, parameter importances, and a table of every trial with its outcome,
+speedup interval and reason.
 
 Example:
     >>> from autotune.report import write_report
@@ -19,6 +22,7 @@ from pathlib import Path
 import optuna
 
 from autotune.report._data import DEFAULT_STORAGE, ReportData, collect, load_study
+from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.report._html import render_html
 from autotune.report._text import render_text
 
@@ -27,8 +31,12 @@ __all__ = [
     "ReportData",
     "collect",
     "load_study",
+    "noise_text",
+    "optimism_text",
+    "ratio_text",
     "render_html",
     "render_text",
+    "throughput_text",
     "write_report",
 ]
 

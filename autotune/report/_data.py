@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import socket
+import statistics
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,27 +19,54 @@ from autotune.config import TunedConfig, load_config
 from autotune.errors import ConfigError, StorageError
 from autotune.spec import StudySpec
 from autotune.storage import mask_url, open_storage
+from autotune.trials import (
+    DEFAULT_INIT_SCALE,
+    ROLE_AMP,
+    ROLE_REFERENCE,
+    ReferenceMeasurement,
+    ReferenceRecord,
+    TrialRecord,
+    feasible_trials,
+    is_feasible,
+    parse_ceilings_key,
+    record,
+    role_trials,
+    stored_ceilings,
+    stored_references,
+)
 
-__all__ = ["DEFAULT_STORAGE", "ReportData", "collect", "load_study"]
+__all__ = ["DEFAULT_STORAGE", "ReportData", "collect", "load_study", "measured_interval"]
 
+# The key older studies stored their one ceilings table under, followed by the device.
+_LEGACY_CEILINGS = "ceilings:"
 # The spec's default, so `autotune report tiny` finds what `autotune search` wrote.
 DEFAULT_STORAGE: str = StudySpec.model_fields["storage"].default
 
 
 @dataclass
 class ReportData:
-    """Everything a report shows about one study."""
+    """Everything a report shows about one study.
+
+    Trials are read through their :class:`~autotune.trials.TrialRecord` (``rec(t)``); the fp32
+    reference is the study's :class:`~autotune.trials.ReferenceRecord` of the spec's device. A
+    study written before the reference left the trials has it as a trial instead
+    (``legacy_reference``): it is shown from that trial, measured once and without interval.
+    """
 
     name: str
     storage: str
     spec: dict[str, Any]
     trials: list[FrozenTrial]
     maximize: bool
+    records: dict[int, TrialRecord] = field(default_factory=dict)
     config: TunedConfig | None = None
     config_path: Path | None = None
     ceilings: dict[str, int] = field(default_factory=dict)
     ceiling_device: str | None = None
-    reference: FrozenTrial | None = None
+    reference: ReferenceRecord | None = None
+    # Where the reference was measured: "host:device", or "trial N" for an older study.
+    reference_where: str | None = None
+    legacy_reference: FrozenTrial | None = None
     amp_recipe: FrozenTrial | None = None
     winner: FrozenTrial | None = None
     winner_note: str = ""
@@ -46,23 +75,62 @@ class ReportData:
     notes: list[str] = field(default_factory=list)
     generated_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
+    def rec(self, trial: FrozenTrial) -> TrialRecord:
+        """The trial's record (read once per report)."""
+        got = self.records.get(trial.number)
+        if got is None:
+            got = self.records[trial.number] = record(trial)
+        return got
+
     @property
     def parity_tolerance(self) -> float:
         return float(self.spec.get("parity_tolerance", 0.05))
 
     @property
-    def reference_throughput(self) -> float | None:
-        if self.reference is None:
-            return None
-        tp = self.reference.user_attrs.get("throughput")
-        return float(tp) if tp else None
+    def objective(self) -> str:
+        """What the trials' values are: ``speedup`` over the fp32 reference measured close in
+        time, ``throughput`` (samples/s, older studies) or ``time_to_loss`` (seconds)."""
+        if self.spec.get("objective") == "time_to_loss":
+            return "time_to_loss"
+        return "throughput" if self.legacy_reference is not None else "speedup"
 
-    def vs_reference(self, trial: FrozenTrial) -> float | None:
-        """A completed trial's throughput over the fp32 reference's (the search probes)."""
-        tp, ref = trial.user_attrs.get("throughput"), self.reference_throughput
-        if trial.state != TrialState.COMPLETE or not tp or not ref:
-            return None
-        return float(tp) / ref
+    @property
+    def reference_latest(self) -> ReferenceMeasurement | None:
+        return self.reference.latest() if self.reference is not None else None
+
+    @property
+    def reference_throughput(self) -> float | None:
+        m = self.reference_latest
+        return m.throughput if m is not None and m.throughput > 0 else None
+
+    @property
+    def noise(self) -> float | None:
+        """This device's timing noise: what validation recorded, else the median spread of the
+        reference's timed blocks over its measurements; None where nothing measured it."""
+        if self.config is not None and self.config.evidence.noise is not None:
+            return self.config.evidence.noise
+        spreads = [m.spread for m in self.reference_measurements() if m.blocks > 0]
+        return statistics.median(spreads) if spreads else None
+
+    def reference_measurements(self) -> list[ReferenceMeasurement]:
+        return list(self.reference.measurements) if self.reference is not None else []
+
+    def speedup(self, trial: FrozenTrial) -> tuple[float | None, float | None, float | None]:
+        """A completed trial's speedup over the fp32 reference and its interval.
+
+        The speedup is the one the search recorded (against the reference measured close in
+        time); an older trial without one is divided by the reference's throughput, and has no
+        interval.
+        """
+        if trial.state != TrialState.COMPLETE:
+            return None, None, None
+        rec = self.rec(trial)
+        if rec.speedup is not None:
+            return rec.speedup, rec.speedup_low, rec.speedup_high
+        ref = self.reference_throughput
+        if rec.throughput and ref:
+            return rec.throughput / ref, None, None
+        return None, None, None
 
     def counts(self) -> dict[str, int]:
         """Trials by state, infeasible (COMPLETE but breaking parity) counted apart too."""
@@ -70,7 +138,7 @@ class ReportData:
         for t in self.trials:
             if t.state == TrialState.COMPLETE:
                 out["complete"] += 1
-                out["infeasible"] += not feasible(t)
+                out["infeasible"] += not is_feasible(t)
             elif t.state == TrialState.PRUNED:
                 out["pruned"] += 1
             elif t.state == TrialState.FAIL:
@@ -80,11 +148,10 @@ class ReportData:
         return out
 
 
-def feasible(trial: FrozenTrial) -> bool:
-    """COMPLETE and every constraint satisfied (≤ 0)."""
-    return trial.state == TrialState.COMPLETE and all(
-        v <= 0 for v in (trial.constraints or {}).values()
-    )
+def measured_interval(m: ReferenceMeasurement) -> tuple[float | None, float | None]:
+    """A reference measurement's interval; none for one that timed no blocks (an older
+    study's single figure)."""
+    return (m.low, m.high) if m.blocks > 0 else (None, None)
 
 
 def load_study(name: str, storage: str = DEFAULT_STORAGE) -> optuna.Study:
@@ -115,15 +182,85 @@ def load_study(name: str, storage: str = DEFAULT_STORAGE) -> optuna.Study:
     )
 
 
+def _pick(where: list[tuple[str, str]], device: str) -> tuple[str, str] | None:
+    """Of the ``(host, device)`` places a study stored something for, the spec's device on
+    this machine, else on any machine, else the first."""
+    if not where:
+        return None
+    places = sorted(where)
+    here = socket.gethostname()
+
+    def matches(d: str) -> bool:
+        # "cuda" in a spec is the first GPU: the search stored it as "cuda:0".
+        return bool(device) and (d == device or d.startswith(f"{device}:"))
+
+    return (
+        next((p for p in places if p[0] == here and matches(p[1])), None)
+        or next((p for p in places if matches(p[1])), None)
+        or places[0]
+    )
+
+
 def _pick_ceilings(attrs: dict[str, Any], device: str) -> tuple[dict[str, int], str | None]:
-    stored = {k.split(":", 1)[1]: v for k, v in attrs.items() if k.startswith("ceilings:")}
-    stored = {k: v for k, v in stored.items() if isinstance(v, dict)}
-    if not stored:
+    stored = stored_ceilings(attrs)
+    where = _pick(list(stored), device)
+    if where is not None:
+        return stored[where], f"{where[0]}:{where[1]}"
+    # Older studies stored one table per device, without the machine: "ceilings:<device>".
+    legacy = {
+        k[len(_LEGACY_CEILINGS) :]: v
+        for k, v in attrs.items()
+        if k.startswith(_LEGACY_CEILINGS) and parse_ceilings_key(k) is None and isinstance(v, dict)
+    }
+    if not legacy:
         return {}, None
-    # Keys are "<device>" or "<machine>:<device>"; prefer the spec's device, else the first.
-    keys = sorted(stored)
-    key = next((k for k in keys if k == device or k.endswith(f":{device}")), keys[0])
-    return {str(m): int(b) for m, b in stored[key].items()}, key
+    key = device if device in legacy else sorted(legacy)[0]
+    try:
+        return {str(m): int(b) for m, b in legacy[key].items()}, key
+    except (TypeError, ValueError):
+        return {}, None
+
+
+def _pick_reference(data: ReportData, attrs: dict[str, Any], roles: dict[str, FrozenTrial]) -> None:
+    """The study's fp32 reference for the spec's device; an older study's reference trial."""
+    stored = stored_references(attrs)
+    where = _pick(list(stored), str(data.spec.get("device", "")))
+    if where is not None:
+        data.reference, data.reference_where = stored[where], f"{where[0]}:{where[1]}"
+        if len(stored) > 1:
+            others = ", ".join(f"{h}:{d}" for h, d in sorted(stored) if (h, d) != where)
+            data.notes.append(
+                f"the study also holds fp32 references measured on {others}; this report "
+                f"shows {where[0]}:{where[1]}'s"
+            )
+        return
+    t = roles.get(ROLE_REFERENCE)
+    if t is None or "batch_size" not in t.params:
+        return
+    # An older study: the reference was a trial, measured once, without an interval.
+    rec = data.rec(t)
+    measurements = []
+    if t.state == TrialState.COMPLETE and rec.throughput:
+        at = t.datetime_complete.timestamp() if t.datetime_complete else 0.0
+        measurements.append(
+            ReferenceMeasurement(
+                at=at, throughput=rec.throughput, low=rec.throughput, high=rec.throughput
+            )
+        )
+    data.legacy_reference = t
+    data.reference_where = f"trial {t.number}"
+    data.reference = ReferenceRecord(
+        precision=str(t.params.get("precision", "fp32")),
+        batch_size=int(t.params["batch_size"]),
+        learning_rate=rec.learning_rate or 0.0,
+        losses=list(rec.losses),
+        peak_memory_bytes=rec.peak_memory_bytes,
+        measurements=measurements,
+    )
+    data.notes.append(
+        "this study was written by an older autotune: its fp32 reference is trial "
+        f"{t.number}, measured once, and its figures carry no intervals (shown as —)"
+    )
 
 
 def _find_config(
@@ -160,47 +297,55 @@ def _find_config(
     return None, None
 
 
-def _winner(
-    trials: list[FrozenTrial],
-    cfg: TunedConfig | None,
-    reference: FrozenTrial | None,
-    maximize: bool,
-) -> tuple[FrozenTrial | None, str]:
+def _same_settings(data: ReportData, t: FrozenTrial, cfg: TunedConfig) -> bool:
+    lr = data.rec(t).learning_rate
+    return (
+        t.params.get("precision") == cfg.precision
+        and t.params.get("batch_size") == cfg.batch_size
+        and lr is not None
+        and math.isclose(lr, cfg.learning_rate, rel_tol=1e-9)
+        and (
+            cfg.precision != "fp16"
+            or t.params.get("init_scale", DEFAULT_INIT_SCALE) == cfg.grad_scaler.init_scale
+        )
+    )
+
+
+def _winner(data: ReportData) -> tuple[FrozenTrial | None, str]:
     """The trial whose settings the config holds, or the best feasible one without a config."""
+    cfg = data.config
     done = [
         t
-        for t in trials
-        if t.state == TrialState.COMPLETE and t.user_attrs.get("duplicate_of") is None
+        for t in data.trials
+        if t.state == TrialState.COMPLETE and data.rec(t).duplicate_of is None
     ]
     if cfg is not None:
+        match = next((t for t in done if _same_settings(data, t, cfg)), None)
         if not cfg.evidence.validated:
-            return reference, "no candidate passed validation: the config is the fp32 reference"
-        for t in done:
-            lr = t.user_attrs.get("learning_rate")
-            if (
-                t.params.get("precision") == cfg.precision
-                and t.params.get("batch_size") == cfg.batch_size
-                and lr is not None
-                and math.isclose(float(lr), cfg.learning_rate, rel_tol=1e-9)
-                and (
-                    cfg.precision != "fp16"
-                    or t.params.get("init_scale", 2.0**16) == cfg.grad_scaler.init_scale
-                )
-            ):
-                return t, ""
+            # The fp32 reference is not a trial; an fp32 trial at its settings may be.
+            return match, "no candidate passed validation: the config is the fp32 reference"
+        if match is not None:
+            return match, ""
         return None, "the config's settings match no trial of this study"
     best = sorted(
-        (t for t in done if feasible(t) and t.value is not None),
+        (t for t in feasible_trials(done) if t.value is not None),
         key=lambda t: t.value,
-        reverse=maximize,
+        reverse=data.maximize,
     )
     if not best:
         return None, "no feasible trial yet"
     return best[0], "best feasible trial of the search; no best.json found, so not validated"
 
 
-def _importances(study: optuna.Study, trials: list[FrozenTrial]) -> tuple[dict | None, str]:
-    done = [t for t in trials if t.state == TrialState.COMPLETE]
+_OBJECTIVE_WORDS = {
+    "speedup": "each trial's speedup over the fp32 reference measured close to it in time",
+    "throughput": "each trial's samples/s (an older study: not yet a speedup)",
+    "time_to_loss": "each trial's estimated time to the fp32 reference's loss",
+}
+
+
+def _importances(study: optuna.Study, data: ReportData) -> tuple[dict | None, str]:
+    done = [t for t in data.trials if t.state == TrialState.COMPLETE]
     if len(done) < 2:
         return None, (
             f"needs at least 2 completed trials, this study has {len(done)}; a longer budget "
@@ -214,7 +359,15 @@ def _importances(study: optuna.Study, trials: list[FrozenTrial]) -> tuple[dict |
     # values, a parameter in too few trials), the rest of the report still renders.
     except Exception as exc:
         return None, f"could not be computed from {len(done)} completed trials: {exc}"
-    note = f"PED-ANOVA (Optuna's default) over {len(done)} completed trials"
+    note = (
+        f"PED-ANOVA (Optuna's default) over {len(done)} completed trials, computed on the "
+        f"objective: {_OBJECTIVE_WORDS[data.objective]}"
+    )
+    if data.objective == "speedup":
+        note += (
+            "; a parameter that moves the speedup by less than its interval's width explains "
+            "noise, not speed"
+        )
     if len(done) < 20:
         note += "; with this few trials, read it as a hint"
     return {k: float(v) for k, v in values.items()}, note
@@ -244,18 +397,14 @@ def collect(
         trials=trials,
         maximize=maximize,
     )
+    data.records = {t.number: record(t) for t in trials}
     data.ceilings, data.ceiling_device = _pick_ceilings(attrs, str(spec.get("device", "")))
     data.config, data.config_path = _find_config(
         study, Path(out_dir) if out_dir is not None else None, data.notes
     )
-    roles: dict[str, FrozenTrial] = {}
-    for t in trials:
-        role = t.user_attrs.get("role")
-        # A resumed study may hold the role twice; the one that finished is the one to show.
-        if role and (role not in roles or roles[role].state != TrialState.COMPLETE):
-            roles[role] = t
-    data.reference = roles.get("reference")
-    data.amp_recipe = roles.get("amp_recipe")
-    data.winner, data.winner_note = _winner(trials, data.config, data.reference, maximize)
-    data.importances, data.importance_note = _importances(study, trials)
+    roles = role_trials(trials)
+    _pick_reference(data, attrs, roles)
+    data.amp_recipe = roles.get(ROLE_AMP)
+    data.winner, data.winner_note = _winner(data)
+    data.importances, data.importance_note = _importances(study, data)
     return data

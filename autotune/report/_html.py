@@ -6,17 +6,23 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.progress import params_label, scale_text
-from autotune.report._data import ReportData, feasible
+from autotune.config import TunedConfig
+from autotune.progress import scale_text
+from autotune.report._data import ReportData, measured_interval
+from autotune.report._evidence import reference_figure, validation_figure
+from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.report._plots import (
     Figure,
     history_figure,
     importance_figure,
     loss_figure,
+    ref_label,
     scale_figure,
     throughput_figure,
 )
 from autotune.report._svg import esc
+from autotune.trials import ROLE_AMP, ROLE_REFERENCE, display_outcome
+from autotune.trials import label as params_label
 
 __all__ = ["render_html"]
 
@@ -65,8 +71,9 @@ def _tp(value: Any) -> str:
     return f"{float(value):,.1f}" if isinstance(value, (int, float)) and value else "—"
 
 
-def _ratio(value: float | None) -> str:
-    return f"{value:.2f}×" if value else "—"
+def _ratio(value: float | None, low: float | None = None, high: float | None = None) -> str:
+    """A table cell: ``1.93× (1.85–2.01)``; ``(—)`` where no interval was measured."""
+    return ratio_text(value, low, high, x="×", missing=" (—)")
 
 
 def _mib(value: Any) -> str:
@@ -86,6 +93,7 @@ def _swatch(color: str, kind: str) -> str:
         "dot": f'<circle cx="7" cy="7" r="5" fill="{color}"/>',
         "ring": f'<circle cx="7" cy="7" r="4.5" fill="#fff" stroke="{color}" stroke-width="2"/>',
         "cross": f'<path d="M3,3L11,11M3,11L11,3" stroke="{color}" stroke-width="2"/>',
+        "square": f'<rect x="2" y="2" width="10" height="10" fill="{color}"/>',
         "dash": f'<line x1="0" y1="7" x2="14" y2="7" stroke="{color}" stroke-width="2" '
         'stroke-dasharray="4 3"/>',
     }
@@ -115,125 +123,174 @@ def _figure(section: str, heading: str, fig: Figure, intro: str = "") -> str:
     return "".join(parts)
 
 
-def _role(t: FrozenTrial) -> str:
-    role = t.user_attrs.get("role")
-    if role == "reference":
+def _role(data: ReportData, t: FrozenTrial) -> str:
+    role = data.rec(t).role
+    if role == ROLE_REFERENCE:
         return "reference"
-    if role == "amp_recipe":
+    if role == ROLE_AMP:
         return "AMP recipe"
-    if isinstance(role, str) and role.endswith("_at_base"):
+    if role and role.endswith("_at_base"):
         return f"{role[: -len('_at_base')]} at base"
     return ""
 
 
 def _outcome(t: FrozenTrial) -> str:
-    if t.state == TrialState.COMPLETE and not feasible(t):
-        return "infeasible"
-    return str(t.user_attrs.get("outcome") or t.state.name.lower())
+    return display_outcome(t) or t.state.name.lower()
+
+
+def _winner_card(data: ReportData, cfg: TunedConfig) -> str:
+    ev = cfg.evidence
+    settings = f"{cfg.precision} · batch {cfg.batch_size} · lr {cfg.learning_rate:.3g}"
+    if cfg.grad_scaler.enabled:
+        settings += f" · GradScaler init_scale {scale_text(cfg.grad_scaler.init_scale)}"
+    badge = (
+        '<span class="badge">validated</span>'
+        if ev.validated
+        else '<span class="badge warn">not validated: fp32 fallback</span>'
+    )
+    tp = throughput_text(ev.throughput, ev.throughput_low, ev.throughput_high)
+    if ev.speedup_low is not None and ev.speedup_high is not None:
+        line = (
+            f"{esc(tp)} samples/s · <b>{ev.speedup:.2f}×</b> "
+            f"({ev.speedup_low:.2f}–{ev.speedup_high:.2f})"
+        )
+    else:
+        line = f"{esc(tp)} samples/s · <b>{ev.speedup:.2f}×</b>"
+    line += " the fp32 reference"
+    if ev.paired_blocks:
+        line += f", over {ev.paired_blocks} paired blocks"
+    if ev.speedup_vs_amp:
+        line += f" · {ev.speedup_vs_amp:.2f}× the plain AMP recipe"
+    facts = []
+    if ev.search_speedup is not None:
+        facts.append(
+            f"the search measured {ev.search_speedup:.2f}× (search optimism "
+            f"{optimism_text(ev.search_optimism)})"
+        )
+    if ev.parity_gap is not None:
+        facts.append(
+            f"loss parity {ev.parity_gap:+.1%} vs the fp32 reference "
+            f"(tolerance {ev.parity_tolerance:.0%})"
+        )
+    if ev.peak_memory_bytes is not None:
+        mem = f"peak memory {_mib(ev.peak_memory_bytes)}"
+        if ev.baseline_peak_memory_bytes is not None:
+            mem += f" (the fp32 reference: {_mib(ev.baseline_peak_memory_bytes)})"
+        facts.append(mem)
+    if cfg.grad_scaler.enabled:
+        facts.append(f"{ev.skipped_steps} skipped steps in validation")
+    if data.noise is not None:
+        facts.append(f"timing noise of this device {data.noise:.1%}")
+    return (
+        f'<div class="winner-card{"" if ev.validated else " fallback"}">'
+        f'<div class="big">{esc(settings)}{badge}</div><div>{line}</div>'
+        f"<div>{esc(' · '.join(facts))}</div>"
+        f'<div class="note">{esc(ev.validation_note)}</div></div>'
+    )
+
+
+Row = tuple[str, str, str, str, Any, str]
+
+
+def _trial_row(data: ReportData, name: str, t: FrozenTrial | None) -> Row:
+    """A baseline table row for a trial: settings, samples/s and speedup with intervals."""
+    if t is None:
+        return (name, "—", "—", "—", None, "not run")
+    rec = data.rec(t)
+    outcome = _outcome(t)
+    if rec.reason and outcome != "completed":
+        outcome += f": {rec.reason}"
+    settings = params_label(t.params) if t.params else "not run yet"
+    tp = "—"
+    if t.state == TrialState.COMPLETE:
+        tp = throughput_text(
+            rec.throughput, rec.throughput_low, rec.throughput_high, missing=" (—)"
+        )
+    return (name, settings, tp, _ratio(*data.speedup(t)), rec.peak_memory_bytes, outcome)
+
+
+def _reference_row(data: ReportData) -> Row:
+    ref, m = data.reference, data.reference_latest
+    if ref is None:
+        return ("fp32 reference", "—", "—", "—", None, "not measured yet")
+    if m is None:
+        return ("fp32 reference", ref_label(ref), "—", "—", ref.peak_memory_bytes, "not measured")
+    low, high = measured_interval(m)
+    n = len(ref.measurements)
+    outcome = f"the divisor of every speedup; measured {n} time{'s' if n != 1 else ''}"
+    if n > 1:
+        outcome += ", latest shown"
+    return (
+        "fp32 reference",
+        ref_label(ref),
+        throughput_text(m.throughput, low, high, missing=" (—)"),
+        "1.00×",
+        ref.peak_memory_bytes,
+        outcome,
+    )
 
 
 def _summary(data: ReportData) -> str:
     cfg = data.config
     parts = ['<section id="summary"><h2>Summary</h2>']
-    ref_tp = data.reference_throughput
     if cfg is not None:
-        ev = cfg.evidence
-        settings = f"{cfg.precision} · batch {cfg.batch_size} · lr {cfg.learning_rate:.3g}"
-        if cfg.grad_scaler.enabled:
-            settings += f" · GradScaler init_scale {scale_text(cfg.grad_scaler.init_scale)}"
-        badge = (
-            '<span class="badge">validated</span>'
-            if ev.validated
-            else '<span class="badge warn">not validated: fp32 fallback</span>'
-        )
-        line = f"{_tp(ev.throughput)} samples/s · <b>{ev.speedup:.2f}×</b> the fp32 reference"
-        if ev.speedup_vs_amp:
-            line += f" · {ev.speedup_vs_amp:.2f}× the plain AMP recipe"
-        facts = []
-        if ev.parity_gap is not None:
-            facts.append(
-                f"loss parity {ev.parity_gap:+.1%} vs the fp32 reference "
-                f"(tolerance {ev.parity_tolerance:.0%})"
-            )
-        if ev.peak_memory_bytes is not None:
-            mem = f"peak memory {_mib(ev.peak_memory_bytes)}"
-            if ev.baseline_peak_memory_bytes is not None:
-                mem += f" (the fp32 reference: {_mib(ev.baseline_peak_memory_bytes)})"
-            facts.append(mem)
-        if cfg.grad_scaler.enabled:
-            facts.append(f"{ev.skipped_steps} skipped steps in validation")
-        parts.append(
-            f'<div class="winner-card{"" if ev.validated else " fallback"}">'
-            f'<div class="big">{esc(settings)}{badge}</div><div>{line}</div>'
-            f"<div>{esc(' · '.join(facts))}</div>"
-            f'<div class="note">{esc(ev.validation_note)}</div></div>'
-        )
+        parts.append(_winner_card(data, cfg))
     else:
         parts.append(
             '<p class="note">No best.json for this study was found (the search may still be '
             "running, was interrupted, or wrote it elsewhere: pass --out). The table below "
             "shows the search's figures only.</p>"
         )
-    rows = []
+    rows: list[Row] = []
     if cfg is not None and cfg.evidence.validated:
         ev = cfg.evidence
         label = params_label(data.winner.params) if data.winner else cfg.precision
+        blocks = f" over {ev.paired_blocks} paired blocks" if ev.paired_blocks else ""
         rows.append(
             (
-                "winner (validation rerun)",
+                "winner (validation, paired)",
                 label,
-                ev.throughput,
-                ev.speedup,
+                throughput_text(
+                    ev.throughput, ev.throughput_low, ev.throughput_high, missing=" (—)"
+                ),
+                _ratio(ev.speedup, ev.speedup_low, ev.speedup_high),
                 ev.peak_memory_bytes,
-                "validated",
+                "validated" + blocks,
             )
         )
+        if data.winner is not None:
+            row = _trial_row(data, "winner (in the search)", data.winner)
+            optimism = f"search optimism {optimism_text(ev.search_optimism)}"
+            rows.append((*row[:5], optimism))
     elif cfg is None and data.winner is not None:
-        t = data.winner
-        rows.append(
-            (
-                "best feasible trial",
-                params_label(t.params),
-                t.user_attrs.get("throughput"),
-                data.vs_reference(t),
-                t.user_attrs.get("peak_memory_bytes"),
-                data.winner_note,
-            )
-        )
-    for label, t in (("fp32 reference", data.reference), ("plain AMP recipe", data.amp_recipe)):
-        if t is None:
-            rows.append((label, "—", None, None, None, "not run"))
-            continue
-        outcome = _outcome(t)
-        if t.user_attrs.get("reason") and outcome != "completed":
-            outcome += f": {t.user_attrs['reason']}"
-        settings = params_label(t.params) if t.params else "not run yet"
-        tp = t.user_attrs.get("throughput") if t.state == TrialState.COMPLETE else None
-        rows.append(
-            (
-                label,
-                settings,
-                tp,
-                data.vs_reference(t),
-                t.user_attrs.get("peak_memory_bytes"),
-                outcome,
-            )
-        )
+        row = _trial_row(data, "best feasible trial", data.winner)
+        rows.append((*row[:5], data.winner_note))
+    rows.append(_reference_row(data))
+    rows.append(_trial_row(data, "plain AMP recipe", data.amp_recipe))
     body = "".join(
-        f"<tr><th>{esc(a)}</th><td>{esc(b)}</td><td class='num'>{_tp(c)}</td>"
-        f"<td class='num'>{_ratio(d)}</td><td class='num'>{_mib(e)}</td><td>{esc(f)}</td></tr>"
+        f"<tr><th>{esc(a)}</th><td>{esc(b)}</td><td class='num'>{esc(c)}</td>"
+        f"<td class='num'>{esc(d)}</td><td class='num'>{_mib(e)}</td><td>{esc(f)}</td></tr>"
         for a, b, c, d, e, f in rows
     )
     parts.append(
         '<table class="baselines"><thead><tr><th></th><th>settings</th>'
-        "<th class='num'>samples/s</th><th class='num'>vs fp32</th>"
+        "<th class='num'>samples/s (95% interval)</th><th class='num'>vs fp32 (95% interval)</th>"
         f"<th class='num'>peak memory</th><th>outcome</th></tr></thead><tbody>{body}</tbody></table>"
     )
-    if ref_tp is None:
-        parts.append('<p class="note">The fp32 reference has not completed: no speed-ups yet.</p>')
+    if data.reference_throughput is None:
+        parts.append(
+            '<p class="note">The fp32 reference has not been measured: no speed-ups yet.</p>'
+        )
     parts.append(_facts(data))
     parts.append("</section>")
     return "".join(parts)
+
+
+_OBJECTIVES = {
+    "speedup": "speedup over the fp32 reference measured close in time",
+    "throughput": "samples/s",
+    "time_to_loss": "time to the fp32 reference's loss",
+}
 
 
 def _facts(data: ReportData) -> str:
@@ -241,7 +298,7 @@ def _facts(data: ReportData) -> str:
     c = data.counts()
     items: list[tuple[str, str]] = [
         ("workload", str(spec.get("workload", "?"))),
-        ("budget", f"{spec.get('budget', '?')} · objective {spec.get('objective', 'throughput')}"),
+        ("budget", f"{spec.get('budget', '?')} · objective: {_OBJECTIVES[data.objective]}"),
         (
             "trials",
             f"{c['complete']} complete ({c['infeasible']} infeasible), {c['pruned']} pruned, "
@@ -258,6 +315,7 @@ def _facts(data: ReportData) -> str:
             ),
         )
         items.append(("learning rate", f"{cfg.evidence.lr_scaling} scaling with the batch size"))
+    items.append(("timing noise", noise_text(data.noise)))
     if data.ceilings:
         text = ", ".join(f"{m} ≤ {b}" for m, b in data.ceilings.items())
         items.append((f"batch ceilings ({data.ceiling_device})", text))
@@ -279,28 +337,39 @@ def _trials_table(data: ReportData) -> str:
     head = (
         "<tr><th class='num'>#</th><th>role</th><th>state</th><th>outcome</th><th>precision</th>"
         "<th class='num'>batch</th><th class='num'>lr</th><th class='num'>init_scale</th>"
-        "<th class='num'>samples/s</th><th class='num'>vs fp32</th><th class='num'>peak memory</th>"
+        "<th class='num'>samples/s</th><th class='num'>vs fp32 (95% interval)</th>"
+        "<th class='num'>peak memory</th>"
         "<th class='num'>parity gap</th><th class='num'>probe s</th><th>reason</th></tr>"
     )
     rows = []
     winner = data.winner.number if data.winner is not None else None
     for t in data.trials:
-        a, p = t.user_attrs, t.params
+        rec, p = data.rec(t), t.params
         outcome = _outcome(t)
         classes = [t.state.name.lower()]
         if outcome == "infeasible":
             classes.append("infeasible")
         if t.number == winner:
             classes.append("winner")
-        role = _role(t) + (" ★ winner" if t.number == winner else "")
-        lr = a.get("learning_rate")
-        lr_text = "—" if lr is None else f"{float(lr):.3g}"
+        role = _role(data, t) + (" ★ winner" if t.number == winner else "")
+        lr_text = "—" if rec.learning_rate is None else f"{rec.learning_rate:.3g}"
         if "lr_multiplier" in p:
             lr_text += f" (×{float(p['lr_multiplier']):.3g})"
-        reason = str(a.get("reason") or "")
-        if a.get("duplicate_of") is not None:
-            reason = f"same parameters as trial {a['duplicate_of']}: measurement reused. " + reason
-        gap, secs = a.get("parity_gap"), a.get("probe_seconds")
+        reason = rec.reason
+        if rec.duplicate_of is not None:
+            reason = f"same parameters as trial {rec.duplicate_of}: measurement reused. " + reason
+        gap, secs = rec.parity_gap, rec.probe_seconds
+        done = t.state == TrialState.COMPLETE
+        tp_tip = ""
+        if done and rec.throughput_low is not None and rec.throughput_high is not None:
+            tp_tip = "95% interval " + throughput_text(
+                rec.throughput, rec.throughput_low, rec.throughput_high
+            )
+            if rec.blocks:
+                tp_tip += f" over {rec.blocks} timed blocks"
+        ratio_tip = ""
+        if done and rec.reference_throughput:
+            ratio_tip = f"against the fp32 reference at {rec.reference_throughput:,.1f} samples/s"
         init = p.get("init_scale")
         cells = [
             f"<td class='num'>{t.number}</td>",
@@ -311,11 +380,11 @@ def _trials_table(data: ReportData) -> str:
             f"<td class='num'>{esc(p.get('batch_size', '—'))}</td>",
             f"<td class='num'>{esc(lr_text)}</td>",
             f"<td class='num'>{'—' if init is None else scale_text(float(init))}</td>",
-            f"<td class='num'>{_tp(a.get('throughput') if t.state == TrialState.COMPLETE else None)}</td>",
-            f"<td class='num'>{_ratio(data.vs_reference(t))}</td>",
-            f"<td class='num'>{_mib(a.get('peak_memory_bytes'))}</td>",
-            f"<td class='num'>{'—' if gap is None else f'{float(gap):+.1%}'}</td>",
-            f"<td class='num'>{'—' if secs is None else f'{float(secs):.1f}'}</td>",
+            f"<td class='num' title='{esc(tp_tip)}'>{_tp(rec.throughput if done else None)}</td>",
+            f"<td class='num' title='{esc(ratio_tip)}'>{esc(_ratio(*data.speedup(t)))}</td>",
+            f"<td class='num'>{_mib(rec.peak_memory_bytes)}</td>",
+            f"<td class='num'>{'—' if gap is None else f'{gap:+.1%}'}</td>",
+            f"<td class='num'>{'—' if secs is None else f'{secs:.1f}'}</td>",
             f"<td>{esc(reason.strip())}</td>",
         ]
         rows.append(
@@ -357,6 +426,20 @@ def render_html(data: ReportData) -> str:
             "Loss parity: winner against the fp32 reference",
             loss_figure(data),
             "A fast setting only counts if it learns as well as fp32, sample for sample.",
+        ),
+        _figure(
+            "validation",
+            "Search against validation",
+            validation_figure(data),
+            "The search's figure for the winner is the best of many noisy ones; validation "
+            "measures it again, paired block by block with the fp32 reference.",
+        ),
+        _figure(
+            "reference",
+            "The fp32 reference over time",
+            reference_figure(data),
+            "Every speedup divides by the fp32 reference measured close in time: a busy or "
+            "drifting machine shows here as a moving reference.",
         ),
         _figure("scaler", "GradScaler scale (fp16 trials)", scale_figure(data)),
         _figure("history", "Optimization history", history_figure(data)),

@@ -240,10 +240,16 @@ class Plot:
         title: str | None = None,
         r: float = 4.5,
     ) -> None:
-        """``dot`` (filled), ``ring`` (hollow) or ``cross`` (×) at a data point."""
+        """``dot`` (filled), ``ring`` (hollow), ``square`` (filled) or ``cross`` (×) at a data
+        point."""
         cx, cy = self.sx(x), self.sy(y)
         tip = f"<title>{esc(title)}</title>" if title else ""
-        if kind == "cross":
+        if kind == "square":
+            self.parts.append(
+                f'<rect x="{cx - r}" y="{cy - r}" width="{2 * r}" height="{2 * r}" '
+                f'fill="{color}" stroke="#fff" stroke-width="1" class="mark">{tip}</rect>'
+            )
+        elif kind == "cross":
             d = r * 0.9
             self.parts.append(
                 f'<path d="M{cx - d},{cy - d}L{cx + d},{cy + d}M{cx - d},{cy + d}L{cx + d},{cy - d}" '
@@ -259,6 +265,32 @@ class Plot:
                 f'<circle cx="{cx}" cy="{cy}" r="{r}" fill="{color}" stroke="#fff" '
                 f'stroke-width="1" class="mark">{tip}</circle>'
             )
+
+    def errorbar(
+        self, x: float, low: float, high: float, color: str, *, title: str | None = None
+    ) -> None:
+        """A vertical interval from ``low`` to ``high`` at ``x``, with short caps (drawn under
+        the markers, so the point stays on top)."""
+        cx, y0, y1 = self.sx(x), self.sy(low), self.sy(high)
+        tip = f"<title>{esc(title)}</title>" if title else ""
+        cap = 4
+        self.back.append(
+            f'<path d="M{cx},{y0}L{cx},{y1}M{cx - cap},{y0}L{cx + cap},{y0}'
+            f'M{cx - cap},{y1}L{cx + cap},{y1}" stroke="{color}" stroke-width="1.4" '
+            f'class="errorbar">{tip}</path>'
+        )
+
+    def hinterval(
+        self, low: float, high: float, y: float, color: str, *, title: str | None = None
+    ) -> None:
+        """A horizontal interval from data ``low`` to ``high`` on pixel row ``y``, with caps."""
+        x0, x1 = self.sx(low), self.sx(high)
+        tip = f"<title>{esc(title)}</title>" if title else ""
+        cap = 6
+        self.parts.append(
+            f'<path d="M{x0},{y}L{x1},{y}M{x0},{y - cap}L{x0},{y + cap}M{x1},{y - cap}L{x1},{y + cap}" '
+            f'stroke="{color}" stroke-width="2" class="errorbar">{tip}</path>'
+        )
 
     def vline(
         self, x: float, color: str, *, label: str = "", row: int = 0, title: str | None = None

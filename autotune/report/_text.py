@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from optuna.trial import TrialState
 
-from autotune.progress import params_label, scale_text
-from autotune.report._data import ReportData, feasible
+from autotune.progress import scale_text
+from autotune.report._data import ReportData, measured_interval
+from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
+from autotune.report._plots import ref_label
+from autotune.trials import display_outcome, feasible_trials
+from autotune.trials import label as params_label
 
 __all__ = ["render_text"]
 
@@ -13,17 +17,32 @@ __all__ = ["render_text"]
 _TOP = 5
 
 
-def _tp(value: object) -> str:
-    return f"{float(value):,.1f} samples/s" if isinstance(value, (int, float)) and value else "—"
+def _reference_line(data: ReportData) -> str:
+    ref, m = data.reference, data.reference_latest
+    if ref is None:
+        return "fp32 reference: not run"
+    if m is None:
+        return f"fp32 reference: {ref_label(ref)}: not measured"
+    low, high = measured_interval(m)
+    line = (
+        f"fp32 reference: {ref_label(ref)}: "
+        f"{throughput_text(m.throughput, low, high, unit=' samples/s')}"
+    )
+    n = len(ref.measurements)
+    if n > 1:
+        values = [x.throughput for x in ref.measurements]
+        line += f" (latest of {n} measurements; range {min(values):,.1f}–{max(values):,.1f})"
+    return line
 
 
 def render_text(data: ReportData) -> str:
-    """A short plain-text summary: winner, baselines, counts, the best trials, rejections.
+    """A short plain-text summary: winner (with its interval, the search's figure and the
+    optimism), the fp32 reference and the noise, counts, the best trials, rejections.
 
     Example:
         >>> print(render_text(collect(load_study("tiny"))))  # doctest: +SKIP
         study 'tiny': autotune.workloads:tiny_convnet on cpu (x86_64)
-        winner: bf16 bs=32 lr=0.2: 3,811.6 samples/s, 1.35x the fp32 reference (validated)
+        winner: bf16 bs=32 lr=0.2: 3,811.6 samples/s, 1.35x (1.31–1.40) the fp32 reference ...
         ...
     """
     cfg = data.config
@@ -35,49 +54,64 @@ def render_text(data: ReportData) -> str:
         if cfg.grad_scaler.enabled:
             settings += f" init_scale={scale_text(cfg.grad_scaler.init_scale)}"
         status = "validated" if ev.validated else "NOT validated: fp32 fallback"
+        blocks = f" over {ev.paired_blocks} paired blocks" if ev.paired_blocks else ""
         lines.append(
-            f"winner: {settings}: {_tp(ev.throughput)}, {ev.speedup:.2f}x the fp32 reference "
-            f"({status})"
+            f"winner: {settings}: {throughput_text(ev.throughput, unit=' samples/s')}, "
+            f"{ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high)} the fp32 reference"
+            f"{blocks} ({status})"
         )
+        if ev.search_speedup is not None:
+            lines.append(
+                f"  the search measured {ev.search_speedup:.2f}x: search optimism "
+                f"{optimism_text(ev.search_optimism)}"
+            )
         if ev.parity_gap is not None:
             lines.append(
                 f"  loss parity {ev.parity_gap:+.1%} (tolerance {ev.parity_tolerance:.0%})"
             )
     elif data.winner is not None:
+        rec = data.rec(data.winner)
         lines.append(
             f"best so far: trial {data.winner.number} {params_label(data.winner.params)}: "
-            f"{_tp(data.winner.user_attrs.get('throughput'))} ({data.winner_note})"
+            f"{throughput_text(rec.throughput, unit=' samples/s')}, "
+            f"{ratio_text(*data.speedup(data.winner))} ({data.winner_note})"
         )
     else:
         lines.append(f"no winner yet: {data.winner_note or 'no best.json'}")
-    for label, t in (("fp32 reference", data.reference), ("plain AMP recipe", data.amp_recipe)):
-        if t is None or not t.params:
-            lines.append(f"{label}: not run")
-            continue
-        outcome = str(t.user_attrs.get("outcome") or t.state.name.lower())
+    lines.append(_reference_line(data))
+    lines.append(f"timing noise: {noise_text(data.noise)}")
+    t = data.amp_recipe
+    if t is None or not t.params:
+        lines.append("plain AMP recipe: not run")
+    else:
+        rec = data.rec(t)
         if t.state == TrialState.COMPLETE:
-            ratio = data.vs_reference(t)
-            tail = _tp(t.user_attrs.get("throughput")) + (f" ({ratio:.2f}x)" if ratio else "")
+            tail = (
+                f"{throughput_text(rec.throughput, unit=' samples/s')}, "
+                f"{ratio_text(*data.speedup(t))}"
+            )
         else:
-            tail = f"{outcome}: {t.user_attrs.get('reason', '')}".rstrip(": ")
-        lines.append(f"{label}: {params_label(t.params)}: {tail}")
+            outcome = display_outcome(t) or t.state.name.lower()
+            tail = f"{outcome}: {rec.reason}".rstrip(": ")
+        lines.append(f"plain AMP recipe: {params_label(t.params)}: {tail}")
     c = data.counts()
     lines.append(
         f"trials: {c['complete']} complete ({c['infeasible']} infeasible), {c['pruned']} pruned, "
         f"{c['failed']} failed" + (f", {c['other']} not finished" if c["other"] else "")
     )
     ranked = sorted(
-        (t for t in data.trials if feasible(t) and t.user_attrs.get("duplicate_of") is None),
+        feasible_trials(data.trials),
         key=lambda t: float(t.value or 0),
         reverse=data.maximize,
     )[:_TOP]
     if ranked:
         lines.append("best feasible trials:")
         for t in ranked:
-            ratio = data.vs_reference(t)
+            rec = data.rec(t)
             lines.append(
                 f"  #{t.number:<3} {params_label(t.params):<40} "
-                f"{_tp(t.user_attrs.get('throughput')):>20}" + (f"  {ratio:.2f}x" if ratio else "")
+                f"{throughput_text(rec.throughput, unit=' samples/s'):>20}  "
+                f"{ratio_text(*data.speedup(t))}"
             )
     if cfg is not None and cfg.evidence.rejected:
         lines.append("main rejections:")

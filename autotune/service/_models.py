@@ -76,6 +76,11 @@ class TrialInfo(_Model):
     outcome: str | None = None
     reason: str | None = None
     throughput: float | None = None
+    speedup: float | None = Field(
+        default=None, description="over the fp32 reference measured close in time"
+    )
+    speedup_low: float | None = Field(default=None, description="the speedup's 95% interval")
+    speedup_high: float | None = None
     peak_memory_bytes: int | None = None
     role: str | None = None
     retry_of: int | None = None

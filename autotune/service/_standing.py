@@ -18,8 +18,15 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.service._models import TrialInfo
+from autotune.trials import (
+    ReferenceMeasurement,
+    display_outcome,
+    feasible_trials,
+    record,
+    stored_references,
+)
 
-__all__ = ["Standing", "StandingCache", "read_standing", "trial_info"]
+__all__ = ["Standing", "StandingCache", "latest_reference", "read_standing", "trial_info"]
 
 # Seconds a running study's standing is reused: trials take seconds, polls come faster.
 _TTL = 1.0
@@ -39,36 +46,37 @@ class Standing:
     tuned_config: dict[str, Any] | None = None
 
 
-def _outcome(t: FrozenTrial) -> str:
-    outcome = t.user_attrs.get("outcome")
-    if t.state == TrialState.COMPLETE:
-        feasible = all(v <= 0 for v in (t.constraints or {}).values())
-        return "completed" if feasible else "infeasible"
-    if t.state == TrialState.FAIL and not outcome:
-        # Failed by the heartbeat check: nobody was left to record why.
-        return "stale"
-    return str(outcome or t.state.name.lower())
-
-
 def trial_info(t: FrozenTrial) -> TrialInfo:
-    """One trial for the API."""
-    reason = t.user_attrs.get("reason") or None
-    if t.state == TrialState.FAIL and not t.user_attrs.get("outcome"):
+    """One trial for the API, read through its record."""
+    rec = record(t)
+    reason = rec.reason or None
+    if t.state == TrialState.FAIL and not rec.outcome:
         reason = "no heartbeat: its worker or the service died mid-trial; failed as stale"
-    retry_of = t.user_attrs.get("retry_of", t.system_attrs.get("failed_trial"))
-    peak = t.user_attrs.get("peak_memory_bytes")
-    tp = t.user_attrs.get("throughput")
+    # Optuna's own retry callback marks a rerun with the trial it repeats.
+    failed = t.system_attrs.get("failed_trial")
+    retry_of = rec.retry_of if rec.retry_of is not None else failed
+    done = t.state == TrialState.COMPLETE
     return TrialInfo(
         number=t.number,
         state=t.state.name,
         params=dict(t.params),
-        outcome=None if t.state in (TrialState.RUNNING, TrialState.WAITING) else _outcome(t),
+        outcome=display_outcome(t),
         reason=reason,
-        throughput=float(tp) if isinstance(tp, (int, float)) else None,
-        peak_memory_bytes=int(peak) if isinstance(peak, (int, float)) else None,
-        role=t.user_attrs.get("role"),
-        retry_of=int(retry_of) if isinstance(retry_of, int) else None,
+        throughput=rec.throughput,
+        speedup=rec.speedup if done else None,
+        speedup_low=rec.speedup_low if done else None,
+        speedup_high=rec.speedup_high if done else None,
+        peak_memory_bytes=rec.peak_memory_bytes,
+        role=rec.role,
+        retry_of=retry_of if isinstance(retry_of, int) else None,
     )
+
+
+def latest_reference(attrs: dict[str, Any]) -> ReferenceMeasurement | None:
+    """The most recent measurement of the study's fp32 references (a study the service runs
+    is measured on one device at a time: the latest is the one its trials divide by now)."""
+    latest = [m for ref in stored_references(attrs).values() if (m := ref.latest()) is not None]
+    return max(latest, key=lambda m: m.at) if latest else None
 
 
 def read_standing(study: optuna.Study) -> Standing:
@@ -78,24 +86,19 @@ def read_standing(study: optuna.Study) -> Standing:
     for t in trials:
         key = t.state.name.lower()
         out.trials[key] = out.trials.get(key, 0) + 1
-        if t.state not in (TrialState.RUNNING, TrialState.WAITING):
-            outcome = _outcome(t)
+        outcome = display_outcome(t)
+        if outcome is not None:
             out.by_outcome[outcome] = out.by_outcome.get(outcome, 0) + 1
-        if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "reference":
-            out.reference_throughput = t.user_attrs.get("throughput")
+    attrs = study.user_attrs
+    ref = latest_reference(attrs)
+    out.reference_throughput = ref.throughput if ref is not None else None
     # As validation ranks them: feasible, measured (not copied from a twin), best value first.
-    feasible = [
-        t
-        for t in trials
-        if t.state == TrialState.COMPLETE
-        and all(v <= 0 for v in t.constraints.values())
-        and t.user_attrs.get("duplicate_of") is None
-    ]
+    feasible = [t for t in feasible_trials(trials) if t.value is not None]
     if feasible:
         pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
         out.best = trial_info(pick(feasible, key=lambda t: t.value))
     out.latest = [trial_info(t) for t in trials[-_LATEST:]][::-1]
-    stored = study.user_attrs.get("tuned_config")
+    stored = attrs.get("tuned_config")
     out.tuned_config = stored if isinstance(stored, dict) else None
     return out
 
