@@ -148,12 +148,14 @@ class StepEngine:
         self.channels_last = bool(
             workload.channels_last if candidate.channels_last is None else candidate.channels_last
         )
-        self.scaler = scaler or make_scaler(
-            self.mode,
-            device,
-            init_scale=candidate.init_scale,
-            growth_interval=candidate.growth_interval,
-        )
+        if scaler is None:
+            scaler = make_scaler(
+                self.mode,
+                device,
+                init_scale=candidate.init_scale,
+                growth_interval=candidate.growth_interval,
+            )
+        self.scaler = scaler
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.batches: Any = None
