@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from autotune.apply import check_supported
 from autotune.config import TunedConfig
 from autotune.errors import SpecError
 from autotune.spec import Candidate
+from autotune.stats import ratio_estimate
 from autotune.train._models import BASELINES, Comparison, Progress, TrainSettings
-from autotune.train._run import as_candidate, held_out_batches, train
+from autotune.train._run import TrainRun, as_candidate, held_out_batches, train
 from autotune.workloads import Workload
 
 __all__ = ["baseline_candidate", "compare"]
@@ -54,11 +57,17 @@ def compare(
     *,
     against: str | None = None,
     on_progress: Progress | None = None,
+    paired: bool = True,
 ) -> Comparison:
     """Train the tuned setup and, with ``against``, a baseline on the same samples.
 
     With ``steps``, the tuned run takes that many steps and the baseline as many as it needs to
     see the same samples at its own batch size; with ``epochs`` or ``samples`` both see those.
+
+    The two runs are *paired*: both are alive at once and advance a block of ``check_every``
+    steps in turn (tuned, baseline, tuned, …), so drift and a neighbour's load hit both; the
+    speedup is the median of the per-pair block-rate ratios, with its 95% interval. Each run's
+    peak memory is measured on its own first, in a short run of a few steps.
 
     Args:
         workload: the workload to train.
@@ -66,7 +75,8 @@ def compare(
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         settings: length, warmup, seed.
         against: ``fp32``, ``amp`` or None (the tuned run only).
-        on_progress: called after every step of either run.
+        on_progress: called after every block of either run.
+        paired: False runs the two one after the other (what an unpaired timing says).
 
     Returns:
         The Comparison with both results and the ratios.
@@ -79,10 +89,10 @@ def compare(
     Example:
         >>> from autotune.workloads import tiny_mlp
         >>> tuned = Candidate(precision="bf16", batch_size=128, learning_rate=0.1)
-        >>> cmp = compare(tiny_mlp(), tuned, "cpu", TrainSettings(steps=2, eval_samples=0),
-        ...               against="fp32")
-        >>> cmp.baseline.batch_size, cmp.baseline.samples == cmp.tuned.samples
-        (64, True)
+        >>> cmp = compare(tiny_mlp(), tuned, "cpu", TrainSettings(steps=8, check_every=2,
+        ...               eval_samples=0), against="fp32")
+        >>> cmp.baseline.batch_size, cmp.baseline.samples == cmp.tuned.samples, cmp.pairs > 0
+        (64, True, True)
     """
     settings = settings or TrainSettings()
     tuned_cand = as_candidate(setup, workload)
@@ -91,31 +101,87 @@ def compare(
     dev = check_supported(tuned_cand.precision, device)
     if base_cand is not None:
         check_supported(base_cand.precision, dev)
-    # A few unmeasured steps of each run first: the process's one-time costs (allocator and
-    # library set-up, first-use kernels) would otherwise land in whichever run goes first.
+    # A few steps of each run first, one at a time: the process's one-time costs (allocator and
+    # library set-up, first-use kernels) are paid, and each run's peak memory is its own.
     prime = settings.model_copy(
-        update={"steps": 2, "epochs": None, "samples": None, "eval_samples": 0}
+        update={"steps": 3, "epochs": None, "samples": None, "eval_samples": 0, "warmup_steps": 1}
     )
-    for cand in filter(None, (tuned_cand, base_cand)):
-        train(workload, cand, dev, prime, label="prime")
+    peaks = {
+        name: train(workload, cand, dev, prime, label="prime")
+        for name, cand in (("tuned", tuned_cand), ("baseline", base_cand))
+        if cand is not None
+    }
     held_out = held_out_batches(workload, dev, settings) if workload.accuracy else []
-    tuned = train(
-        workload, setup, dev, settings, label="tuned", on_progress=on_progress, held_out=held_out
-    )
     if base_cand is None:
+        tuned = train(
+            workload,
+            setup,
+            dev,
+            settings,
+            label="tuned",
+            on_progress=on_progress,
+            held_out=held_out,
+        )
         return Comparison(tuned=tuned)
     base_settings = settings
     if settings.steps is not None:
         base_settings = settings.model_copy(
             update={"steps": None, "samples": settings.steps * tuned_cand.batch_size}
         )
-    baseline = train(
-        workload,
-        base_cand,
-        dev,
-        base_settings,
-        label=str(against),
-        on_progress=on_progress,
-        held_out=held_out,
+    if not paired:
+        tuned = train(
+            workload,
+            setup,
+            dev,
+            settings,
+            label="tuned",
+            on_progress=on_progress,
+            held_out=held_out,
+        )
+        baseline = train(
+            workload,
+            base_cand,
+            dev,
+            base_settings,
+            label=str(against),
+            on_progress=on_progress,
+            held_out=held_out,
+        )
+        return Comparison(tuned=tuned, baseline=baseline, against=against)  # type: ignore[arg-type]
+    with contextlib.ExitStack() as stack:
+        runs = [
+            stack.enter_context(
+                TrainRun(
+                    workload,
+                    run_setup,
+                    dev,
+                    run_settings,
+                    label=label,
+                    on_progress=on_progress,
+                    measure_memory=False,
+                )
+            )
+            for run_setup, run_settings, label in (
+                (setup, settings, "tuned"),
+                (base_cand, base_settings, str(against)),
+            )
+        ]
+        # In turn, a block each, while both run; then whichever is left finishes alone.
+        while any([run.advance() for run in runs]):
+            pass
+        tuned, baseline = (run.finish(held_out) for run in runs)
+        rates = [run.rates() for run in runs]
+    for result, name in ((tuned, "tuned"), (baseline, "baseline")):
+        result.peak_memory_bytes = peaks[name].peak_memory_bytes
+        result.memory_source = peaks[name].memory_source
+    pairs = min(len(rates[0]), len(rates[1]))
+    est = ratio_estimate(rates[0][:pairs], rates[1][:pairs]) if tuned.ok else None
+    return Comparison(
+        tuned=tuned,
+        baseline=baseline,
+        against=against,  # type: ignore[arg-type]
+        paired_speedup=est.value if est else None,
+        speedup_low=est.low if est else None,
+        speedup_high=est.high if est else None,
+        pairs=est.n if est else 0,
     )
-    return Comparison(tuned=tuned, baseline=baseline, against=against)  # type: ignore[arg-type]

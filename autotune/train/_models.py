@@ -30,7 +30,7 @@ __all__ = [
 
 BASELINES: tuple[str, ...] = ("fp32", "amp")
 
-# (run label, steps done, steps planned, latest loss or None between loss reads)
+# (run label, steps done, steps planned, latest loss): after the warm-up and every block
 Progress = Callable[[str, int, int, float | None], None]
 
 
@@ -150,11 +150,19 @@ class Comparison(BaseModel):
     tuned: TrainResult
     baseline: TrainResult | None = None
     against: Literal["fp32", "amp"] | None = None
+    # Paired runs: the median of the per-pair block-rate ratios, its 95% interval, the pairs.
+    paired_speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    pairs: int = 0
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def speedup(self) -> float | None:
-        """Baseline time per epoch over the tuned one (2.0: the tuned config is twice as fast)."""
+        """How much faster the tuned run trains (2.0: twice as fast): the paired estimate when
+        the runs were interleaved, else the baseline's time per epoch over the tuned one."""
+        if self.paired_speedup is not None:
+            return self.paired_speedup
         b = self.baseline
         return _ratio(self.tuned.throughput, b.throughput) if b and self.tuned.ok else None
 

@@ -12,13 +12,13 @@ from loguru import logger
 from autotune.apply import AmpSession
 from autotune.config import TunedConfig, warn_if_environment_differs
 from autotune.memory import PeakMemory, release_memory
-from autotune.precision import resolve_device
+from autotune.precision import apply_backend_flags, resolve_device
 from autotune.spec import Candidate
 from autotune.step import StepEngine
 from autotune.train._models import Progress, TrainResult, TrainSettings
 from autotune.workloads import Batch, Workload
 
-__all__ = ["as_candidate", "held_out_batches", "train"]
+__all__ = ["TrainRun", "as_candidate", "held_out_batches", "train"]
 
 
 def as_candidate(setup: TunedConfig | Candidate, workload: Workload) -> Candidate:
@@ -47,7 +47,8 @@ def train(
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         settings: length (steps, epochs or samples), warmup, seed; one epoch by default.
         label: names the run in results and progress.
-        on_progress: called after every step with ``(label, done, total, loss or None)``.
+        on_progress: called after the warm-up and every block of ``check_every`` steps with
+            ``(label, done, total, latest loss)``.
         held_out: batches to score accuracy on; :func:`held_out_batches` when None
             (:func:`compare` makes them once for every run).
 
@@ -64,144 +65,203 @@ def train(
         >>> train(tiny_mlp(), cand, "cpu", TrainSettings(steps=5)).steps
         5
     """
-    settings = settings or TrainSettings()
-    cand = as_candidate(setup, workload)
-    dev = resolve_device(device)
-    total = settings.steps_for(cand.batch_size)
-    result = TrainResult(
-        label=label,
-        workload=workload.reference or workload.name,
-        device=str(dev),
-        precision=cand.precision,
-        batch_size=cand.batch_size,
-        learning_rate=cand.learning_rate,
-        init_scale=cand.init_scale if cand.precision == "fp16" else None,
-        channels_last=bool(cand.channels_last),
-        planned_steps=total,
-        samples_per_epoch=settings.samples_per_epoch,
-        warmup_steps=min(settings.warmup_steps, total - 1),
-    )
-    # What earlier runs left is freed first, so this run's peak memory is its own.
-    release_memory(dev)
-    session = AmpSession(cand, dev)
-    if isinstance(setup, TunedConfig):
-        warn_if_environment_differs(setup, session.device, stacklevel=2)
-    fork = [dev.index or 0] if dev.type == "cuda" else []
-    with session as amp, torch.random.fork_rng(devices=fork), torch.enable_grad():
-        torch.manual_seed(settings.seed)
-        _run(workload, amp, settings, total, result, on_progress, held_out)
-    logger.debug(
-        "train {}: {} → {} {:.1f} samples/s",
-        label,
-        result.settings(),
-        result.outcome,
-        result.throughput,
-    )
-    return result
+    with TrainRun(workload, setup, device, settings, label=label, on_progress=on_progress) as run:
+        while run.advance():
+            pass
+        return run.finish(held_out)
 
 
-def _run(
-    workload: Workload,
-    amp: AmpSession,
-    settings: TrainSettings,
-    total: int,
-    result: TrainResult,
-    on_progress: Progress | None,
-    held_out: list[Batch] | None,
-) -> None:
-    """The loop, then the memory and accuracy figures; writes them into ``result``."""
-    dev = amp.device
-    peak = PeakMemory(dev)
-    peak.start()
-    engine = StepEngine(workload, amp.candidate, dev, seed=settings.seed, scaler=amp.scaler)
-    with engine:
-        oom = engine.run(lambda e: _loop(e, amp, settings, total, result, on_progress))
-        result.steps = engine.steps
-        result.samples = engine.steps * amp.batch_size
-        result.skipped_steps = engine.skipped
-        result.losses = engine.losses
-        if oom is not None:
-            result.outcome = "oom"
-            result.reason = (
-                f"out of memory at batch_size={result.batch_size}, step {result.steps}: {oom}"
-            )
-            return
-        result.peak_memory_bytes = peak.growth()
-        result.memory_source = (
-            peak.source if result.peak_memory_bytes is not None else "unavailable"
+class TrainRun:
+    """One training run, advanced a block of ``check_every`` steps at a time.
+
+    :func:`train` advances one run to its end; :func:`~autotune.train.compare` advances two in
+    turn, so their timed blocks interleave (tuned, baseline, tuned, …) and a neighbour's load
+    hits both. Each block runs under the run's own session (its backend flags are set again
+    before the block), between two device syncs, and ends with one read of its losses.
+
+    Args:
+        workload: the workload to train.
+        setup: a TunedConfig (its environment is checked, once) or a Candidate.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        settings: length, warmup, seed.
+        label: names the run in results and progress.
+        on_progress: called after every block with ``(label, done, total, latest loss)``.
+        measure_memory: measure this run's peak memory (not when another run is alive beside
+            it: the peak would be both runs').
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        setup: TunedConfig | Candidate,
+        device: str | torch.device = "auto",
+        settings: TrainSettings | None = None,
+        *,
+        label: str = "tuned",
+        on_progress: Progress | None = None,
+        measure_memory: bool = True,
+    ) -> None:
+        self.workload = workload
+        self.settings = settings = settings or TrainSettings()
+        cand = as_candidate(setup, workload)
+        dev = resolve_device(device)
+        self.total = settings.steps_for(cand.batch_size)
+        self.on_progress = on_progress
+        self.result = TrainResult(
+            label=label,
+            workload=workload.reference or workload.name,
+            device=str(dev),
+            precision=cand.precision,
+            batch_size=cand.batch_size,
+            learning_rate=cand.learning_rate,
+            init_scale=cand.init_scale if cand.precision == "fp16" else None,
+            channels_last=bool(cand.channels_last),
+            planned_steps=self.total,
+            samples_per_epoch=settings.samples_per_epoch,
+            warmup_steps=min(settings.warmup_steps, self.total - 1),
         )
-        if result.ok and workload.accuracy is not None and settings.eval_samples:
-            if held_out is None:
-                held_out = held_out_batches(workload, dev, settings)
-            assert engine.model is not None
-            result.accuracy = _accuracy(workload.accuracy, amp, engine.model, held_out)
+        # What earlier runs left is freed first, so this run's peak memory is its own.
+        release_memory(dev)
+        self.amp = AmpSession(cand, dev)
+        if isinstance(setup, TunedConfig):
+            warn_if_environment_differs(setup, self.amp.device, stacklevel=3)
+        self.peak = PeakMemory(dev) if measure_memory else None
+        self.engine = StepEngine(
+            workload, self.amp.candidate, dev, seed=settings.seed, scaler=self.amp.scaler
+        )
+        # This run's own random stream: interleaved runs must not draw from each other's.
+        self.rng = torch.Generator().manual_seed(settings.seed)
+        self.blocks: list[tuple[int, float]] = []
+        self.done = False
+        self._started = 0.0
 
+    def __enter__(self) -> TrainRun:
+        return self
 
-def _loop(
-    engine: StepEngine,
-    amp: AmpSession,
-    settings: TrainSettings,
-    total: int,
-    result: TrainResult,
-    on_progress: Progress | None,
-) -> None:
-    """The training run's policy over the engine: every step, a loss read every
-    ``check_every`` steps; the timing and loss figures into ``result``."""
-    engine.build()
-    # The session sets its backend flags again: the workload's model code may have changed them.
-    amp.prepare(engine.model)
-    warmup = result.warmup_steps
-    losses = engine.losses
-    started = time.perf_counter()
-    t_start = started
+    def __exit__(self, *exc: object) -> None:
+        self.engine.close()
+        self.amp.close()
 
-    def read_losses(step: int) -> str | None:
-        """Read the pending losses back (one sync); return why training must stop, or None."""
-        first = len(losses)
+    def _in_own_state(self, action: Callable[[], None]) -> bool:
+        """Run ``action`` under this run's flags, random state and grad mode; an OOM ends the
+        run (False)."""
+        fork = [self.amp.device.index or 0] if self.amp.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=fork), torch.enable_grad():
+            torch.set_rng_state(self.rng.get_state())
+            # Two runs interleave: each block runs under its own run's backend flags.
+            apply_backend_flags(self.amp.mode)
+            oom = self.engine.run(lambda e: action())
+            self.rng.set_state(torch.get_rng_state())
+        if oom is not None:
+            r = self.result
+            r.outcome = "oom"
+            r.reason = (
+                f"out of memory at batch_size={r.batch_size}, step {self.engine.steps}: {oom}"
+            )
+            self.done = True
+            return False
+        return True
+
+    def _start(self) -> None:
+        torch.manual_seed(self.settings.seed)
+        if self.peak is not None:
+            self.peak.start()
+        self.engine.build()
+        # The session sets its backend flags again: the model code may have changed them.
+        self.amp.prepare(self.engine.model)
+        self._started = time.perf_counter()
+        warmup = self.result.warmup_steps
+        if warmup:
+            self.engine.run_steps(warmup)
+            self._check()
+
+    def advance(self) -> bool:
+        """One timed block (``check_every`` steps, fewer at the end); False once the run has
+        ended (all its steps, a divergence, or an OOM)."""
+        if self.done:
+            return False
+        if self.engine.model is None and not self._in_own_state(self._start):
+            return False
+        if self.done:
+            return False
+
+        def block() -> None:
+            n = min(self.settings.check_every, self.total - self.engine.steps)
+            if n <= 0:
+                self.done = True
+                return
+            b = self.engine.run_steps(n)
+            self.blocks.append((b.steps, b.seconds))
+            self._check()
+
+        if not self._in_own_state(block):
+            return False
+        if self.engine.steps >= self.total:
+            self.done = True
+        return not self.done
+
+    def _check(self) -> None:
+        """Read the block's losses back; stop a run that cannot recover."""
+        engine, amp, r = self.engine, self.amp, self.result
+        first = len(engine.losses)
         values = engine.read_losses()
+        if on := self.on_progress:
+            on(r.label, engine.steps, self.total, engine.losses[-1] if engine.losses else None)
         if not amp.mode.scales_loss:
             # Without a scaler a non-finite loss reaches the weights: the run is lost.
-            for offset, value in enumerate(values):
-                if not math.isfinite(value):
-                    return f"loss={value} at step {first + offset}"
-            return None
+            bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+            if bad is not None:
+                r.outcome, r.reason = "diverged", f"loss={values[bad]} at step {first + bad}"
+                self.done = True
+            return
         # With one, a non-finite loss only skips its step; a scale below 1 means it skips all.
         scale = engine.scale()
         if scale < 1:
-            return f"GradScaler scale fell to {scale:g} at step {step}: every step is skipped"
-        return None
+            r.outcome = "diverged"
+            r.reason = (
+                f"GradScaler scale fell to {scale:g} at step {engine.steps - 1}: every step is "
+                "skipped"
+            )
+            self.done = True
 
-    for i in range(total):
-        if i == warmup:
-            engine.sync()
-            t_start = time.perf_counter()
-        engine.step()
-        done = engine.steps
-        latest = None
-        if done % settings.check_every == 0 or done == total:
-            reason = read_losses(i)
-            latest = losses[-1]
-            if reason:
-                result.outcome, result.reason = "diverged", reason
-                break
-        if on_progress is not None:
-            on_progress(result.label, done, total, latest)
-    engine.sync()
-    t_end = time.perf_counter()
-    done = engine.steps
-    result.wall_seconds = t_end - started
-    timed = done - warmup if done > warmup else done
-    result.timed_steps = timed
-    result.timed_seconds = t_end - (t_start if done > warmup else started)
-    if timed and result.timed_seconds > 0:
-        result.throughput = timed * amp.batch_size / result.timed_seconds
-        result.seconds_per_epoch = settings.samples_per_epoch / result.throughput
-    finite = [v for v in losses if math.isfinite(v)]
-    if finite:
-        result.first_loss = finite[0]
-        tail = losses[-max(1, math.ceil(len(losses) / 10)) :]
-        tail_finite = [v for v in tail if math.isfinite(v)]
-        result.final_loss = sum(tail_finite) / len(tail_finite) if tail_finite else None
+    def rates(self) -> list[float]:
+        """Each timed block's throughput, samples/s."""
+        bs = self.result.batch_size
+        return [n * bs / s for n, s in self.blocks if s > 0]
+
+    def finish(self, held_out: list[Batch] | None = None) -> TrainResult:
+        """The run's figures: throughput over its timed blocks, losses, memory, accuracy."""
+        r, engine = self.result, self.engine
+        r.steps = engine.steps
+        r.samples = engine.steps * self.amp.batch_size
+        r.skipped_steps = engine.skipped
+        r.losses = list(engine.losses)
+        r.wall_seconds = (time.perf_counter() - self._started) if self._started else 0.0
+        r.timed_steps = sum(n for n, _ in self.blocks)
+        r.timed_seconds = sum(s for _, s in self.blocks)
+        if r.timed_steps and r.timed_seconds > 0:
+            r.throughput = r.timed_steps * r.batch_size / r.timed_seconds
+            r.seconds_per_epoch = self.settings.samples_per_epoch / r.throughput
+        finite = [v for v in engine.losses if math.isfinite(v)]
+        if finite:
+            r.first_loss = finite[0]
+            tail = engine.losses[-max(1, math.ceil(len(engine.losses) / 10)) :]
+            tail_finite = [v for v in tail if math.isfinite(v)]
+            r.final_loss = sum(tail_finite) / len(tail_finite) if tail_finite else None
+        if r.outcome == "oom":
+            return r
+        if self.peak is not None:
+            r.peak_memory_bytes = self.peak.growth()
+            r.memory_source = self.peak.source if r.peak_memory_bytes is not None else "unavailable"
+        wl, settings = self.workload, self.settings
+        if r.ok and wl.accuracy is not None and settings.eval_samples and engine.model is not None:
+            if held_out is None:
+                held_out = held_out_batches(wl, self.amp.device, settings)
+            r.accuracy = _accuracy(wl.accuracy, self.amp, engine.model, held_out)
+        logger.debug(
+            "train {}: {} → {} {:.1f} samples/s", r.label, r.settings(), r.outcome, r.throughput
+        )
+        return r
 
 
 def held_out_batches(
