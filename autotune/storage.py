@@ -25,6 +25,7 @@ __all__ = [
     "fail_stale",
     "heartbeat",
     "mask_url",
+    "name_objective",
     "open_storage",
     "open_study",
     "owner_id",
@@ -175,6 +176,8 @@ def open_study(
                 f"{study.user_attrs.get('workload', '?')!r}); its {len(study.trials)} trials are kept. "
                 f"Use --name {spec.name}-2 for a new study, or run with the spec it was made with"
             )
+        if study.metric_names is None:  # made by a version that did not name it
+            name_objective(study, spec.objective)
         return study
     if not create:
         known = ", ".join(sorted(existing)) or "none"
@@ -192,7 +195,26 @@ def open_study(
     study.set_user_attr("space_fingerprint", fingerprint)
     study.set_user_attr("workload", spec.workload)
     study.set_user_attr("spec", spec.model_dump(mode="json"))
+    name_objective(study, spec.objective)
     return study
+
+
+# The objective's name where optuna-dashboard (and Optuna's plots) label the axis.
+METRIC_NAMES = {"throughput": "throughput (samples/s)", "time_to_loss": "time to reference loss"}
+
+
+def name_objective(study: optuna.Study, objective: str) -> None:
+    """Name the study's objective (``study.set_metric_names``), e.g. ``throughput (samples/s)``.
+
+    Example:
+        >>> study = optuna.create_study(direction="maximize")
+        >>> name_objective(study, "throughput")
+        >>> study.metric_names
+        ['throughput (samples/s)']
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([METRIC_NAMES.get(objective, objective)])
 
 
 def fail_stale(study: optuna.Study) -> None:

@@ -1,7 +1,7 @@
 """Training runs under a tuned config, measured the way people compare AMP.
 
 A run:
-1. opens an :class:`~autotune.apply.AmpSession` (backend flags restored afterwards) and forks
+1. opens an :class:`~autotune.session.AmpSession` (backend flags restored afterwards) and forks
    the RNG, so the caller's random state is untouched and every run starts from the same seed;
 2. builds the model, the optimizer at the run's learning rate and the batches at its size;
 3. trains; the first ``warmup_steps`` are real steps but untimed (kernel selection, building the
@@ -36,10 +36,10 @@ from pydantic import (
     model_validator,
 )
 
-from autotune.apply import AmpSession, check_supported
 from autotune.config import TunedConfig, one_line, warn_if_environment_differs
 from autotune.precision import resolve_device
 from autotune.probe import _check_loss, _CpuMemory
+from autotune.session import AmpSession, check_supported
 from autotune.spec import Candidate, PrecisionName
 from autotune.workloads import Batch, Workload
 

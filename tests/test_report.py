@@ -349,8 +349,9 @@ def build_handmade(tmp_path: Path) -> SimpleNamespace:
         _trial(
             TrialState.COMPLETE,
             {**base, "precision": "bf16", "lr_multiplier": 2.0},
-            1500.0,
-            outcome="completed",
+            # Infeasible: told the worst value (trials.objective_value), as the search does.
+            float("-inf"),
+            outcome="infeasible",
             throughput=1500.0,
             losses=[2.3] * 12,
             learning_rate=0.4,
@@ -409,6 +410,8 @@ def test_every_outcome_renders_with_its_reason(handmade: SimpleNamespace) -> Non
     assert "oom" in page.row_text[5] and "pruned" in page.row_text[5]
     assert "crashed" in page.row_text[6] and "fail" in page.row_text[6]
     assert "infeasible" in page.row_text[3] and "+12.0%" in page.row_text[3]
+    # The history draws the infeasible trial at the throughput it measured, not at -inf.
+    assert "1,500.0, infeasible (parity)" in render_html(data)
     assert "same parameters as trial 2" in page.row_text[7]
     assert "waiting" in page.row_text[8]
     # No best.json: the summary says so, and the winner is the best feasible trial.

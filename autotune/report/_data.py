@@ -11,12 +11,12 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import ValidationError
 
 from autotune.config import TunedConfig, load_config
 from autotune.errors import ConfigError, StorageError
 from autotune.spec import StudySpec
 from autotune.storage import mask_url, open_storage
+from autotune.trials import CONFIG_KEY, stored_config
 
 __all__ = ["DEFAULT_STORAGE", "ReportData", "collect", "load_study"]
 
@@ -151,13 +151,10 @@ def _find_config(
         return cfg, path
     # The search also stores the config in the study: the one copy every box of a
     # PostgreSQL-backed study can read.
-    stored = study.user_attrs.get("tuned_config")
-    if isinstance(stored, dict):
-        try:
-            return TunedConfig.model_validate(stored), None
-        except ValidationError as exc:
-            notes.append(f"the config stored in the study does not validate: {exc}")
-    return None, None
+    stored = stored_config(study)
+    if stored is None and study.user_attrs.get(CONFIG_KEY) is not None:
+        notes.append("the config stored in the study does not validate")
+    return stored, None
 
 
 def _winner(

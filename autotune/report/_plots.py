@@ -230,14 +230,27 @@ def scale_figure(data: ReportData) -> Figure:
     )
 
 
+def _objective_measured(trial: FrozenTrial, maximize: bool) -> float | None:
+    """A trial's objective as measured: its value, or its throughput where the value told to
+    Optuna is the infeasible trial's worst value."""
+    if trial.value is not None and math.isfinite(trial.value):
+        return float(trial.value)
+    throughput = trial.user_attrs.get("throughput") if maximize else None
+    return float(throughput) if isinstance(throughput, (int, float)) else None
+
+
 def history_figure(data: ReportData) -> Figure:
     """The objective per trial in order, with the best feasible value so far as a step line."""
-    done = [t for t in data.trials if t.state == TrialState.COMPLETE and t.value is not None]
+    # An infeasible trial is told the worst value (trials.objective_value): plot what it measured.
+    measured = {t.number: _objective_measured(t, data.maximize) for t in data.trials}
+    done = [
+        t for t in data.trials if t.state == TrialState.COMPLETE and measured[t.number] is not None
+    ]
     lost = [t for t in data.trials if t.state in (TrialState.PRUNED, TrialState.FAIL)]
     if not done and not lost:
         return Figure(None, note="No trial has finished yet.")
     last = max(t.number for t in done + lost)
-    values = [float(t.value) for t in done]
+    values = [measured[t.number] for t in done]
     y_lo, y_hi, y_ticks = nice_range(0, max(values, default=1.0) * 1.08)
     plot = Plot((-0.5, last + 0.5), (y_lo, y_hi), label="optimization history")
     _, _, x_ticks = nice_range(0, max(last, 1), count=10, integer=True)
@@ -248,7 +261,7 @@ def history_figure(data: ReportData) -> Figure:
     steps: list[tuple[float, float | None]] = []
     for t in sorted(done, key=lambda t: t.number):
         if feasible(t):
-            v = float(t.value)
+            v = measured[t.number]
             if best is None or (v > best if data.maximize else v < best):
                 best = v
         if best is not None:
@@ -259,11 +272,11 @@ def history_figure(data: ReportData) -> Figure:
     for t in done:
         ok = feasible(t)
         color = mode_color(t.params.get("precision"))
-        tail = f"{float(t.value):,.1f}" + ("" if ok else ", infeasible (parity)")
+        tail = f"{measured[t.number]:,.1f}" + ("" if ok else ", infeasible (parity)")
         if t.user_attrs.get("duplicate_of") is not None:
             tail += f", reused trial {t.user_attrs['duplicate_of']}"
         plot.marker(
-            t.number, float(t.value), color, kind="dot" if ok else "ring", title=_tip(t, tail)
+            t.number, measured[t.number], color, kind="dot" if ok else "ring", title=_tip(t, tail)
         )
     for t in lost:
         why = t.user_attrs.get("reason") or t.user_attrs.get("outcome") or t.state.name
