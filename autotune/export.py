@@ -12,20 +12,10 @@ optimizer the lr was tuned for and its rescaling rule, the TF32 settings and
     trainer = lightning.Trainer(**ex.kwargs, max_epochs=10)
     loader = DataLoader(dataset, batch_size=ex.elsewhere.batch_size)
 
-==========  ===========================================  ====================================
-target      ``kwargs`` (fp16 | bf16 | fp32, tf32)          ``render("yaml")``: a file for
-==========  ===========================================  ====================================
-lightning   ``Trainer(plugins=[MixedPrecision("16-mixed",  ``LightningCLI --config``
-            device, scaler=GradScaler(...))] |
-            precision="bf16-mixed" | "32-true",
-            accelerator=, benchmark=True)``
-hf          ``TrainingArguments(fp16= | bf16=, tf32=       ``HfArgumentParser``
-            (CUDA), use_cpu= (CPU),                      (``parse_yaml_file``)
-            per_device_train_batch_size=, learning_rate=)``
-accelerate  ``Accelerator(mixed_precision="fp16" | "bf16"  ``accelerate launch --config_file``
-            | "no", kwargs_handlers=[GradScalerKwargs(
-            ...)], cpu= (CPU))``
-==========  ===========================================  ====================================
+target      ``kwargs`` for                      ``render("json" | "yaml" | "args")`` for
+lightning   ``lightning.Trainer``                ``LightningCLI`` (``--config``, ``--trainer.*``)
+hf          ``transformers.TrainingArguments``   ``HfArgumentParser``
+accelerate  ``accelerate.Accelerator``           ``accelerate launch`` (``--config_file``, flags)
 
 An export never trains in a mode other than the config's without saying so: where a library
 would silently change it (fp16 on a CPU runs as fp32 in Hugging Face's Trainer and accelerate;
@@ -77,29 +67,20 @@ class _Obj:
 
     def build(self) -> Any:
         module, _, name = self.class_path.rpartition(".")
-        return getattr(importlib.import_module(module), name)(**_build(self.init_args))
+        return getattr(importlib.import_module(module), name)(**_walk(self.init_args, _Obj.build))
 
     def described(self) -> dict[str, Any]:
-        return {"class_path": self.class_path, "init_args": _described(self.init_args)}
+        return {"class_path": self.class_path, "init_args": _walk(self.init_args, _Obj.described)}
 
 
-def _build(value: Any) -> Any:
+def _walk(value: Any, leaf: Any) -> Any:
+    """``value`` with every :class:`_Obj` in it (in dicts and lists) replaced by ``leaf(obj)``."""
     if isinstance(value, _Obj):
-        return value.build()
+        return leaf(value)
     if isinstance(value, dict):
-        return {k: _build(v) for k, v in value.items()}
+        return {k: _walk(v, leaf) for k, v in value.items()}
     if isinstance(value, list):
-        return [_build(v) for v in value]
-    return value
-
-
-def _described(value: Any) -> Any:
-    if isinstance(value, _Obj):
-        return value.described()
-    if isinstance(value, dict):
-        return {k: _described(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_described(v) for v in value]
+        return [_walk(v, leaf) for v in value]
     return value
 
 
@@ -108,6 +89,7 @@ class Elsewhere:
     """What a library's constructor does not take, and where it goes.
 
     Attributes:
+        precision: the config's mode (what :meth:`set_backend_flags` sets the flags for).
         batch_size: your DataLoader's ``batch_size``, per device.
         learning_rate: your optimizer's ``lr`` at that batch size.
         optimizer: the optimizer class the lr was tuned for (``"SGD"``, ``"AdamW"``); None when
@@ -185,13 +167,14 @@ class Export:
     @property
     def kwargs(self) -> dict[str, Any]:
         """The constructor's keyword arguments, with real objects: ``Trainer(**ex.kwargs)``
-        (Lightning), ``TrainingArguments(**ex.kwargs)``, ``Accelerator(**ex.kwargs)``.
+        (Lightning), ``TrainingArguments(**ex.kwargs)``, ``Accelerator(**ex.kwargs)``. Built anew
+        on each access, so two trainers never share a GradScaler.
 
         Raises:
             ImportError: the library is not installed (it is only needed here, not to render).
         """
         try:
-            return _build(self._kwargs)
+            return _walk(self._kwargs, _Obj.build)
         except ModuleNotFoundError as exc:
             package = _PACKAGE[self.target]
             raise ImportError(
@@ -279,22 +262,20 @@ def _scaler_text(scaler: dict[str, Any]) -> str:
 
 
 def _lr_note(cfg: TunedConfig, where: str) -> str:
-    ev, ex = cfg.evidence, _elsewhere(cfg)
+    rule, ev = cfg.evidence.lr_scaling, cfg.evidence
     tuned_for = f"the {cfg.optimizer} optimizer" if cfg.optimizer else "the workload's optimizer"
-    text = f"learning_rate={cfg.learning_rate:g} ({where}) was tuned for {tuned_for}"
-    text += f" at batch_size={cfg.batch_size} on one device"
-    if ex.lr_scaling in ("linear", "sqrt"):
-        rule = "× total/" if ex.lr_scaling == "linear" else "× sqrt(total/"
-        close = "" if ex.lr_scaling == "linear" else ")"
+    text = (
+        f"learning_rate={cfg.learning_rate:g} ({where}) was tuned for {tuned_for} at "
+        f"batch_size={cfg.batch_size} on one device"
+    )
+    if rule in ("linear", "sqrt"):
+        factor = f"total/{cfg.batch_size}" if rule == "linear" else f"sqrt(total/{cfg.batch_size})"
         text += (
-            f"; for a larger total batch scale it by the {ex.lr_scaling} rule "
-            f"(lr {rule}{cfg.batch_size}{close}; Export.elsewhere.learning_rate_for(total))"
+            f"; for a larger total batch scale it by the {rule} rule (lr × {factor}; "
+            "Export.elsewhere.learning_rate_for(total))"
         )
     if ev.base_learning_rate and ev.base_batch_size:
-        text += (
-            f"; the workload's base was lr={ev.base_learning_rate:g} at "
-            f"batch_size={ev.base_batch_size}"
-        )
+        text += f"; the workload's base: lr={ev.base_learning_rate:g} at batch_size={ev.base_batch_size}"
     return text
 
 
@@ -342,6 +323,19 @@ def _refuse(cfg: TunedConfig, target: str, device: str) -> None:
 # ---- the targets -----------------------------------------------------------------------------
 
 
+def _export(
+    target: str,
+    cfg: TunedConfig,
+    device: str,
+    notes: list[str],
+    kwargs: dict[str, Any],
+    file: dict[str, Any],
+    args: tuple[str, ...] | list[str],
+) -> Export:
+    elsewhere = _elsewhere(cfg)
+    return Export(target, cfg.precision, device, elsewhere, tuple(notes), kwargs, file, tuple(args))
+
+
 def _lightning(cfg: TunedConfig, device: str) -> Export:
     accelerator = "cuda" if device == "cuda" else "cpu"
     kwargs: dict[str, Any] = {"accelerator": accelerator, "benchmark": True}
@@ -361,23 +355,15 @@ def _lightning(cfg: TunedConfig, device: str) -> Export:
         ]
     else:
         kwargs["precision"] = _LIGHTNING_PRECISION[cfg.precision]
-    described = _described(kwargs)
+    described = _walk(kwargs, _Obj.described)
     notes = [
         f"batch_size={cfg.batch_size} goes to your DataLoader (LightningDataModule), "
         "learning_rate to configure_optimizers",
         _lr_note(cfg, "configure_optimizers"),
         *_common_notes(cfg, device),
     ]
-    return Export(
-        "lightning",
-        cfg.precision,
-        device,
-        _elsewhere(cfg),
-        tuple(notes),
-        kwargs,
-        {"trainer": described},
-        _flags("trainer.", described),
-    )
+    file = {"trainer": described}
+    return _export("lightning", cfg, device, notes, kwargs, file, _flags("trainer.", described))
 
 
 def _hf(cfg: TunedConfig, device: str) -> Export:
@@ -416,16 +402,7 @@ def _hf(cfg: TunedConfig, device: str) -> Export:
             "after TrainingArguments(...)"
         )
     notes += _common_notes(cfg, device)
-    return Export(
-        "hf",
-        cfg.precision,
-        device,
-        _elsewhere(cfg),
-        tuple(notes),
-        kwargs,
-        dict(kwargs),
-        _flags("", kwargs),
-    )
+    return _export("hf", cfg, device, notes, kwargs, dict(kwargs), _flags("", kwargs))
 
 
 def _accelerate(cfg: TunedConfig, device: str) -> Export:
@@ -461,16 +438,7 @@ def _accelerate(cfg: TunedConfig, device: str) -> Export:
             "(accelerate.utils) to Accelerator, as Export.kwargs does"
         )
     notes += _common_notes(cfg, device)
-    return Export(
-        "accelerate",
-        cfg.precision,
-        device,
-        _elsewhere(cfg),
-        tuple(notes),
-        kwargs,
-        file,
-        tuple(args),
-    )
+    return _export("accelerate", cfg, device, notes, kwargs, file, args)
 
 
 _BUILDERS = {"lightning": _lightning, "hf": _hf, "accelerate": _accelerate}
