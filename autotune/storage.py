@@ -177,7 +177,9 @@ def open_study(
                 f"Use --name {spec.name}-2 for a new study, or run with the spec it was made with"
             )
         if study.metric_names is None:  # made by a version that did not name it
-            name_objective(study, spec.objective)
+            # Several workers resuming at once may race to write it: one write is enough.
+            with contextlib.suppress(SQLAlchemyError, optuna.exceptions.StorageInternalError):
+                name_objective(study, spec.objective)
         return study
     if not create:
         known = ", ".join(sorted(existing)) or "none"
@@ -192,10 +194,11 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         # Another worker created it a moment ago: join it.
         return open_study(spec, storage, create=False)
+    # Before the fingerprint: workers joining wait for it, then find the study complete.
+    name_objective(study, spec.objective)
     study.set_user_attr("space_fingerprint", fingerprint)
     study.set_user_attr("workload", spec.workload)
     study.set_user_attr("spec", spec.model_dump(mode="json"))
-    name_objective(study, spec.objective)
     return study
 
 
