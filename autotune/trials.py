@@ -70,8 +70,8 @@ ROLE_REFERENCE = "reference"
 ROLE_AMP = "amp_recipe"
 # torch's GradScaler default; a trial without an init_scale parameter ran with it.
 DEFAULT_INIT_SCALE = 2.0**16
-# Optuna keeps each constraint in a system attribute named "constraints:<key>"; Optuna before 4
-# and optuna-dashboard read a list under "constraints" itself.
+# Optuna 5 keeps each constraint in a system attribute named "constraints:<key>"; optuna-dashboard
+# reads only the older form, a list under "constraints" itself.
 CONSTRAINTS_KEY = "constraints"
 _CEILINGS = "ceilings"
 # The study attribute holding the tuned config, as JSON text (see store_config).
