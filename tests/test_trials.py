@@ -131,12 +131,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_json(proc: subprocess.Popen, url: str, deadline_s: float = 60.0) -> Any:
+def wait_for_json(proc: subprocess.Popen, url: str, log: Path, deadline_s: float = 60.0) -> Any:
     """GET ``url`` until the server answers with JSON, polling, up to a deadline."""
     deadline = time.monotonic() + deadline_s
     while True:
         if proc.poll() is not None:
-            pytest.fail(f"optuna-dashboard exited with {proc.returncode}: {proc.stdout.read()}")
+            pytest.fail(f"optuna-dashboard exited with {proc.returncode}: {log.read_text()}")
         try:
             response = httpx.get(url, timeout=5)
             if response.status_code == 200:
@@ -161,14 +161,15 @@ def test_optuna_dashboard_shows_the_same_best_trial_as_optuna(tmp_path: Path) ->
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [exe, f"sqlite:///{tmp_path / 'dash.db'}", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    log = tmp_path / "dashboard.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [exe, f"sqlite:///{tmp_path / 'dash.db'}", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        studies = wait_for_json(proc, f"{base}/api/studies")["study_summaries"]
+        studies = wait_for_json(proc, f"{base}/api/studies", log)["study_summaries"]
         (study_id,) = [s["study_id"] for s in studies if s["study_name"] == "dash"]
         detail = httpx.get(f"{base}/api/studies/{study_id}", timeout=10).json()
     finally:
