@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine:
 #   make search   creates .venv, installs autotune, runs the default study with a short budget
-#   make test     creates .venv, installs the dev extras, runs ruff and pytest
+#   make test     creates .venv, installs the dev and integrations extras, runs ruff and pytest
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,7 +18,7 @@ $(VENV)/.runtime: pyproject.toml
 
 $(VENV)/.dev: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,integrations]'
 	touch $(VENV)/.runtime $@
 
 search: $(VENV)/.runtime

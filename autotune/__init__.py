@@ -3,8 +3,12 @@
 Example:
     >>> import autotune
     >>> cfg = autotune.load_config("studies/resnet18/best.json")  # doctest: +SKIP
-    >>> with cfg.session("cuda") as amp:  # doctest: +SKIP
+    >>> with autotune.session(cfg, "cuda") as amp:  # doctest: +SKIP
     ...     model = amp.prepare(model)
+    >>> trainer = lightning.Trainer(**autotune.export(cfg, "lightning").kwargs)  # doctest: +SKIP
+
+``autotune.session`` and ``autotune.export`` are the functions; their modules are imported by
+name (``from autotune.session import AmpSession``, ``from autotune.export import Export``).
 """
 
 import time as _time
@@ -12,9 +16,6 @@ import time as _time
 # The CLI counts its budget from here: importing torch is part of the job's wall time.
 STARTED = _time.monotonic()
 
-__version__ = "0.1.0"
-
-from autotune.apply import AmpSession  # noqa: E402
 from autotune.config import TunedConfig, load_config  # noqa: E402
 from autotune.errors import (  # noqa: E402
     AutotuneError,
@@ -26,8 +27,13 @@ from autotune.errors import (  # noqa: E402
     StorageError,
     WorkloadError,
 )
+from autotune.export import Export, export  # noqa: E402
 from autotune.result import ProbeResult  # noqa: E402
+
+# Last: these names replace the submodules of the same name as attributes of the package.
+from autotune.session import AmpSession, session  # noqa: E402
 from autotune.spec import Candidate, ProbeSettings, StudySpec, load_spec  # noqa: E402
+from autotune.version import __version__  # noqa: E402
 from autotune.workloads import Workload, load_workload  # noqa: E402
 
 __all__ = [
@@ -38,6 +44,7 @@ __all__ = [
     "ConfigError",
     "DeviceError",
     "EnvironmentMismatchWarning",
+    "Export",
     "ProbeResult",
     "ProbeSettings",
     "SpecError",
@@ -47,7 +54,9 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "__version__",
+    "export",
     "load_config",
     "load_spec",
     "load_workload",
+    "session",
 ]

@@ -2,9 +2,11 @@
 
 It records the winning settings, the evidence behind them and the environment they hold for,
 so every config knows how it was made. Loading one validates it and warns (once) when this
-machine differs from the one it was tuned on; ``cfg.session(device)`` turns it into what a
-training loop uses (:mod:`autotune.apply`), ``cfg.to_lightning()`` and friends into trainer
-arguments (:mod:`autotune.export`).
+machine differs from the one it was tuned on.
+
+The config is a record: it knows no session and no export. ``autotune.session(cfg, device)``
+(:mod:`autotune.session`) turns it into what a training loop uses, ``autotune.export(cfg,
+"lightning")`` (:mod:`autotune.export`) into a trainer's arguments.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import (
@@ -27,11 +29,10 @@ from pydantic import (
     field_validator,
 )
 
+from autotune.devices import resolve_device
 from autotune.errors import ConfigError, EnvironmentMismatchWarning, format_validation_error
 from autotune.spec import Candidate, PrecisionName
-
-if TYPE_CHECKING:
-    from autotune.apply import AmpSession
+from autotune.version import __version__
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -137,6 +138,9 @@ class TunedConfig(_Model):
     learning_rate: float = Field(gt=0, allow_inf_nan=False)
     grad_scaler: GradScalerSettings
     channels_last: bool = False
+    # The class name of the optimizer the learning rate was tuned for ("SGD", "AdamW"); the rule
+    # that rescales it with the batch is evidence.lr_scaling. None in configs written before.
+    optimizer: str | None = None
     evidence: Evidence
     environment: Environment
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
@@ -178,67 +182,9 @@ class TunedConfig(_Model):
         path.write_text(self.model_dump_json(indent=2) + "\n")
         return path
 
-    def session(self, device: str | torch.device = "auto", **options: Any) -> AmpSession:
-        """Open an AMP session with these settings for a plain PyTorch training loop.
-
-        Sets the mode's backend flags now and restores them when the session closes; see
-        :class:`autotune.apply.AmpSession` for the options.
-
-        Args:
-            device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-            **options: keyword options of :class:`~autotune.apply.AmpSession`.
-
-        Returns:
-            The open session: ``autocast()``, ``scaler``, ``prepare(model)``, ``backward(loss)``,
-            ``step(optimizer)``, ``close()``.
-
-        Raises:
-            DeviceError: the device does not exist or cannot run this precision.
-
-        Example:
-            >>> with cfg.session("cuda") as amp:  # doctest: +SKIP
-            ...     model = amp.prepare(model)
-        """
-        from autotune.apply import AmpSession
-
-        return AmpSession.from_config(self, device, **options)
-
-    def to_lightning(self) -> dict[str, Any]:
-        """Lightning settings: ``precision`` for ``Trainer``, batch size, lr, matmul precision.
-
-        Example:
-            >>> cfg.to_lightning()["precision"]  # doctest: +SKIP
-            'bf16-mixed'
-        """
-        from autotune.export import export
-
-        return export(self, "lightning").settings
-
-    def to_hf(self) -> dict[str, Any]:
-        """Hugging Face ``TrainingArguments`` keyword arguments (every key is one of its fields).
-
-        Example:
-            >>> TrainingArguments(output_dir="out", **cfg.to_hf())  # doctest: +SKIP
-        """
-        from autotune.export import export
-
-        return export(self, "hf").settings
-
-    def to_accelerate(self) -> dict[str, Any]:
-        """accelerate settings: ``mixed_precision`` for ``Accelerator``, batch size and lr.
-
-        Example:
-            >>> Accelerator(mixed_precision=cfg.to_accelerate()["mixed_precision"])  # doctest: +SKIP
-        """
-        from autotune.export import export
-
-        return export(self, "accelerate").settings
-
 
 def current_environment(device: torch.device) -> Environment:
     """Describe this machine: device name and capability, torch, CUDA and autotune versions."""
-    from autotune import __version__
-
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         capability = list(torch.cuda.get_device_capability(device))
@@ -334,8 +280,6 @@ def warn_if_environment_differs(
         >>> warn_if_environment_differs(cfg, "cuda:0")  # doctest: +SKIP
         []
     """
-    from autotune.precision import resolve_device
-
     diffs = environment_differences(config.environment, current_environment(resolve_device(device)))
     key = (config.study, config.created_at.isoformat(), tuple(diffs))
     if diffs and key not in _WARNED:

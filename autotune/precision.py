@@ -17,11 +17,13 @@ from typing import Any
 
 import torch
 
-from autotune.errors import DeviceError, SpecError
+from autotune.devices import device_capability, resolve_device
+from autotune.errors import SpecError
 
 __all__ = [
     "MODES",
     "PrecisionMode",
+    "apply_backend_flags",
     "autocast",
     "backend_flags",
     "check_autocast",
@@ -91,47 +93,6 @@ def get_mode(name: str) -> PrecisionMode:
         raise SpecError(f"unknown precision {name!r}; use one of {', '.join(MODES)}") from None
 
 
-def resolve_device(device: str | torch.device) -> torch.device:
-    """Turn ``auto``/``cpu``/``cuda``/``cuda:N`` into a device that exists here.
-
-    Raises:
-        DeviceError: the device does not exist on this machine.
-    """
-    text = str(device).strip().lower()
-    if text == "auto":
-        return (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
-    try:
-        dev = torch.device(text)
-    except RuntimeError:
-        raise DeviceError(f"device {text!r} is not a device; use auto, cpu or cuda:N") from None
-    if dev.type == "cpu":
-        return torch.device("cpu")
-    if dev.type != "cuda":
-        raise DeviceError(f"device {text!r} is not supported; use auto, cpu or cuda:N")
-    if not torch.cuda.is_available():
-        raise DeviceError(
-            f"device {text!r} does not exist: no CUDA device is visible; use --device cpu"
-        )
-    index = 0 if dev.index is None else dev.index
-    count = torch.cuda.device_count()
-    if index >= count:
-        raise DeviceError(
-            f"device {text!r} does not exist: {count} CUDA device(s) visible (cuda:0..cuda:{count - 1})"
-        )
-    return torch.device("cuda", index)
-
-
-def device_capability(device: torch.device) -> tuple[int, int] | None:
-    """CUDA compute capability, or None for the CPU."""
-    if device.type != "cuda":
-        return None
-    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
-
-
 def check_autocast(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     """Run a tiny matmul inside autocast and return the dtype it really produced.
 
@@ -190,14 +151,91 @@ def _new_api() -> bool:
     return hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
 
+# torch keeps TF32 twice. The new API holds a value per (backend, op): "ieee", "tf32" or "none"
+# (inherit from the parent: op -> its backend's "all" -> "generic"); setting a parent also sets
+# its children. The legacy API holds its own two values: the float32 matmul precision
+# (torch.set_float32_matmul_precision) and cudnn's allow_tf32 flag. The legacy getters
+# (get_float32_matmul_precision, cuda.matmul.allow_tf32, cudnn.allow_tf32, cudnn.flags())
+# raise when the two views disagree (pytorch#179445), so a session sets both, in step.
+# Parents come before their children: restoring a parent would overwrite its children.
+_FP32_PRECISION: dict[str, tuple[str, str]] = {
+    "generic.fp32_precision": ("generic", "all"),
+    "cuda.fp32_precision": ("cuda", "all"),
+    "mkldnn.fp32_precision": ("mkldnn", "all"),
+    "matmul.fp32_precision": ("cuda", "matmul"),
+    "cudnn.conv.fp32_precision": ("cuda", "conv"),
+    "cudnn.rnn.fp32_precision": ("cuda", "rnn"),
+    "mkldnn.matmul.fp32_precision": ("mkldnn", "matmul"),
+    "mkldnn.conv.fp32_precision": ("mkldnn", "conv"),
+    "mkldnn.rnn.fp32_precision": ("mkldnn", "rnn"),
+}
+
+
+def _holder(backend: str, op: str) -> Any:
+    """The torch.backends object whose ``fp32_precision`` is this (backend, op)."""
+    b = torch.backends
+    parent = {"generic": b, "cuda": b.cudnn, "mkldnn": b.mkldnn}[backend]
+    if op == "all":
+        return parent
+    return b.cuda.matmul if (backend, op) == ("cuda", "matmul") else getattr(parent, op)
+
+
+def _fp32_precision(backend: str, op: str) -> str:
+    return _holder(backend, op).fp32_precision
+
+
+def _effective(backend: str, op: str) -> str:
+    """What torch resolves a "none" to: the backend's "all", then "generic"."""
+    for b, o in ((backend, op), (backend, "all"), ("generic", "all")):
+        value = _fp32_precision(b, o)
+        if value != "none":
+            return value
+    return "none"
+
+
+def _legacy_matmul_precision() -> str:
+    """The legacy float32 matmul precision, also where torch refuses to report it (its two
+    views disagree: then the one value that makes them disagree is the legacy one)."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        pass
+    cuda_tf32 = _effective("cuda", "matmul") == "tf32"
+    try:
+        legacy_tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    except RuntimeError:
+        legacy_tf32 = not cuda_tf32
+    if not legacy_tf32:
+        return "highest"
+    # "high" and "medium" both allow TF32; the mkldnn matmul value they disagree with says which.
+    return "medium" if _effective("mkldnn", "matmul") == "tf32" else "high"
+
+
+def _legacy_cudnn_tf32() -> bool:
+    """cudnn's legacy allow_tf32, also where torch refuses to report it."""
+    try:
+        return bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:
+        rnn = _effective("cuda", "rnn") == "tf32"
+        conv = _effective("cuda", "conv") == "tf32"
+        # With conv == rnn the getter raised because the legacy flag is the other value.
+        return not conv if conv == rnn else True
+
+
 def snapshot_backend_flags() -> dict[str, Any]:
-    """Every global backend setting a probe or a session may change."""
+    """Every global backend setting a probe or a session may change, both TF32 views included.
+
+    Example:
+        >>> flags = snapshot_backend_flags()
+        >>> flags["cudnn.benchmark"] in (True, False)
+        True
+    """
     flags: dict[str, Any] = {"cudnn.benchmark": torch.backends.cudnn.benchmark}
     if _new_api():
-        flags["matmul.fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
-        flags["cudnn.conv.fp32_precision"] = torch.backends.cudnn.conv.fp32_precision
-        # torch.set_float32_matmul_precision (leave_no_trace restores it) also sets this one.
-        flags["mkldnn.matmul.fp32_precision"] = torch.backends.mkldnn.matmul.fp32_precision
+        flags["float32_matmul_precision"] = _legacy_matmul_precision()
+        flags["cudnn.allow_tf32"] = _legacy_cudnn_tf32()
+        for key, (backend, op) in _FP32_PRECISION.items():
+            flags[key] = _fp32_precision(backend, op)
     else:  # pragma: no cover - torch < 2.9
         flags["matmul.allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
         flags["cudnn.allow_tf32"] = torch.backends.cudnn.allow_tf32
@@ -205,24 +243,45 @@ def snapshot_backend_flags() -> dict[str, Any]:
 
 
 def restore_backend_flags(flags: dict[str, Any]) -> None:
-    """Put back what :func:`snapshot_backend_flags` saw."""
+    """Put back what :func:`snapshot_backend_flags` saw, exactly (both TF32 views)."""
     torch.backends.cudnn.benchmark = flags["cudnn.benchmark"]
     if "matmul.fp32_precision" in flags:
-        torch.backends.cuda.matmul.fp32_precision = flags["matmul.fp32_precision"]
-        torch.backends.cudnn.conv.fp32_precision = flags["cudnn.conv.fp32_precision"]
-        torch.backends.mkldnn.matmul.fp32_precision = flags["mkldnn.matmul.fp32_precision"]
+        # The legacy setters also write new-API values; the new values then go back on top.
+        torch.set_float32_matmul_precision(flags["float32_matmul_precision"])
+        torch.backends.cudnn.allow_tf32 = flags["cudnn.allow_tf32"]
+        for key, (backend, op) in _FP32_PRECISION.items():
+            _holder(backend, op).fp32_precision = flags[key]
     else:  # pragma: no cover - torch < 2.9
         torch.backends.cuda.matmul.allow_tf32 = flags["matmul.allow_tf32"]
         torch.backends.cudnn.allow_tf32 = flags["cudnn.allow_tf32"]
 
 
 def apply_backend_flags(mode: PrecisionMode, *, cudnn_benchmark: bool = True) -> None:
-    """Set TF32 on or off for matmul and conv as the mode says, and cudnn autotuning."""
+    """Set TF32 on or off as the mode says for CUDA matmul, cuDNN conv and cuDNN RNN, in the
+    new API and the legacy one alike, and cudnn autotuning.
+
+    Afterwards every getter answers, and agrees: ``torch.get_float32_matmul_precision()`` is
+    ``"high"`` for tf32 and ``"highest"`` otherwise, ``torch.backends.cuda.matmul.allow_tf32``
+    and ``torch.backends.cudnn.allow_tf32`` are the mode's TF32, ``cudnn.flags()`` enters.
+
+    Example:
+        >>> saved = snapshot_backend_flags()
+        >>> apply_backend_flags(get_mode("fp32"))
+        >>> torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+        ('highest', False)
+        >>> restore_backend_flags(saved)
+    """
     torch.backends.cudnn.benchmark = cudnn_benchmark
     if _new_api():
         value = "tf32" if mode.tf32 else "ieee"
+        # 1. The legacy values; these setters also write cuda+mkldnn matmul and cudnn conv+rnn.
+        torch.set_float32_matmul_precision("high" if mode.tf32 else "highest")
+        torch.backends.cudnn.allow_tf32 = mode.tf32
+        # 2. Explicit new values: the legacy cudnn setter writes "none" for off, which would
+        # inherit a "tf32" a user set on cudnn or generic.
         torch.backends.cuda.matmul.fp32_precision = value
         torch.backends.cudnn.conv.fp32_precision = value
+        torch.backends.cudnn.rnn.fp32_precision = value
     else:  # pragma: no cover - torch < 2.9
         torch.backends.cuda.matmul.allow_tf32 = mode.tf32
         torch.backends.cudnn.allow_tf32 = mode.tf32

@@ -25,6 +25,7 @@ __all__ = [
     "fail_stale",
     "heartbeat",
     "mask_url",
+    "name_objective",
     "open_storage",
     "open_study",
     "owner_id",
@@ -175,6 +176,10 @@ def open_study(
                 f"{study.user_attrs.get('workload', '?')!r}); its {len(study.trials)} trials are kept. "
                 f"Use --name {spec.name}-2 for a new study, or run with the spec it was made with"
             )
+        if study.metric_names is None:  # made by a version that did not name it
+            # Several workers resuming at once may race to write it: one write is enough.
+            with contextlib.suppress(SQLAlchemyError, optuna.exceptions.StorageInternalError):
+                name_objective(study, spec.objective)
         return study
     if not create:
         known = ", ".join(sorted(existing)) or "none"
@@ -189,10 +194,30 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         # Another worker created it a moment ago: join it.
         return open_study(spec, storage, create=False)
+    # Before the fingerprint: workers joining wait for it, then find the study complete.
+    name_objective(study, spec.objective)
     study.set_user_attr("space_fingerprint", fingerprint)
     study.set_user_attr("workload", spec.workload)
     study.set_user_attr("spec", spec.model_dump(mode="json"))
     return study
+
+
+# The objective's name where optuna-dashboard (and Optuna's plots) label the axis.
+METRIC_NAMES = {"throughput": "throughput (samples/s)", "time_to_loss": "time to reference loss"}
+
+
+def name_objective(study: optuna.Study, objective: str) -> None:
+    """Name the study's objective (``study.set_metric_names``), e.g. ``throughput (samples/s)``.
+
+    Example:
+        >>> study = optuna.create_study(direction="maximize")
+        >>> name_objective(study, "throughput")
+        >>> study.metric_names
+        ['throughput (samples/s)']
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([METRIC_NAMES.get(objective, objective)])
 
 
 def fail_stale(study: optuna.Study) -> None:

@@ -5,9 +5,10 @@ them (the search, validation, the report, the service's status, the CLI) goes th
 :class:`TrialRecord`, so the schema lives in one place and a reader never spells a key.
 
 Also here, as data with one rule each: the feasibility test (every constraint ≤ 0, as Optuna's
-own ``_constrained_optimization`` has it), the outcome a person reads for a trial, the
-candidate a trial ran, the key the batch ceilings are stored under, and why a candidate was
-rejected.
+own ``_constrained_optimization`` has it), how constraints and the objective value are written
+so that optuna-dashboard shows what Optuna decides, the outcome a person reads for a trial, the
+candidate a trial ran, the key the batch ceilings are stored under, the tuned config stored on
+the study, and why a candidate was rejected.
 
 =====================  =================================================================
 attribute              meaning
@@ -38,9 +39,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from autotune.config import TunedConfig
 from autotune.spec import Candidate
 
 __all__ = [
+    "CONFIG_KEY",
     "CONSTRAINTS_KEY",
     "DEFAULT_INIT_SCALE",
     "ReferenceMeasurement",
@@ -52,16 +55,20 @@ __all__ = [
     "at_base_role",
     "candidate",
     "ceilings_key",
+    "constraints",
     "display_outcome",
     "feasible_trials",
     "is_feasible",
     "label",
+    "objective_value",
     "parse_ceilings_key",
     "record",
     "reference_key",
     "role_trials",
     "set_constraints",
+    "store_config",
     "stored_ceilings",
+    "stored_config",
     "stored_references",
     "worst_diverged",
 ]
@@ -70,10 +77,13 @@ ROLE_REFERENCE = "reference"
 ROLE_AMP = "amp_recipe"
 # torch's GradScaler default; a trial without an init_scale parameter ran with it.
 DEFAULT_INIT_SCALE = 2.0**16
-# Optuna keeps each constraint in a system attribute named "constraints:<key>".
+# Optuna 5 keeps each constraint in a system attribute named "constraints:<key>"; optuna-dashboard
+# reads only the older form, a list under "constraints" itself.
 CONSTRAINTS_KEY = "constraints"
 _CEILINGS = "ceilings"
 _REFERENCE = "reference"
+# The study attribute holding the tuned config, as JSON text (see store_config).
+CONFIG_KEY = "tuned_config"
 
 
 def at_base_role(mode: str) -> str:
@@ -170,9 +180,58 @@ def record(trial: FrozenTrial | optuna.Trial) -> TrialRecord:
 
 
 def set_constraints(trial: optuna.Trial, values: Mapping[str, float]) -> None:
-    """Store a trial's constraints (≤ 0 is satisfied), one named value each."""
-    for key, value in values.items():
-        trial.set_constraint(key, float(value))
+    """Store a trial's constraints (≤ 0 is satisfied), one named value each: the one place
+    constraints are written.
+
+    Each goes where Optuna 5 keeps it (``trial.set_constraint``, the system attribute
+    ``constraints:<name>``) and, as a list in name order, where optuna-dashboard reads
+    constraints (the system attribute ``constraints``), so the dashboard shows them and tells
+    feasible trials from infeasible ones. Keys of that list (``"0"``, ``"1"``, ...) that
+    :func:`constraints` would not return are skipped, so a twin's ``trial.constraints`` can be
+    passed as they are.
+
+    Example:
+        >>> study = optuna.create_study()
+        >>> trial = study.ask()
+        >>> set_constraints(trial, {"parity": 0.02})
+        >>> _ = study.tell(trial, 1.0)
+        >>> constraints(study.trials[0]), is_feasible(study.trials[0])
+        ({'parity': 0.02}, False)
+    """
+    named = {k: float(v) for k, v in values.items() if not k.isdigit()}
+    for key, value in named.items():
+        trial.set_constraint(key, value)
+    # The dashboard's list: every named constraint the trial holds, this call's and earlier.
+    held = constraints(trial.storage.get_trial(trial._trial_id))
+    trial.storage.set_trial_system_attr(
+        trial._trial_id, CONSTRAINTS_KEY, [held[k] for k in sorted(held)]
+    )
+
+
+def constraints(trial: FrozenTrial) -> dict[str, float]:
+    """A trial's constraints by name, without the dashboard's unnamed copies of them."""
+    return {k: float(v) for k, v in (trial.constraints or {}).items() if not k.isdigit()}
+
+
+def objective_value(value: float, constraints: Mapping[str, float], *, maximize: bool) -> float:
+    """The value to tell Optuna for a COMPLETE trial with these constraints.
+
+    Feasible: the measured value. Infeasible: the worst value there is (``-inf`` when
+    maximizing, ``+inf`` when minimizing). Optuna's own ``study.best_trial`` and its samplers
+    already rank infeasible trials by their constraints, never by their value; what ranks by
+    value alone does not (optuna-dashboard's "Best Trial" is the storage's best value among
+    COMPLETE trials), and would crown a fast trial that failed parity. The measurement itself
+    stays on the trial (its ``throughput`` attribute).
+
+    Example:
+        >>> objective_value(812.5, {"parity": -0.01}, maximize=True)
+        812.5
+        >>> objective_value(950.0, {"parity": 0.07}, maximize=True)
+        -inf
+    """
+    if all(v <= 0.0 for v in constraints.values()):
+        return float(value)
+    return -math.inf if maximize else math.inf
 
 
 def is_feasible(trial: FrozenTrial) -> bool:
@@ -316,6 +375,38 @@ def stored_ceilings(attrs: Mapping[str, Any]) -> dict[tuple[str, str], dict[str,
         if where is not None and isinstance(value, dict):
             out[where] = {str(m): int(b) for m, b in value.items()}
     return out
+
+
+# ---- the tuned config, stored on the study ------------------------------------------------------
+
+
+def store_config(study: optuna.Study, config: TunedConfig) -> None:
+    """Store the tuned config on the study, where every box of a shared study can read it.
+
+    As JSON text: optuna-dashboard shows a text attribute whole, but cuts any other value's JSON
+    at 1,024 characters (a config is longer), which would leave invalid JSON on the screen.
+    """
+    study.set_user_attr(CONFIG_KEY, config.model_dump_json())
+
+
+def stored_config(study: optuna.Study | Mapping[str, Any]) -> TunedConfig | None:
+    """The tuned config stored on a study (or its user attributes), also as older versions
+    stored it (a JSON object); None when there is none or it does not validate.
+
+    Example:
+        >>> stored_config({}) is None
+        True
+    """
+    attrs = study if isinstance(study, Mapping) else study.user_attrs
+    stored = attrs.get(CONFIG_KEY)
+    try:
+        if isinstance(stored, str):
+            return TunedConfig.model_validate_json(stored)
+        if isinstance(stored, dict):
+            return TunedConfig.model_validate(stored)
+    except ValidationError:
+        return None
+    return None
 
 
 # ---- why a candidate was not chosen -------------------------------------------------------------

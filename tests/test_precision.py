@@ -82,6 +82,22 @@ def test_backend_flags_set_inside_and_restored_after(name: str, inside: str) -> 
     assert snapshot_backend_flags() == before
 
 
+@pytest.mark.parametrize("name", list(MODES))
+def test_a_probes_flags_keep_torchs_legacy_tf32_getters_answering(name: str) -> None:
+    # The probe's block (backend_flags): inductor reads get_float32_matmul_precision(), library
+    # code cudnn.allow_tf32 and cudnn.flags(); each raises when torch's two TF32 views disagree.
+    before = snapshot_backend_flags()
+    tf32 = MODES[name].tf32
+    with backend_flags(get_mode(name)):
+        assert torch.backends.cudnn.rnn.fp32_precision == ("tf32" if tf32 else "ieee")
+        assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32
+        assert torch.backends.cudnn.allow_tf32 is tf32
+        with torch.backends.cudnn.flags(enabled=True):
+            pass
+    assert snapshot_backend_flags() == before
+
+
 def test_backend_flags_restored_after_an_exception() -> None:
     before = snapshot_backend_flags()
     with pytest.raises(RuntimeError, match="boom"), backend_flags(get_mode("tf32")):

@@ -400,9 +400,11 @@ def build_handmade(tmp_path: Path) -> SimpleNamespace:
         _trial(
             TrialState.COMPLETE,
             {**BASE, "precision": "bf16", "lr_multiplier": 2.0},
-            1.5,
+            # Infeasible: told the worst value (trials.objective_value), as the search does.
+            float("-inf"),
             {"parity": 0.07},
             outcome="infeasible",
+            speedup=1.5,
             losses=[2.3] * 12,
             learning_rate=0.4,
             parity_gap=0.12,
@@ -524,6 +526,8 @@ def test_every_outcome_renders_with_its_reason(handmade: SimpleNamespace) -> Non
     assert "oom" in page.row_text[4] and "pruned" in page.row_text[4]
     assert "crashed" in page.row_text[5] and "fail" in page.row_text[5]
     assert "infeasible" in page.row_text[2] and "+12.0%" in page.row_text[2]
+    # The history draws the infeasible trial at the speedup it measured, not at -inf.
+    assert "1.50×" in render_html(data)
     assert "same parameters as trial 1" in page.row_text[6]
     assert "waiting" in page.row_text[7]
     # No best.json: the summary says so, and the winner is the best feasible trial.

@@ -142,15 +142,17 @@ def test_train_with_compare_prints_both_rows_and_the_ratios(tmp_path: Path) -> N
     assert ratio.count("x") >= 4 and "pts" in ratio
     assert "tuned: bf16 bs=128 lr=0.1" in out and "fp32: fp32 bs=64 lr=0.05" in out
     assert "tuned vs fp32:" in out
-    # Not a terminal: plain progress lines instead of a live bar.
-    assert "tuned: step 5/5" in out and "fp32: step 10/10" in out
+    # Not a terminal: plain progress lines instead of a live bar, on stderr.
+    assert "tuned: step 5/5" in err and "fp32: step 10/10" in err
+    assert "step 5/5" not in out
 
 
 def test_train_json_has_both_runs_and_the_ratios(tmp_path: Path) -> None:
     path = write_config(tmp_path / "best.json", make_config("fp32", batch_size=64, workload=FAST))
-    code, out, _ = run_cli("train", "-c", str(path), "--steps", "2", "--compare", "amp", "--json")
-    assert code == 0
-    data = json.loads(out[out.index("{") :])
+    code, out, err = run_cli("train", "-c", str(path), "--steps", "2", "--compare", "amp", "--json")
+    assert code == 0, out + err
+    data = json.loads(out)  # stdout is the JSON alone: `autotune train ... --json > out.json`
+    assert "tuned: step 2/2" in err
     assert data["tuned"]["steps"] == 2 and data["baseline"]["precision"] == "fp16"
     assert {"speedup", "memory_ratio", "loss_ratio", "accuracy_delta"} <= set(data)
 

@@ -1,4 +1,4 @@
-"""``autotune export``: a config as Lightning, Hugging Face or accelerate arguments."""
+"""``autotune export``: a config as a file or flags Lightning, Hugging Face or accelerate read."""
 
 from __future__ import annotations
 
@@ -24,10 +24,19 @@ def export(
         ),
     ],
     format_: Annotated[
-        str, typer.Option("--format", help="json, yaml or args (command-line flags).")
+        str,
+        typer.Option(
+            "--format",
+            help="json or yaml (a LightningCLI --config file, a file HfArgumentParser parses, an "
+            "accelerate launch --config_file), or args (their command-line flags).",
+        ),
     ] = "json",
+    device: Annotated[
+        str | None,
+        typer.Option(help="cpu or cuda: the device it will train on; the config's by default."),
+    ] = None,
 ) -> None:
-    """Print the config as a trainer's arguments on stdout; notes go to stderr."""
+    """Print the config as a trainer's config file or flags on stdout; notes go to stderr."""
     from autotune.export import FORMATS
     from autotune.export import export as build
 
@@ -37,7 +46,7 @@ def export(
                 f"unknown format {format_!r}; use one of {', '.join(FORMATS)}, e.g. --format yaml"
             )
         cfg = load_config_for_cli(config)
-        out = build(cfg, to)
+        out = build(cfg, to, device=device)
         text = out.render(format_)
     except AutotuneError as exc:
         fail(str(exc))

@@ -138,10 +138,13 @@ def _print_table(cmp: Any, per_epoch: bool) -> None:
 
 
 class _Progress:
-    """A rich progress bar on a terminal; a few plain lines otherwise (logs, CI, pipes)."""
+    """A rich progress bar on a terminal; a few plain lines otherwise (logs, CI, pipes).
+
+    Always on stderr: stdout holds only the results (the table, or the JSON of ``--json``).
+    """
 
     def __init__(self) -> None:
-        self.live = console.is_terminal
+        self.live = err_console.is_terminal
         self.bar: Progress | None = None
         self.tasks: dict[str, Any] = {}
         self.loss: dict[str, float] = {}
@@ -155,7 +158,7 @@ class _Progress:
                 MofNCompleteColumn(),
                 TextColumn("loss {task.fields[loss]}"),
                 TimeElapsedColumn(),
-                console=console,
+                console=err_console,
                 transient=True,
             )
             self.bar.__enter__()
@@ -178,7 +181,7 @@ class _Progress:
         mark = self.next_line.setdefault(label, 0)
         if done >= mark or done == total:
             loss_text = f", loss {self.loss[label]:.4f}" if label in self.loss else ""
-            console.print(f"{label}: step {done}/{total}{loss_text}", highlight=False)
+            err_console.print(f"{label}: step {done}/{total}{loss_text}", highlight=False)
             self.next_line[label] = done + max(1, total // 4)
 
 
@@ -241,7 +244,8 @@ def train(
         fail(str(exc))
         return
     if json_out:
-        console.print_json(result.model_dump_json())
+        # Plain print: exactly the JSON, never wrapped or styled for a terminal.
+        typer.echo(result.model_dump_json(indent=2))
     else:
         _print_table(result, per_epoch=steps is None)
     if not all(r.ok for r in (result.tuned, result.baseline) if r is not None):

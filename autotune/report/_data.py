@@ -13,13 +13,13 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import ValidationError
 
 from autotune.config import TunedConfig, load_config
 from autotune.errors import ConfigError, StorageError
 from autotune.spec import StudySpec
 from autotune.storage import mask_url, open_storage
 from autotune.trials import (
+    CONFIG_KEY,
     DEFAULT_INIT_SCALE,
     ROLE_AMP,
     ROLE_REFERENCE,
@@ -32,6 +32,7 @@ from autotune.trials import (
     record,
     role_trials,
     stored_ceilings,
+    stored_config,
     stored_references,
 )
 
@@ -288,13 +289,10 @@ def _find_config(
         return cfg, path
     # The search also stores the config in the study: the one copy every box of a
     # PostgreSQL-backed study can read.
-    stored = study.user_attrs.get("tuned_config")
-    if isinstance(stored, dict):
-        try:
-            return TunedConfig.model_validate(stored), None
-        except ValidationError as exc:
-            notes.append(f"the config stored in the study does not validate: {exc}")
-    return None, None
+    stored = stored_config(study)
+    if stored is None and study.user_attrs.get(CONFIG_KEY) is not None:
+        notes.append("the config stored in the study does not validate")
+    return stored, None
 
 
 def _same_settings(data: ReportData, t: FrozenTrial, cfg: TunedConfig) -> bool:

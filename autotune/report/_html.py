@@ -408,7 +408,7 @@ def render_html(data: ReportData) -> str:
     Returns:
         A complete HTML document with inline CSS and SVG: it opens offline, from a file.
     """
-    from autotune import __version__
+    from autotune.version import __version__
 
     spec = data.spec
     device = data.config.environment.device if data.config else str(spec.get("device", "?"))

@@ -308,16 +308,28 @@ def _value_text(data: ReportData, value: float) -> str:
     return f"{value:,.1f} samples/s"
 
 
+def _objective_measured(data: ReportData, trial: FrozenTrial) -> float | None:
+    """A trial's objective as measured: its value, or (an infeasible trial is told the worst
+    value, see trials.objective_value) the speedup or throughput it measured."""
+    if trial.value is not None and math.isfinite(trial.value):
+        return float(trial.value)
+    rec = data.rec(trial)
+    return rec.speedup if data.objective == "speedup" else rec.throughput
+
+
 def history_figure(data: ReportData) -> Figure:
     """The objective per trial in order (a speedup with its interval), with the best feasible
     value so far as a step line."""
-    done = [t for t in data.trials if t.state == TrialState.COMPLETE and t.value is not None]
+    measured = {t.number: _objective_measured(data, t) for t in data.trials}
+    done = [
+        t for t in data.trials if t.state == TrialState.COMPLETE and measured[t.number] is not None
+    ]
     lost = [t for t in data.trials if t.state in (TrialState.PRUNED, TrialState.FAIL)]
     if not done and not lost:
         return Figure(None, note="No trial has finished yet.")
     last = max(t.number for t in done + lost)
     speedup = data.objective == "speedup"
-    values = [float(t.value) for t in done]
+    values = [measured[t.number] for t in done]
     if speedup:
         values += [data.rec(t).speedup_high or 0.0 for t in done]
     y_lo, y_hi, y_ticks = nice_range(0, max(values, default=1.0) * 1.08)
@@ -331,7 +343,7 @@ def history_figure(data: ReportData) -> Figure:
     steps: list[tuple[float, float | None]] = []
     for t in sorted(done, key=lambda t: t.number):
         if is_feasible(t):
-            v = float(t.value)
+            v = measured[t.number]
             if best is None or (v > best if data.maximize else v < best):
                 best = v
         if best is not None:
@@ -343,16 +355,16 @@ def history_figure(data: ReportData) -> Figure:
         ok, rec = is_feasible(t), data.rec(t)
         color = mode_color(t.params.get("precision"))
         if speedup:
-            tail = ratio_text(float(t.value), rec.speedup_low, rec.speedup_high, x="×")
+            tail = ratio_text(measured[t.number], rec.speedup_low, rec.speedup_high, x="×")
         else:
-            tail = _value_text(data, float(t.value))
+            tail = _value_text(data, measured[t.number])
         tail += "" if ok else ", infeasible (parity)"
         if rec.duplicate_of is not None:
             tail += f", reused trial {rec.duplicate_of}"
         if speedup and rec.speedup_low is not None and rec.speedup_high is not None:
             plot.errorbar(t.number, rec.speedup_low, rec.speedup_high, color, title=_tip(t, tail))
         plot.marker(
-            t.number, float(t.value), color, kind="dot" if ok else "ring", title=_tip(t, tail)
+            t.number, measured[t.number], color, kind="dot" if ok else "ring", title=_tip(t, tail)
         )
     for t in lost:
         plot.marker(

@@ -2,7 +2,7 @@
 
 A run is a measurement policy over :class:`~autotune.step.StepEngine` (the AMP step, the loss
 read-back, the OOM recovery):
-1. opens an :class:`~autotune.apply.AmpSession` (backend flags restored afterwards) and forks
+1. opens an :class:`~autotune.session.AmpSession` (backend flags restored afterwards) and forks
    the RNG, so the caller's random state is untouched and every run starts from the same seed;
 2. builds the model, the optimizer at the run's learning rate and the batches at its size;
 3. trains; the first ``warmup_steps`` are real steps but untimed (kernel selection, building the

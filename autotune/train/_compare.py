@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from autotune.apply import check_supported
+from autotune.session import check_supported
 from autotune.config import TunedConfig
 from autotune.errors import SpecError
 from autotune.spec import Candidate

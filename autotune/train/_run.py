@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from loguru import logger
 
-from autotune.apply import AmpSession
+from autotune.session import AmpSession
 from autotune.config import TunedConfig, warn_if_environment_differs
 from autotune.memory import PeakMemory, release_memory
 from autotune.precision import apply_backend_flags, resolve_device

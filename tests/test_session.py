@@ -1,7 +1,9 @@
-"""load_config and the AMP session: what a training script does with a config, on CPU."""
+"""load_config and the AMP session (``autotune.session``): what a training script does with a config,
+on CPU."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import warnings
 from pathlib import Path
@@ -12,8 +14,8 @@ import torch
 from _configs import make_config, write_config
 from torch import nn
 
+import autotune
 from autotune import load_config
-from autotune.apply import AmpSession, check_supported
 from autotune.errors import (
     AutotuneWarning,
     ConfigError,
@@ -22,11 +24,14 @@ from autotune.errors import (
 )
 from autotune.precision import restore_backend_flags, snapshot_backend_flags
 from autotune.search import run_search
+from autotune.session import AmpSession, check_supported
 from autotune.spec import Candidate, load_spec
 from autotune.worker import InProcessRunner
 from autotune.workloads import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
+# The module, to patch its names: `autotune.session` itself is the function.
+SESSION = importlib.import_module("autotune.session")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -70,7 +75,7 @@ def test_round_trip_search_to_training_under_the_tuned_precision(tmp_path: Path)
     assert mismatch_warnings(record) == []  # tuned here, loaded here
     assert cfg == result.config
     before = snapshot_backend_flags()
-    with cfg.session("cpu") as amp:
+    with autotune.session(cfg, "cpu") as amp:
         assert (amp.precision, amp.batch_size, amp.learning_rate) == (
             cfg.precision,
             cfg.batch_size,
@@ -100,7 +105,7 @@ def test_round_trip_search_to_training_under_the_tuned_precision(tmp_path: Path)
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_session_trains_under_the_tuned_precision_and_scaler(precision: str) -> None:
     cfg = make_config(precision, init_scale=1024.0, growth_interval=50)
-    with cfg.session("cpu") as amp:
+    with autotune.session(cfg, "cpu") as amp:
         scaler = amp.scaler
         assert isinstance(scaler, torch.amp.GradScaler)
         if precision == "fp16":
@@ -123,11 +128,12 @@ def test_backend_flags_are_the_modes_inside_and_restored_after(precision: str) -
     torch.backends.cudnn.benchmark = False
     try:
         before = snapshot_backend_flags()
-        amp = make_config(precision).session("cpu")
+        amp = autotune.session(make_config(precision), "cpu")
         flags = snapshot_backend_flags()
         # What the search measured: IEEE fp32 outside autocast, cudnn autotuning on.
         assert flags["matmul.fp32_precision"] == "ieee"
         assert flags["cudnn.conv.fp32_precision"] == "ieee"
+        assert flags["cudnn.rnn.fp32_precision"] == "ieee"
         assert flags["cudnn.benchmark"] is True
         # Code between opening and prepare() changes a flag: prepare() sets the mode's again.
         torch.backends.cuda.matmul.fp32_precision = "tf32"
@@ -142,9 +148,60 @@ def test_backend_flags_are_the_modes_inside_and_restored_after(precision: str) -
         restore_backend_flags(original)
 
 
+def read_every_tf32_getter() -> dict[str, object]:
+    """What library code reads (inductor, transformers, cudnn.flags()); each raises in torch
+    when the new and the legacy TF32 settings disagree."""
+    out: dict[str, object] = {
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+        "rnn": torch.backends.cudnn.rnn.fp32_precision,
+    }
+    with torch.backends.cudnn.flags(enabled=True):
+        pass
+    return out
+
+
+# Where a user's process may stand when the session opens: torch's defaults, the new API alone
+# (what torch recommends, and what transformers' tf32= does), the legacy API alone.
+USER_FLAGS = {
+    "defaults": lambda: None,
+    "new API, TF32 matmul": lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32"),
+    "new API, IEEE everywhere": lambda: setattr(torch.backends, "fp32_precision", "ieee"),
+    "legacy, high": lambda: torch.set_float32_matmul_precision("high"),
+}
+
+
+@pytest.mark.parametrize("start", list(USER_FLAGS))
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
+def test_every_tf32_getter_answers_inside_every_modes_session(
+    precision: str, start: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = snapshot_backend_flags()
+    try:
+        USER_FLAGS[start]()
+        before = snapshot_backend_flags()
+        if precision == "tf32":  # a CUDA mode: open its session as if on a GPU
+            monkeypatch.setattr(SESSION, "check_supported", lambda p, d: torch.device("cpu"))
+        with autotune.session(make_config(precision), "cpu"):
+            tf32 = precision == "tf32"
+            assert read_every_tf32_getter() == {
+                "matmul_precision": "high" if tf32 else "highest",
+                "matmul_tf32": tf32,
+                "cudnn_tf32": tf32,
+                "rnn": "tf32" if tf32 else "ieee",
+            }
+        assert snapshot_backend_flags() == before
+    finally:
+        restore_backend_flags(original)
+
+
 def test_with_block_restores_flags_when_training_raises() -> None:
     before = snapshot_backend_flags()
-    with pytest.raises(RuntimeError, match="user bug"), make_config("bf16").session("cpu"):
+    with (
+        pytest.raises(RuntimeError, match="user bug"),
+        autotune.session(make_config("bf16"), "cpu"),
+    ):
         raise RuntimeError("user bug")
     assert snapshot_backend_flags() == before
 
@@ -157,9 +214,9 @@ def test_a_failure_while_opening_leaves_no_flag_changed(monkeypatch: pytest.Monk
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         raise RuntimeError("flag setter failed half way")
 
-    monkeypatch.setattr("autotune.apply.apply_backend_flags", half_apply)
+    monkeypatch.setattr(SESSION, "apply_backend_flags", half_apply)
     with pytest.raises(RuntimeError, match="half way"):
-        make_config("bf16").session("cpu")
+        autotune.session(make_config("bf16"), "cpu")
     assert snapshot_backend_flags() == before
 
 
@@ -185,18 +242,18 @@ def test_a_session_that_cannot_run_says_why_and_changes_nothing(
 
 def test_autocast_that_falls_back_to_fp32_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     # torch only warns when autocast cannot use a dtype: training would silently run fp32.
-    monkeypatch.setattr("autotune.apply.check_autocast", lambda device, dtype: torch.float32)
+    monkeypatch.setattr(SESSION, "check_autocast", lambda device, dtype: torch.float32)
     before = snapshot_backend_flags()
     with pytest.raises(DeviceError, match="silently run in fp32"):
-        make_config("fp16").session("cpu")
+        autotune.session(make_config("fp16"), "cpu")
     assert snapshot_backend_flags() == before
 
 
 def test_a_mode_below_its_capability_runs_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     # A 7.5 GPU (T4): bf16 autocast works there, emulated, so it is a warning, not an error.
-    monkeypatch.setattr("autotune.apply.resolve_device", lambda d: torch.device("cuda", 3))
-    monkeypatch.setattr("autotune.apply.check_autocast", lambda device, dtype: dtype)
-    monkeypatch.setattr("autotune.apply.device_capability", lambda device: (7, 5))
+    monkeypatch.setattr(SESSION, "resolve_device", lambda d: torch.device("cuda", 3))
+    monkeypatch.setattr(SESSION, "check_autocast", lambda device, dtype: dtype)
+    monkeypatch.setattr(SESSION, "device_capability", lambda device: (7, 5))
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         assert check_supported("bf16", "cuda:3") == torch.device("cuda", 3)
@@ -211,7 +268,7 @@ def test_a_mode_below_its_capability_runs_with_one_warning(monkeypatch: pytest.M
 
 def test_prepare_moves_to_channels_last_and_prepare_batch_follows() -> None:
     cfg = make_config("bf16", channels_last=True)
-    with cfg.session("cpu") as amp:
+    with autotune.session(cfg, "cpu") as amp:
         model = amp.prepare(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten()))
         assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
         x, y = amp.prepare_batch((torch.randn(2, 3, 8, 8), torch.tensor([0, 1])))
@@ -221,7 +278,7 @@ def test_prepare_moves_to_channels_last_and_prepare_batch_follows() -> None:
         assert batch["image"].is_contiguous(memory_format=torch.channels_last)
         assert batch["name"] == "keep"
         assert "channels_last" in repr(amp)
-    with make_config("bf16").session("cpu") as amp:
+    with autotune.session(make_config("bf16"), "cpu") as amp:
         x = amp.prepare_batch(torch.randn(2, 3, 8, 8))
         assert x.is_contiguous()  # not tuned channels_last: left as it is
 
@@ -299,7 +356,7 @@ def test_loading_on_another_gpu_and_torch_warns_once_naming_each_difference(
         warnings.simplefilter("always")
         cfg = load_config(path)
         load_config(path)  # every DataLoader worker loads it: still one warning
-        cfg.session("cpu").close()  # the session's check finds the same differences
+        autotune.session(cfg, "cpu").close()  # the session's check finds the same differences
     found = mismatch_warnings(record)
     assert len(found) == 1, found
     message = found[0]
@@ -325,5 +382,44 @@ def test_loading_where_it_was_tuned_does_not_warn(tmp_path: Path, env: dict[str,
     path = _elsewhere(tmp_path, **env)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        load_config(path).session("cpu").close()
+        autotune.session(load_config(path), "cpu").close()
     assert mismatch_warnings(record) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
+def test_the_readmes_tuned_loop_runs_verbatim_on_a_gpu(
+    precision: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from autotune.config import current_environment
+
+    block = next(
+        b
+        for b in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+        if "autotune.session(cfg, " in b
+    )
+    cfg = make_config(precision, batch_size=16, init_scale=1024.0, growth_interval=500)
+    cfg = cfg.model_copy(update={"environment": current_environment(torch.device("cuda"))})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "studies" / "resnet18").mkdir(parents=True)
+    write_config(tmp_path / "studies" / "resnet18" / "best.json", cfg)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    seen: list[torch.dtype] = []
+    model[0].register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    data = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
+    before = snapshot_backend_flags()
+    ns: dict[str, Any] = {
+        "autotune": autotune,
+        "torch": torch,
+        "DataLoader": torch.utils.data.DataLoader,
+        "model": model,
+        "dataset": data,
+        "loss_fn": nn.functional.cross_entropy,
+    }
+    exec(compile(block, "README.md (tuned loop)", "exec"), ns)
+    assert seen and set(seen) == {DTYPES.get(precision, torch.float32)}
+    if precision == "fp16":
+        assert ns["scaler"].get_scale() == 1024.0
+    assert snapshot_backend_flags() == before  # amp.close() put the flags back

@@ -3,7 +3,7 @@
 The usual AMP loop, with the tuned settings in one object::
 
     cfg = autotune.load_config("studies/resnet18/best.json")
-    with cfg.session("cuda") as amp:          # backend flags set here, restored at the end
+    with autotune.session(cfg, "cuda") as amp:  # backend flags set here, restored at the end
         model = amp.prepare(model)            # device, channels_last as tuned
         opt = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate)
         for x, y in loader:                   # DataLoader(..., batch_size=cfg.batch_size)
@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
+from autotune.config import TunedConfig, warn_if_environment_differs
 from autotune.errors import AutotuneWarning, DeviceError
 from autotune.precision import (
     PrecisionMode,
@@ -42,10 +43,7 @@ from autotune.precision import (
 )
 from autotune.spec import Candidate
 
-if TYPE_CHECKING:
-    from autotune.config import TunedConfig
-
-__all__ = ["AmpSession", "check_supported"]
+__all__ = ["AmpSession", "check_supported", "session"]
 
 
 # (mode, device) already warned about as running below its compute capability.
@@ -128,8 +126,9 @@ def _move(batch: Any, device: torch.device, channels_last: bool) -> Any:
 class AmpSession:
     """The tuned precision for a plain PyTorch loop: autocast, a GradScaler, backend flags.
 
-    Opening the session sets the mode's backend flags (TF32 on or off for matmul and conv, cudnn
-    autotuning) as the search measured them; :meth:`close` (or leaving the ``with`` block) puts
+    Opening the session sets the mode's backend flags (TF32 on or off for CUDA matmul, cuDNN conv
+    and cuDNN RNN, in torch's new and legacy settings alike, and cudnn autotuning) as the search
+    measured them; :meth:`close` (or leaving the ``with`` block) puts
     back what was there before. Opening fails before anything changes when the device cannot
     run the mode.
 
@@ -199,11 +198,9 @@ class AmpSession:
         Example:
             >>> amp = AmpSession.from_config(cfg, "cuda")  # doctest: +SKIP
         """
-        from autotune.config import warn_if_environment_differs
-
-        session = cls(config.candidate(), device, **options)
-        warn_if_environment_differs(config, session.device, stacklevel=3)
-        return session
+        opened = cls(config.candidate(), device, **options)
+        warn_if_environment_differs(config, opened.device, stacklevel=3)
+        return opened
 
     # ---- what the loop calls ------------------------------------------------------------
 
@@ -295,3 +292,30 @@ class AmpSession:
         if self.closed:
             parts.append("closed")
         return f"AmpSession({', '.join(parts)})"
+
+
+def session(config: TunedConfig, device: str | torch.device = "auto", **options: Any) -> AmpSession:
+    """Open an AMP session with a tuned config's settings, for a plain PyTorch training loop.
+
+    ``autotune.session(cfg, device)``: sets the mode's backend flags now and restores them when
+    the session closes; warns once when this device is not the one the config was tuned on.
+
+    Args:
+        config: the tuned config (:func:`autotune.load_config`).
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        **options: keyword options of :class:`AmpSession` (``cudnn_benchmark``).
+
+    Returns:
+        The open session: ``autocast()``, ``scaler``, ``prepare(model)``,
+        ``prepare_batch(batch)``, ``backward(loss)``, ``step(optimizer)``, ``close()``.
+
+    Raises:
+        DeviceError: the device does not exist or cannot run the config's precision.
+
+    Example:
+        >>> import autotune
+        >>> cfg = autotune.load_config("studies/tiny/best.json")  # doctest: +SKIP
+        >>> with autotune.session(cfg, "cpu") as amp:  # doctest: +SKIP
+        ...     model = amp.prepare(model)
+    """
+    return AmpSession.from_config(config, device, **options)

@@ -1,0 +1,54 @@
+"""Devices: ``auto``/``cpu``/``cuda:N`` as a device that exists here, and its compute capability.
+
+The lowest layer next to the config: the config's environment check resolves a device too, and
+the config knows no precision mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autotune.errors import DeviceError
+
+__all__ = ["device_capability", "resolve_device"]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """Turn ``auto``/``cpu``/``cuda``/``cuda:N`` into a device that exists here.
+
+    Raises:
+        DeviceError: the device does not exist on this machine.
+    """
+    text = str(device).strip().lower()
+    if text == "auto":
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise DeviceError(f"device {text!r} is not a device; use auto, cpu or cuda:N") from None
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise DeviceError(f"device {text!r} is not supported; use auto, cpu or cuda:N")
+    if not torch.cuda.is_available():
+        raise DeviceError(
+            f"device {text!r} does not exist: no CUDA device is visible; use --device cpu"
+        )
+    index = 0 if dev.index is None else dev.index
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise DeviceError(
+            f"device {text!r} does not exist: {count} CUDA device(s) visible (cuda:0..cuda:{count - 1})"
+        )
+    return torch.device("cuda", index)
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """CUDA compute capability, or None for the CPU."""
+    if device.type != "cuda":
+        return None
+    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
