@@ -6,9 +6,9 @@ import contextlib
 
 import torch
 
-from autotune.session import check_supported
 from autotune.config import TunedConfig
 from autotune.errors import SpecError
+from autotune.session import check_supported
 from autotune.spec import Candidate
 from autotune.stats import ratio_estimate
 from autotune.train._models import BASELINES, Comparison, Progress, TrainSettings

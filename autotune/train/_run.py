@@ -9,10 +9,10 @@ from collections.abc import Callable
 import torch
 from loguru import logger
 
-from autotune.session import AmpSession
 from autotune.config import TunedConfig, warn_if_environment_differs
 from autotune.memory import PeakMemory, release_memory
 from autotune.precision import apply_backend_flags, resolve_device
+from autotune.session import AmpSession
 from autotune.spec import Candidate
 from autotune.step import StepEngine
 from autotune.train._models import Progress, TrainResult, TrainSettings
