@@ -13,6 +13,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.trials import stored_config
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SPEC = """\
@@ -78,7 +80,7 @@ def test_three_workers_finish_one_study_with_every_trial_accounted_for_once(
     # Validation ran once: exactly one worker wrote best.json.
     written = [p for p in (tmp_path / f"w{i}" / "best.json" for i in range(3)) if p.is_file()]
     assert len(written) == 1
-    assert study.user_attrs["tuned_config"]["study"] == "dist"
+    assert stored_config(study).study == "dist"
 
 
 def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
@@ -124,7 +126,7 @@ def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
     assert retries and retries[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
     assert retries[0].params == dead.params
     assert not [t for t in trials if t.state == TrialState.RUNNING]
-    assert study.user_attrs["tuned_config"]["study"] == "dist"
+    assert stored_config(study).study == "dist"
 
 
 @pytest.mark.parametrize("what", ["password", "port"])

@@ -189,6 +189,7 @@ def build_config(
             growth_interval=cand.growth_interval,
         ),
         channels_last=facts.channels_last,
+        optimizer=facts.optimizer,
         evidence=evidence,
         environment=facts.environment,
     )

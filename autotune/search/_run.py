@@ -53,6 +53,8 @@ from autotune.trials import (
     at_base_role,
     candidate,
     role_trials,
+    store_config,
+    stored_config,
     worst_diverged,
 )
 from autotune.worker import ProbeWorker, Runner
@@ -450,13 +452,12 @@ def run_search(
     if config is not None:
         path = config.save(out / "best.json")
         study.set_user_attr("best_config", str(path))
-        study.set_user_attr("tuned_config", config.model_dump(mode="json"))
+        store_config(study, config)
         logger.info(
             "wrote {} after {:.1f}s of a {:.0f}s budget", path, budget.elapsed(), budget.total
         )
     else:
-        stored = study.user_attrs.get("tuned_config")
-        config = TunedConfig.model_validate(stored) if isinstance(stored, dict) else None
+        config = stored_config(study)
     spent = dict(ctx.spent) if ctx is not None else {}
     spent["writing"] = time.monotonic() - w0
     if ctx is not None:

@@ -31,6 +31,7 @@ from autotune.trials import (
     ReferenceMeasurement,
     TrialRecord,
     feasible_trials,
+    objective_value,
     record,
     set_constraints,
 )
@@ -260,7 +261,7 @@ class TrialStep:
             rec.outcome = "infeasible"
         rec.write(trial)
         set_constraints(trial, constraints)
-        self.study.tell(trial, value)
+        self.study.tell(trial, objective_value(value, constraints, maximize=ctx.maximize))
         ctx.emit(
             TrialFinished(
                 number=trial.number,

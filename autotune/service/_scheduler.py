@@ -53,7 +53,7 @@ from autotune.service._devices import DeviceMonitor
 from autotune.service._queue import QueueRow, StudyQueue
 from autotune.spec import Candidate, ProbeSettings, StudySpec, parse_spec
 from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
-from autotune.trials import record
+from autotune.trials import record, stored_config
 from autotune.worker import ProbeWorker, Runner
 
 __all__ = ["DRAIN_GRACE", "Scheduler", "StudyRun", "accepts"]
@@ -400,9 +400,7 @@ class Scheduler:
             )
             return
         self.queue.record_progress(name, run.budget.elapsed())
-        if result.config is None and not isinstance(
-            result.study.user_attrs.get("tuned_config"), dict
-        ):
+        if result.config is None and stored_config(result.study) is None:
             self.queue.finish(
                 name,
                 "failed",

@@ -23,6 +23,7 @@ from autotune.trials import (
     display_outcome,
     feasible_trials,
     record,
+    stored_config,
     stored_references,
 )
 
@@ -98,8 +99,8 @@ def read_standing(study: optuna.Study) -> Standing:
         pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
         out.best = trial_info(pick(feasible, key=lambda t: t.value))
     out.latest = [trial_info(t) for t in trials[-_LATEST:]][::-1]
-    stored = attrs.get("tuned_config")
-    out.tuned_config = stored if isinstance(stored, dict) else None
+    stored = stored_config(attrs)
+    out.tuned_config = stored.model_dump(mode="json") if stored is not None else None
     return out
 
 
