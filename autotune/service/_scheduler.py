@@ -36,6 +36,7 @@ from loguru import logger
 from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError
+from autotune.facts import WorkerFacts
 from autotune.logs import FILE_FORMAT
 from autotune.result import ProbeResult
 from autotune.search import Budget, SearchStopped, run_search
@@ -150,6 +151,10 @@ class _DeviceRunner(Runner):
             return self.worker.diagnose(
                 workload, candidate, steps=steps, seed=seed, timeout=timeout
             )
+
+    def facts(self, workload: str) -> WorkerFacts:
+        # Asked of the worker: the service itself never imports a workload or touches the GPU.
+        return self.worker.facts(workload)
 
     def start(self) -> None:
         self.worker.start()
