@@ -234,7 +234,7 @@ def test_the_service_leaves_the_gpu_to_its_worker(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @SEARCH_PROBES_IN_PARENT
 def test_a_search_on_a_gpu_opens_no_context_in_the_calling_process(tmp_path: Path) -> None:
-    done = _drive(*_tiny_search(tmp_path, "cuda", "20s"))
+    done = _drive(*_tiny_search(tmp_path, "cuda", "15s"))
     assert FORBIDDEN not in done.stderr, done.stderr[-3000:]
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "out" / "best.json").is_file()
