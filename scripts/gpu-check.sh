@@ -88,7 +88,7 @@ stage() {
 }
 
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="-ra" --timeout 150)
-stage "gpu tests" 120 "$TESTS_LOG" "${PYTEST[@]}" -m gpu "${GPU_TESTS[@]}"
+stage "gpu tests" 130 "$TESTS_LOG" "${PYTEST[@]}" -m gpu "${GPU_TESTS[@]}"
 stage "amp table" 110 "$BENCH_LOG" "$PY" benchmarks/amp_table.py --budget 60s --samples 10000 \
     --json "$OUT/amp_table.json" --markdown "$OUT/amp_table.md"
 stage "export tests" 60 "$TESTS_LOG" "${PYTEST[@]}" "${EXPORT_TESTS[@]}"

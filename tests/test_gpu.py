@@ -111,7 +111,7 @@ def test_the_ceiling_finder_on_a_real_device_leaves_the_margin_free() -> None:
             wl, Candidate(precision="bf16", batch_size=bs, learning_rate=0.1), dev, settings
         )
 
-    ceiling = find_ceiling(try_batch, "bf16", start=256, cap=2**16, budget_bytes=budget)
+    ceiling = find_ceiling(try_batch, "bf16", start=256, cap=2**13, budget_bytes=budget)
     assert ceiling.batch_size >= 256
     fitting = [t for t in ceiling.tries if t.fits]
     assert all(t.peak_memory is not None and t.peak_memory <= budget for t in fitting)
