@@ -35,7 +35,8 @@ format: $(VENV)/.dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# On a CUDA machine: every gpu-marked test and the GPU benchmarks, results under $(OUT).
+# On a CUDA machine: every gpu-marked test and the GPU benchmarks, results under $(OUT)
+# (the same as `bash scripts/gpu-check.sh $(OUT)`, which needs no make).
 gpu-check:
 	bash scripts/gpu-check.sh $(OUT)
 

@@ -16,16 +16,23 @@ __all__ = ["device_capability", "resolve_device"]
 def resolve_device(device: str | torch.device) -> torch.device:
     """Turn ``auto``/``cpu``/``cuda``/``cuda:N`` into a device that exists here.
 
+    Only counts devices (``is_available``, ``device_count``): it never opens a CUDA context,
+    so the CLI and the service may call it in their own process.
+
     Raises:
         DeviceError: the device does not exist on this machine.
+
+    Example:
+        >>> resolve_device("cpu")
+        device(type='cpu')
     """
     text = str(device).strip().lower()
     if text == "auto":
-        return (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        # current_device() would open a context; without one it is 0 anyway.
+        index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        return torch.device("cuda", index)
     try:
         dev = torch.device(text)
     except RuntimeError:

@@ -36,8 +36,9 @@ class WorkerFacts(BaseModel):
     device: str
     # Modes this device cannot really run, each with the reason.
     unsupported: dict[str, str]
-    # Bytes free and in all on the device (CUDA: the driver's view, other processes count;
-    # CPU: MemAvailable and MemTotal); None when they cannot be read.
+    # Bytes free and in all on the device (CUDA: the driver's view, other processes count, plus
+    # what the worker's own allocator holds; CPU: MemAvailable and MemTotal); None when they
+    # cannot be read.
     memory_free: int | None = None
     memory_total: int | None = None
     environment: Environment
@@ -56,10 +57,15 @@ class WorkerFacts(BaseModel):
 
 
 def device_memory(device: torch.device) -> tuple[int | None, int | None]:
-    """``(free, total)`` bytes of a device; ``(None, None)`` when they cannot be read."""
+    """``(free, total)`` bytes of a device; ``(None, None)`` when they cannot be read.
+
+    On CUDA, free includes this process's allocator cache: its next probe reuses that memory,
+    and a probe's peak counts it, so leaving it out would count it twice (a persistent worker's
+    earlier probes would shrink the budget of later ones).
+    """
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        return int(free), int(total)
+        return int(free + torch.cuda.memory_reserved(device)), int(total)
     try:
         info = {
             line.split(":")[0]: int(line.split()[1]) * 1024

@@ -17,8 +17,10 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 from loguru import logger
 
 from autotune.errors import AutotuneError, WorkloadError
@@ -26,14 +28,80 @@ from autotune.facts import WorkerFacts
 from autotune.result import PairedResult, ProbeResult
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 
-__all__ = ["InProcessRunner", "ProbeWorker", "Runner"]
+__all__ = ["InProcessRunner", "ProbeWorker", "Runner", "WorkerMemory", "poisons_context"]
 
 # Seconds a probe may run past its own soft time limit before the worker is killed.
 _GRACE = 15.0
 
+# What leaves a CUDA context unusable ("sticky" errors): after one, every later CUDA call in the
+# process fails too, so the worker must be replaced. torch raises AcceleratorError for any
+# CUDA runtime error; older builds raise a RuntimeError carrying one of these messages.
+_STICKY_CUDA_ERRORS = (
+    "illegal memory access",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "illegal instruction",
+    "uncorrectable ecc error",
+    "cuda context is corrupted",
+)
+
+
+def poisons_context(exc: BaseException) -> bool:
+    """Whether ``exc`` leaves the process's CUDA context unusable (restart the process).
+
+    Example:
+        >>> poisons_context(RuntimeError("CUDA error: device-side assert triggered"))
+        True
+        >>> poisons_context(ValueError("label 11 is out of range"))
+        False
+    """
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    if not isinstance(exc, RuntimeError) or isinstance(exc, torch.OutOfMemoryError):
+        return False
+    text = str(exc).lower()
+    return any(marker in text for marker in _STICKY_CUDA_ERRORS)
+
+
+# Appended to the reason of a probe that ended so.
+_RESTARTED = "the CUDA context cannot be used after this error: the probe worker was restarted"
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """A CUDA device's memory as the worker saw it after its last request, in bytes.
+
+    ``reserved`` is what the worker's allocator holds (its cache included): the next probe
+    there reuses it, so it is the worker's own memory, never a neighbour's.
+    """
+
+    free: int
+    total: int
+    reserved: int
+
+
+def _device_memory(device: str) -> list[int] | None:
+    """``[free, total, reserved]`` of the worker's CUDA device; None on a CPU or before CUDA
+    was used here (asking would open a context for nothing)."""
+    try:
+        dev = torch.device(device)
+        if dev.type != "cuda" or not torch.cuda.is_initialized():
+            return None
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        free, total = torch.cuda.mem_get_info(index)
+        return [int(free), int(total), int(torch.cuda.memory_reserved(index))]
+    except Exception:  # a broken context or an odd device name: no report, not a failure
+        return None
+
 
 def _serve(requests: Any, replies: Any, device: str) -> None:
-    """The worker's loop: read a probe request line, run it, write the reply line."""
+    """The worker's loop: read a probe request line, run it, write the reply line.
+
+    After an error that poisons the CUDA context it says so and returns: the process exits
+    and the parent starts a fresh one for the next request.
+    """
     # Ctrl-C goes to the whole process group; the parent decides what to do with it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from autotune.probe import run_probe
@@ -68,7 +136,8 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
             if op == "facts":
                 from autotune.facts import collect_facts
 
-                send("facts", collect_facts(ref, device).model_dump_json())
+                facts = collect_facts(ref, device).model_dump_json()
+                send("facts", facts, _device_memory(device))
                 continue
             if op == "diagnose":
                 from autotune.diagnose import diagnose
@@ -81,7 +150,7 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
                     steps=settings.steps,
                     seed=settings.seed,
                 )
-                send("diagnosis", found.model_dump_json())
+                send("diagnosis", found.model_dump_json(), _device_memory(device))
                 continue
             result = run_probe(
                 cache[ref],
@@ -90,10 +159,13 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
                 ProbeSettings.model_validate_json(settings_json),
                 early_stop=EarlyStop.model_validate_json(extra[0]) if extra and extra[0] else None,
             )
-            send("result", result.model_dump_json())
+            send("result", result.model_dump_json(), _device_memory(device))
         except AutotuneError as exc:
             send("user_error", type(exc).__name__, str(exc))
         except Exception as exc:  # a bug in the workload or in autotune: a crashed probe
+            if poisons_context(exc):
+                send("poisoned", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+                return
             send("crash", f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
 
@@ -218,6 +290,8 @@ class ProbeWorker(Runner):
         self._requests: Any = None
         self._replies: Any = None
         self.starts = 0
+        # The device's memory as the worker last reported it (CUDA only; None until then).
+        self.memory: WorkerMemory | None = None
 
     def interrupt(self) -> None:
         # Safe from a signal handler: only sends a signal; run() sees the pipe close.
@@ -282,6 +356,8 @@ class ProbeWorker(Runner):
             self._proc.kill()
             self._proc.wait(5)
         self._proc = self._requests = self._replies = None
+        # A new worker holds nothing yet: the old one's report no longer says anything.
+        self.memory = None
 
     @property
     def pid(self) -> int | None:
@@ -342,6 +418,11 @@ class ProbeWorker(Runner):
             from autotune import errors
 
             raise getattr(errors, reply[1], WorkloadError)(reply[2])
+        if kind == "poisoned":
+            # The worker has exited; the next request starts a fresh one.
+            logger.warning("{}: {}\n{}", _RESTARTED, reply[1], reply[2])
+            self._stop(kill=True)
+            return _crashed(workload, candidate, self.device, settings, f"{reply[1]}; {_RESTARTED}")
         logger.debug("probe crashed in worker:\n{}", reply[2])
         return _crashed(workload, candidate, self.device, settings, reply[1])
 
@@ -361,7 +442,10 @@ class ProbeWorker(Runner):
             request.append(early_stop.model_dump_json())
         self._requests.write(json.dumps(request) + "\n")
         self._requests.flush()
-        return self._recv(timeout)
+        reply = self._recv(timeout)
+        if reply is not None and reply[0] in ("result", "facts", "diagnosis") and len(reply) > 2:
+            self.memory = WorkerMemory(*reply[2]) if reply[2] else None
+        return reply
 
     def compare(
         self,
@@ -433,6 +517,8 @@ class ProbeWorker(Runner):
             from autotune import errors
 
             raise getattr(errors, reply[1], WorkloadError)(reply[2])
+        if reply[0] == "poisoned":
+            self._stop(kill=True)
         raise WorkloadError(f"workload {workload!r} could not be inspected: {reply[1]}")
 
     def diagnose(
@@ -452,7 +538,7 @@ class ProbeWorker(Runner):
         except (EOFError, OSError, ValueError):
             reply = None
         if reply is None or reply[0] != "diagnosis":
-            if reply is None:
+            if reply is None or reply[0] == "poisoned":
                 self._stop(kill=True)
             return None
         return json.loads(reply[1])
@@ -492,9 +578,14 @@ class InProcessRunner(Runner):
         except AutotuneError:
             raise
         except Exception as exc:
-            return _crashed(
-                workload, candidate, self.device, settings, f"{type(exc).__name__}: {exc}"
-            )
+            reason = f"{type(exc).__name__}: {exc}"
+            if poisons_context(exc):
+                # No process to replace here: say so, so nobody trusts the probes after it.
+                reason += (
+                    "; the CUDA context of this process cannot be used after this error, so "
+                    "later probes in it fail too (the probe worker would restart)"
+                )
+            return _crashed(workload, candidate, self.device, settings, reason)
 
     def compare(
         self,

@@ -39,29 +39,41 @@ from autotune.workloads import Workload, load_workload
 ROOT = Path(__file__).resolve().parent.parent
 
 # Dense (no sparsity) tensor-core peaks in TFLOP/s from the vendors' data sheets, by precision
-# mode; matched against torch.cuda.get_device_name(). fp32 is the non-tensor-core FP32 rate.
+# mode; fp32 is the non-tensor-core FP32 rate. Keyed by the exact name
+# torch.cuda.get_device_name() reports: a part not listed (an H200 NVL, an H100 NVL, an L40, an
+# A10G, a V100 PCIe ...) has other clocks or limits, so its peak is unknown here rather than a
+# similar name's figure.
+_HOPPER_SXM = {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}
+_A100 = {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}
+_V100_SXM2 = {"fp32": 15.7, "fp16": 125.0}
 PEAKS: dict[str, dict[str, float]] = {
-    "H200": {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
-    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
-    "H100": {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
-    "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-    "L40S": {"fp32": 91.6, "tf32": 183.0, "fp16": 362.0, "bf16": 362.0},
-    "A10": {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0},
-    "L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
-    "V100": {"fp32": 15.7, "fp16": 125.0},
-    "T4": {"fp32": 8.1, "fp16": 65.0},
+    "NVIDIA H200": _HOPPER_SXM,
+    "NVIDIA H100 80GB HBM3": _HOPPER_SXM,
+    "NVIDIA H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
+    "NVIDIA A100-SXM4-80GB": _A100,
+    "NVIDIA A100-SXM4-40GB": _A100,
+    "NVIDIA A100-PCIE-40GB": _A100,
+    "NVIDIA A100 80GB PCIe": _A100,
+    "NVIDIA L40S": {"fp32": 91.6, "tf32": 183.0, "fp16": 362.0, "bf16": 362.0},
+    "NVIDIA A10": {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0},
+    "NVIDIA L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
+    "Tesla V100-SXM2-16GB": _V100_SXM2,
+    "Tesla V100-SXM2-32GB": _V100_SXM2,
+    "Tesla T4": {"fp32": 8.1, "fp16": 65.0},
 }
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """The dense peak TFLOP/s of a device, by its exact name, for a precision mode; None when
+    the name is not in the table (never a similar name's figure)."""
+    return PEAKS.get(device_name.strip(), {}).get(precision)
 
 
 def dense_peak(device: torch.device, precision: str) -> float | None:
     """The device's dense peak TFLOP/s for a precision mode, or None when unknown."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, peaks in PEAKS.items():  # ordered: "H100 PCIe" is tried before "H100"
-        if key in name:
-            return peaks.get(precision)
-    return None
+    return peak_tflops(torch.cuda.get_device_name(device), precision)
 
 
 def flops_per_sample(workload: Workload, device: torch.device, precision: str) -> float:

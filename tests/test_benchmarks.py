@@ -6,6 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from _configs import make_config, write_config
 
@@ -80,12 +81,29 @@ def test_flops_per_sample_match_a_hand_count() -> None:
     assert flops == forward * 2
 
 
-def test_peak_table_prefers_the_longer_name(monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("name", "precision", "peak"),
+    [
+        ("NVIDIA H200", "bf16", 989.4),
+        ("NVIDIA H100 80GB HBM3", "tf32", 494.7),
+        ("NVIDIA H100 PCIe", "bf16", 756.0),
+        ("NVIDIA L4", "fp16", 121.0),
+        ("NVIDIA A10", "fp32", 31.2),
+        # Other parts with similar names: their own peaks are not in the table.
+        ("NVIDIA H200 NVL", "bf16", None),
+        ("NVIDIA H100 NVL", "bf16", None),
+        ("NVIDIA L40", "fp16", None),
+        ("NVIDIA A10G", "fp16", None),
+        ("Tesla V100-PCIE-16GB", "fp16", None),
+        ("Some Future GPU", "fp16", None),
+        # A mode the part has no tensor-core rate for.
+        ("Tesla T4", "bf16", None),
+    ],
+)
+def test_peak_table_matches_device_names_exactly(
+    monkeypatch: pytest.MonkeyPatch, name: str, precision: str, peak: float | None
+) -> None:
     amp_table = load("amp_table")
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H100 PCIe")
-    assert amp_table.dense_peak(torch.device("cuda", 0), "bf16") == 756.0
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
-    assert amp_table.dense_peak(torch.device("cuda", 0), "tf32") == 494.7
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Some Future GPU")
-    assert amp_table.dense_peak(torch.device("cuda", 0), "fp16") is None
-    assert amp_table.dense_peak(torch.device("cpu"), "fp16") is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
+    assert amp_table.dense_peak(torch.device("cuda", 0), precision) == peak
+    assert amp_table.dense_peak(torch.device("cpu"), precision) is None

@@ -19,16 +19,27 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-import optuna
 import pytest
-from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.errors import SpecError, WorkloadError
-from autotune.service import FAKE_BUSY_ENV, MAX_BODY, StudyQueue, WorkloadPolicy, is_loopback
-from autotune.service._access import WorkloadRefused, check_bind
-from autotune.service._devices import parse_devices
+# The service stack is not everywhere (a bare GPU machine lacks it): skip, do not fail collection.
+for _name in ("fastapi", "uvicorn", "httpx"):
+    pytest.importorskip(_name)
+
+import httpx  # noqa: E402
+import optuna  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from autotune.cli import app  # noqa: E402
+from autotune.errors import SpecError, WorkloadError  # noqa: E402
+from autotune.service import (  # noqa: E402
+    FAKE_BUSY_ENV,
+    MAX_BODY,
+    StudyQueue,
+    WorkloadPolicy,
+    is_loopback,
+)
+from autotune.service._access import WorkloadRefused, check_bind  # noqa: E402
+from autotune.service._devices import parse_devices  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "test-token-0123456789abcdef"

@@ -11,12 +11,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from autotune.errors import WorkloadError
 from autotune.probe import run_probe
 from autotune.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
-from autotune.worker import InProcessRunner, ProbeWorker
+from autotune.worker import InProcessRunner, ProbeWorker, poisons_context
 from autotune.workloads import load_workload
 
 SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2, min_time=0)
@@ -129,6 +130,41 @@ def test_hard_timeout_kills_the_probe_and_the_next_run_restarts_the_worker(
     assert after.outcome == "completed", after.reason
     assert worker.pid != pid
     assert worker.starts == starts + 1
+
+
+def test_a_poisoned_cuda_context_restarts_the_worker_and_the_outcome_says_so(
+    worker: ProbeWorker,
+) -> None:
+    worker.run("tiny_mlp", cand(), SHORT, timeout=60)
+    pid, starts = worker.pid, worker.starts
+    r = worker.run("autotune.workloads.testing:cuda_context_lost", cand(), SHORT, timeout=60)
+    assert r.outcome == "crashed"
+    assert "illegal memory access" in r.reason
+    assert "the probe worker was restarted" in r.reason
+    # The poisoned process is gone; the next probe runs in a fresh one.
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    after = worker.run("tiny_mlp", cand(), SHORT, timeout=60)
+    assert after.outcome == "completed", after.reason
+    assert worker.pid != pid and worker.starts == starts + 1
+
+
+@pytest.mark.parametrize(
+    ("error", "poisons"),
+    [
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), True),
+        (RuntimeError("CUDA error: device-side assert triggered"), True),
+        (RuntimeError("CUDA error: unspecified launch failure"), True),
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), False),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 4x5)"), False),
+        (ValueError("label 11 is out of range for 10 classes"), False),
+    ],
+    ids=["illegal-access", "device-assert", "launch-failure", "oom", "shape-bug", "user-bug"],
+)
+def test_only_errors_that_corrupt_the_context_restart_the_worker(
+    error: Exception, poisons: bool
+) -> None:
+    assert poisons_context(error) is poisons
 
 
 def test_in_process_runner_turns_a_crash_into_an_outcome(crashing_module: None) -> None:

@@ -2,8 +2,13 @@
 
 CUDA devices are read through NVML (``nvidia-ml-py``): the driver's view, which counts every
 process on the GPU, and it creates no CUDA context in the service (a context costs hundreds of
-MiB of exactly the memory we try to leave to colleagues). Without NVML, ``torch.cuda.mem_get_info``
-is the fallback, at the price of that context. The CPU reads ``/proc/meminfo``.
+MiB of exactly the memory we try to leave to colleagues). The service never opens one: without
+NVML, a device's memory is what its probe worker last reported (see
+:class:`~autotune.worker.WorkerMemory`). The CPU reads ``/proc/meminfo``.
+
+What our worker's allocator holds (its cache included) is ours, never a neighbour's: its next
+probe reuses it. NVML ties memory to a process id, which does not match ours inside a container
+with its own process numbering; the worker's own report covers that case.
 
 A device is *busy* when someone else's work holds it: on a GPU, utilisation at or above
 ``BUSY_UTILIZATION`` percent while our own worker is idle. CPU load is not counted (a shared
@@ -22,11 +27,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from autotune.errors import DeviceError, SpecError
+
+if TYPE_CHECKING:
+    from autotune.worker import WorkerMemory
 
 __all__ = [
     "BUSY_UTILIZATION",
@@ -199,6 +207,8 @@ class DeviceMonitor:
             is ours, not a colleague's.
         probing: whether the utilisation of a device may be our own now (our probe runs there,
             or has just ended).
+        worker_memory: what our probe worker on a device last reported of its memory (None
+            before its first report).
 
     Example:
         >>> monitor = DeviceMonitor(["cpu"], own_pids=lambda: {os.getpid()})
@@ -212,10 +222,12 @@ class DeviceMonitor:
         *,
         own_pids: Callable[[], set[int]],
         probing: Callable[[str], bool] | None = None,
+        worker_memory: Callable[[str], WorkerMemory | None] | None = None,
     ) -> None:
         self.devices = list(devices)
         self.own_pids = own_pids
         self.probing = probing or (lambda device: False)
+        self.worker_memory = worker_memory or (lambda device: None)
         self._warned_fallback = False
         self._cache: dict[str, tuple[float, DeviceReading]] = {}
 
@@ -301,8 +313,8 @@ class DeviceMonitor:
             return self._read_nvml(nvml, handle, device)
         except DeviceError:
             raise
-        except Exception as exc:  # NVML missing or failing: the torch fallback
-            return self._read_torch(device, index, exc)
+        except Exception as exc:  # NVML missing or failing: what our worker saw
+            return self._read_reported(device, exc)
 
     def _read_nvml(self, nvml: Any, handle: Any, device: str) -> DeviceReading:
         mem = nvml.nvmlDeviceGetMemoryInfo(handle)
@@ -327,6 +339,11 @@ class DeviceMonitor:
             else:
                 others.append(ProcessUse(pid=int(p.pid), used_bytes=used))
                 others_bytes += used or 0
+        reported = self.worker_memory(device)
+        if reported is not None and reported.reserved > own:
+            # NVML did not tie our worker's memory to its pid: take it out of the neighbours'.
+            others_bytes = max(0, others_bytes - (reported.reserved - own))
+            own = reported.reserved
         reading = DeviceReading(
             name=device,
             kind="cuda",
@@ -347,22 +364,23 @@ class DeviceMonitor:
             )
         return reading
 
-    def _read_torch(self, device: str, index: int, why: Exception) -> DeviceReading:
-        import torch
-
+    def _read_reported(self, device: str, why: Exception) -> DeviceReading:
+        """Without NVML: the device's memory as our worker last reported it (nothing before
+        its first probe). Never torch here: it would open a CUDA context in the service."""
         if not self._warned_fallback:
             logger.warning(
-                "NVML cannot read {} ({}); falling back to torch.cuda.mem_get_info, which holds a "
-                "CUDA context in the service; pip install nvidia-ml-py to avoid it",
+                "NVML cannot read {} ({}); the service uses what its probe worker reports after "
+                "each probe, and cannot see other processes there; pip install nvidia-ml-py",
                 device,
                 why,
             )
             self._warned_fallback = True
-        free, total = torch.cuda.mem_get_info(index)
+        reported = self.worker_memory(device)
         return DeviceReading(
             name=device,
             kind="cuda",
-            description=torch.cuda.get_device_name(index),
-            total_bytes=int(total),
-            free_bytes=int(free),
+            description="CUDA device (NVML unavailable)",
+            total_bytes=None if reported is None else reported.total,
+            free_bytes=None if reported is None else reported.free,
+            own_bytes=0 if reported is None else reported.reserved,
         )

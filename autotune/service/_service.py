@@ -96,6 +96,7 @@ class TuningService:
             devices,
             own_pids=lambda: self.scheduler.own_pids(),
             probing=lambda device: self.scheduler.probing(device),
+            worker_memory=lambda device: self.scheduler.workers[device].memory,
         )
         self.monitor.check()
         self.scheduler = Scheduler(

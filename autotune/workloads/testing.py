@@ -12,16 +12,19 @@ import torch
 from torch import nn
 
 from autotune.workloads._base import Batch, Workload, synthetic_batches
-from autotune.workloads._builtin import class_images, tiny_convnet, tiny_mlp
+from autotune.workloads._builtin import class_images, resnet18, tiny_convnet, tiny_mlp
 
 __all__ = [
+    "CAPPED_BYTES",
     "OOM_LIMIT",
+    "cuda_context_lost",
     "diverging",
     "drifting",
     "fp16_overflow",
     "make_oom_workload",
     "non_scalar_loss",
     "oom_above_64",
+    "resnet18_capped",
     "sleepy",
     "tiny_gradients",
 ]
@@ -236,3 +239,40 @@ def drifting(
         loss=loss,
         description="tiny MLP whose steps sleep longer and longer: a drifting machine",
     )
+
+
+def cuda_context_lost() -> Workload:
+    """The tiny MLP whose loss raises what a corrupted CUDA context raises (an illegal memory
+    access, as ``torch.AcceleratorError``): after it the probe worker must be replaced."""
+    wl = tiny_mlp()
+    wl.name = "cuda_context_lost"
+    error = getattr(torch, "AcceleratorError", RuntimeError)
+
+    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        raise error(
+            "CUDA error: an illegal memory access was encountered (faked on purpose by "
+            "autotune.workloads.testing:cuda_context_lost)"
+        )
+
+    wl.loss = loss
+    return wl
+
+
+# What resnet18_capped lets its process's allocator hold on the GPU.
+CAPPED_BYTES = 2 * 2**30
+
+
+def resnet18_capped() -> Workload:
+    """ResNet-18, in a process whose CUDA allocator may hold only ``CAPPED_BYTES`` (2 GiB).
+
+    Loading it caps the process (``torch.cuda.set_per_process_memory_fraction``), so a probe in
+    the worker that loaded it runs out of memory for real, early, even on a GPU with 140 GB
+    free. Call it only in a worker: the cap stays for the process's life.
+    """
+    if torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, CAPPED_BYTES / total), index)
+    wl = resnet18()
+    wl.name = "resnet18_capped"
+    return wl
