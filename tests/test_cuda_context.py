@@ -26,8 +26,6 @@ from autotune.worker import WorkerMemory
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "_no_cuda_parent.py"
 FORBIDDEN = "CUDA was initialised in the calling process"
-# Until the search asks the worker for the device's facts (runner.facts()) it probes the device
-# in the calling process; these pass (and the strict marker fails them) once it does.
 _GIB = 2**30
 
 
