@@ -217,7 +217,7 @@ def name_objective(study: optuna.Study, objective: str) -> None:
         >>> study = optuna.create_study(direction="maximize")
         >>> name_objective(study, "throughput")
         >>> study.metric_names
-        ['throughput (samples/s)']
+        ['speedup over fp32 (x)']
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

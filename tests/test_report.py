@@ -404,7 +404,6 @@ def build_handmade(tmp_path: Path) -> SimpleNamespace:
             float("-inf"),
             {"parity": 0.07},
             outcome="infeasible",
-            speedup=1.5,
             losses=[2.3] * 12,
             learning_rate=0.4,
             parity_gap=0.12,

@@ -119,7 +119,7 @@ def test_the_config_is_stored_whole_and_old_studies_still_read(tmp_path: Path) -
 
 
 def test_the_objective_is_named(tmp_path: Path) -> None:
-    assert a_study(tmp_path).metric_names == ["throughput (samples/s)"]
+    assert a_study(tmp_path).metric_names == ["speedup over fp32 (x)"]
 
 
 # ---- the real optuna-dashboard ----------------------------------------------------------------
@@ -183,7 +183,7 @@ def test_optuna_dashboard_shows_the_same_best_trial_as_optuna(tmp_path: Path) ->
     # The dashboard's "Best Trial" is Optuna's, and it keeps parity.
     assert [t["number"] for t in detail["best_trials"]] == [study.best_trial.number]
     assert is_feasible(study.best_trial)
-    assert detail["objective_names"] == ["throughput (samples/s)"]
+    assert detail["objective_names"] == ["speedup over fp32 (x)"]
     shown = {t["number"]: t for t in detail["trials"]}
     assert shown[1]["constraints"] == [0.07]  # the infeasible one, visibly so
     assert shown[2]["constraints"] == [-0.01]
