@@ -26,47 +26,19 @@ from loguru import logger
 from autotune.errors import AutotuneError, WorkloadError
 from autotune.facts import WorkerFacts
 from autotune.result import PairedResult, ProbeResult
+from autotune.runner import (
+    RESTARTED,
+    InProcessRunner,
+    Runner,
+    crashed_result,
+    poisons_context,
+)
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 
 __all__ = ["InProcessRunner", "ProbeWorker", "Runner", "WorkerMemory", "poisons_context"]
 
 # Seconds a probe may run past its own soft time limit before the worker is killed.
 _GRACE = 15.0
-
-# What leaves a CUDA context unusable ("sticky" errors): after one, every later CUDA call in the
-# process fails too, so the worker must be replaced. torch raises AcceleratorError for any
-# CUDA runtime error; older builds raise a RuntimeError carrying one of these messages.
-_STICKY_CUDA_ERRORS = (
-    "illegal memory access",
-    "device-side assert",
-    "unspecified launch failure",
-    "misaligned address",
-    "illegal instruction",
-    "uncorrectable ecc error",
-    "cuda context is corrupted",
-)
-
-
-def poisons_context(exc: BaseException) -> bool:
-    """Whether ``exc`` leaves the process's CUDA context unusable (restart the process).
-
-    Example:
-        >>> poisons_context(RuntimeError("CUDA error: device-side assert triggered"))
-        True
-        >>> poisons_context(ValueError("label 11 is out of range"))
-        False
-    """
-    accelerator_error = getattr(torch, "AcceleratorError", None)
-    if accelerator_error is not None and isinstance(exc, accelerator_error):
-        return True
-    if not isinstance(exc, RuntimeError) or isinstance(exc, torch.OutOfMemoryError):
-        return False
-    text = str(exc).lower()
-    return any(marker in text for marker in _STICKY_CUDA_ERRORS)
-
-
-# Appended to the reason of a probe that ended so.
-_RESTARTED = "the CUDA context cannot be used after this error: the probe worker was restarted"
 
 
 @dataclass(frozen=True)
@@ -181,96 +153,6 @@ def main() -> None:
     except (BrokenPipeError, KeyboardInterrupt):
         # The parent is gone (killed, or Ctrl-C): nobody is left to read a reply.
         sys.exit(0)
-
-
-class Runner:
-    """Runs probes. ``ProbeWorker`` isolates them; ``InProcessRunner`` does not."""
-
-    device: str = "cpu"
-
-    def run(
-        self,
-        workload: str,
-        candidate: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-        early_stop: EarlyStop | None = None,
-    ) -> ProbeResult:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def compare(
-        self,
-        workload: str,
-        candidate: Candidate,
-        reference: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-    ) -> PairedResult:  # pragma: no cover - interface
-        """Measure ``candidate`` paired with ``reference``: their timed blocks interleaved in
-        one process (see :func:`autotune.paired.run_paired`)."""
-        raise NotImplementedError
-
-    def facts(self, workload: str) -> WorkerFacts:  # pragma: no cover - interface
-        """The workload's facts and the device's, found where the probes run (importing the
-        workload runs user code; touching a GPU opens a CUDA context).
-
-        Raises:
-            WorkloadError: the reference cannot be loaded.
-            DeviceError: the device does not exist.
-        """
-        raise NotImplementedError
-
-    def start(self) -> None:
-        """Pay the start-up cost now (a worker process importing torch), not in the first probe."""
-
-    def interrupt(self) -> None:
-        """Stop the probe in flight at once (Ctrl-C); its ``run`` returns a crashed result."""
-
-    def diagnose(
-        self,
-        workload: str,
-        candidate: Candidate,
-        *,
-        steps: int = 3,
-        seed: int = 0,
-        timeout: float = 60.0,
-    ) -> dict | None:
-        """A per-layer numerics diagnosis of a candidate, as JSON; None when it could not run
-        (a runner that cannot diagnose returns None: the diagnosis is evidence, never needed)."""
-        return None
-
-    def close(self) -> None:
-        """Release what the runner holds."""
-
-    def __enter__(self) -> Runner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _crashed(
-    workload: str,
-    candidate: Candidate,
-    device: str,
-    settings: ProbeSettings,
-    reason: str,
-    *,
-    timed_out: bool = False,
-) -> ProbeResult:
-    return ProbeResult(
-        timed_out=timed_out,
-        candidate=candidate,
-        workload=workload,
-        device=device,
-        outcome="crashed",
-        reason=reason,
-        seed=settings.seed,
-        planned_steps=settings.steps,
-        batch_size=candidate.batch_size,
-    )
 
 
 class ProbeWorker(Runner):
@@ -393,7 +275,7 @@ class ProbeWorker(Runner):
         except (EOFError, OSError, ValueError):
             code = self._proc.poll() if self._proc is not None else None
             self._stop(kill=True)
-            return _crashed(
+            return crashed_result(
                 workload,
                 candidate,
                 self.device,
@@ -402,7 +284,7 @@ class ProbeWorker(Runner):
             )
         if reply is None:
             self._stop(kill=True)
-            return _crashed(
+            return crashed_result(
                 workload,
                 candidate,
                 self.device,
@@ -420,11 +302,13 @@ class ProbeWorker(Runner):
             raise getattr(errors, reply[1], WorkloadError)(reply[2])
         if kind == "poisoned":
             # The worker has exited; the next request starts a fresh one.
-            logger.warning("{}: {}\n{}", _RESTARTED, reply[1], reply[2])
+            logger.warning("{}: {}\n{}", RESTARTED, reply[1], reply[2])
             self._stop(kill=True)
-            return _crashed(workload, candidate, self.device, settings, f"{reply[1]}; {_RESTARTED}")
+            return crashed_result(
+                workload, candidate, self.device, settings, f"{reply[1]}; {RESTARTED}"
+            )
         logger.debug("probe crashed in worker:\n{}", reply[2])
-        return _crashed(workload, candidate, self.device, settings, reply[1])
+        return crashed_result(workload, candidate, self.device, settings, reply[1])
 
     def _exchange(
         self,
@@ -488,10 +372,10 @@ class ProbeWorker(Runner):
         elif reply is not None:
             reason = reply[1]
         return PairedResult(
-            candidate=_crashed(
+            candidate=crashed_result(
                 workload, candidate, self.device, settings, reason, timed_out=timed_out
             ),
-            reference=_crashed(
+            reference=crashed_result(
                 workload, reference, self.device, settings, reason, timed_out=timed_out
             ),
         )
@@ -548,95 +432,6 @@ class ProbeWorker(Runner):
             with contextlib.suppress(OSError, ValueError):
                 self._requests.close()
         self._stop()
-
-
-class InProcessRunner(Runner):
-    """Runs probes in this process: no isolation and no hard limit, but no start-up cost."""
-
-    def __init__(self, device: str = "cpu") -> None:
-        self.device = device
-        self._cache: dict[str, Any] = {}
-
-    def run(
-        self,
-        workload: str,
-        candidate: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-        early_stop: EarlyStop | None = None,
-    ) -> ProbeResult:
-        from autotune.probe import run_probe
-        from autotune.workloads import load_workload
-
-        if workload not in self._cache:
-            self._cache[workload] = load_workload(workload)
-        try:
-            return run_probe(
-                self._cache[workload], candidate, self.device, settings, early_stop=early_stop
-            )
-        except AutotuneError:
-            raise
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            if poisons_context(exc):
-                # No process to replace here: say so, so nobody trusts the probes after it.
-                reason += (
-                    "; the CUDA context of this process cannot be used after this error, so "
-                    "later probes in it fail too (the probe worker would restart)"
-                )
-            return _crashed(workload, candidate, self.device, settings, reason)
-
-    def compare(
-        self,
-        workload: str,
-        candidate: Candidate,
-        reference: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-    ) -> PairedResult:
-        from autotune.paired import run_paired
-        from autotune.workloads import load_workload
-
-        if workload not in self._cache:
-            self._cache[workload] = load_workload(workload)
-        try:
-            return run_paired(self._cache[workload], candidate, reference, self.device, settings)
-        except AutotuneError:
-            raise
-        except Exception as exc:
-            why = f"{type(exc).__name__}: {exc}"
-            return PairedResult(
-                candidate=_crashed(workload, candidate, self.device, settings, why),
-                reference=_crashed(workload, reference, self.device, settings, why),
-            )
-
-    def facts(self, workload: str) -> WorkerFacts:
-        from autotune.facts import collect_facts
-
-        return collect_facts(workload, self.device)
-
-    def diagnose(
-        self,
-        workload: str,
-        candidate: Candidate,
-        *,
-        steps: int = 3,
-        seed: int = 0,
-        timeout: float = 60.0,
-    ) -> dict | None:
-        """The diagnosis in this process (no isolation, like the probes here)."""
-        from autotune.diagnose import diagnose
-        from autotune.workloads import load_workload
-
-        try:
-            found = diagnose(
-                load_workload(workload), candidate, self.device, steps=steps, seed=seed
-            )
-        except AutotuneError:
-            return None
-        return json.loads(found.model_dump_json())
 
 
 if __name__ == "__main__":
