@@ -62,6 +62,12 @@ _MIN_BLOCKS = 5
 _BLOCK_SHARE = 0.1
 # When the interval never tightens (a noisy neighbour), stop at this many times min_time.
 _MAX_TIME_FACTOR = 4.0
+# Warm-up goes on while a block's steps run faster than this share of the last ones' time ...
+_STEADY = 0.8
+# ... for at most this share of min_time.
+_SETTLE_SHARE = 0.5
+# An early "slower" verdict waits for this share of min_time of timed blocks.
+_DECIDE_SHARE = 0.5
 
 _UNSUPPORTED_CACHE: dict[str, dict[str, str]] = {}
 
@@ -239,7 +245,8 @@ class TimedRun:
     """A probe's policy over one :class:`~autotune.step.StepEngine`: warm up, then time blocks.
 
     1. Warm-up: ``warmup_steps`` untimed steps (the first one timed apart, to size blocks and
-       to score a run its time limit stops inside warm-up); the losses are checked after.
+       to score a run its time limit stops inside warm-up), then more untimed blocks while the
+       steps still get faster (first-use costs outlast a fixed count); losses checked after.
     2. Blocks: ``k`` steps between two syncs, ``k`` sized so a block lasts about a tenth of
        ``min_time`` (at most ``check_every`` steps); after each block the losses (and the fp16
        scale) are read back, one host sync, and checked for divergence.
@@ -345,8 +352,35 @@ class TimedRun:
             if self.over_time():
                 self.truncated = True
                 return False
+        if self.min_time > 0 and not self._settle():
+            return False
         self.applied_at_start = engine.applied
         self.block_steps = self._block_size(self.warm_seconds or self.first_step or 0.0)
+        return True
+
+    def _settle(self) -> bool:
+        """Keep warming up while the steps still get faster: first-use costs (kernels for a new
+        shape, allocator growth) can outlast a fixed count of warm-up steps, and a timed block
+        that holds them makes a candidate look slower than it is. At most half of min_time.
+
+        Returns:
+            False when the run ended meanwhile (diverged, or out of time).
+        """
+        engine = self.engine
+        step_time = self.warm_seconds or self.first_step or 0.0
+        spent = 0.0
+        while step_time > 0 and spent < _SETTLE_SHARE * self.min_time:
+            block = engine.run_steps(self._block_size(step_time))
+            spent += block.seconds
+            if self._diverged(self._check(engine.steps - 1, timed=False)):
+                return False
+            if self.over_time():
+                self.truncated = True
+                return False
+            steady = block.step_time > _STEADY * step_time
+            step_time = self.warm_seconds = block.step_time
+            if steady:
+                break
         return True
 
     def _block_size(self, step_time: float) -> int:
@@ -387,7 +421,10 @@ class TimedRun:
         """Whether the run has answered its question already: clearly slower than the best,
         or clearly off the reference's loss curve (see :class:`~autotune.spec.EarlyStop`)."""
         engine = self.engine
-        if rule.below is not None and len(self.blocks) >= rule.after_blocks:
+        # Half of min_time at least: a neighbour's burst can stall a few blocks, and a burst
+        # must not read as a slow candidate.
+        settled = self.timed_seconds >= _DECIDE_SHARE * self.min_time
+        if rule.below is not None and len(self.blocks) >= rule.after_blocks and settled:
             est = median_interval(self.rates())
             if est.high < rule.below:
                 self.outcome = "slower"

@@ -187,13 +187,13 @@ class EarlyStop(_Model):
 
     Example:
         >>> EarlyStop(below=1240.0).after_blocks
-        3
+        5
     """
 
     # Stop once the throughput interval's upper bound is below this many samples/s ...
     below: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    # ... judged after at least this many timed blocks.
-    after_blocks: int = Field(default=3, ge=1)
+    # ... judged after at least this many timed blocks (and half of min_time).
+    after_blocks: int = Field(default=5, ge=1)
     # Stop once the loss is more than this far above the reference's (relative gap) ...
     parity_gap: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # ... at equal samples seen, once this many samples are seen: the fidelity at which a

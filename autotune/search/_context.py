@@ -14,7 +14,7 @@ from autotune.result import PairedResult, ProbeResult
 from autotune.search._budget import HARD_GRACE, Budget, SearchStopped
 from autotune.search._events import Event, EventSink
 from autotune.search._space import Space
-from autotune.spec import Candidate, EarlyStop, ProbeSettings, StudySpec
+from autotune.spec import DEFAULT_MIN_TIME, Candidate, EarlyStop, ProbeSettings, StudySpec
 from autotune.worker import Runner
 
 __all__ = ["Gate", "SearchContext"]
@@ -84,6 +84,11 @@ class SearchContext:
     @property
     def device(self) -> str:
         return self.facts.device
+
+    @property
+    def default_min_time(self) -> float:
+        """The timed phase's length when the spec leaves it to the device."""
+        return DEFAULT_MIN_TIME["cuda" if self.device.startswith("cuda") else "cpu"]
 
     @property
     def maximize(self) -> bool:

@@ -28,10 +28,12 @@ _CURVE_SHARE = 0.15
 # ... and at least this many seconds (or the probe's own time limit, if shorter).
 _REFERENCE_FLOOR = 3.0
 # Re-measure when the last measurement is older than this many typical trials ...
-_REFRESH_TRIALS = 6
-# ... but never more often than this (seconds), and at least this often after drift.
-_REFRESH_MIN = 10.0
+_REFRESH_TRIALS = 8
+# ... but never more often than this (seconds), and at least this often.
+_REFRESH_MIN = 15.0
 _REFRESH_MAX = 120.0
+# A re-measurement is shorter than a probe: it needs a throughput, not a loss curve.
+_REMEASURE_SHARE = 0.5
 
 
 class ReferenceUnavailable(Exception):
@@ -131,7 +133,7 @@ class ReferenceKeeper:
         """Seconds a measurement stays fresh: a few typical trials, shorter after drift."""
         typical = self.ctx.typical_probe(default=_REFRESH_MIN)
         seconds = min(_REFRESH_MAX, max(_REFRESH_MIN, _REFRESH_TRIALS * typical))
-        return seconds / 2 if self.drifted else seconds
+        return max(_REFRESH_MIN, seconds / 2) if self.drifted else seconds
 
     def current(self) -> ReferenceMeasurement:
         """The latest measurement, re-measured first when it is stale."""
@@ -155,8 +157,12 @@ class ReferenceKeeper:
         ctx = self.ctx
         probe = ctx.spec.probe
         limit = max(1.0, min(probe.time_limit, ctx.budget.left()))
-        settings = probe.model_copy(update={"time_limit": limit})
-        result = ctx.run_probe(self.record.candidate(), settings, floor=True)
+        min_time = probe.min_time if probe.min_time is not None else None
+        update: dict[str, object] = {"time_limit": limit}
+        if min_time is None or min_time > 0:
+            # Half a probe's timed phase (the device's default when the spec leaves it open).
+            update["min_time"] = _REMEASURE_SHARE * (min_time or ctx.default_min_time)
+        result = ctx.run_probe(self.record.candidate(), probe.model_copy(update=update), floor=True)
         previous = self.record.latest()
         if not result.ok or result.throughput <= 0:
             logger.warning("fp32 reference re-measurement {}: {}", result.outcome, result.reason)
