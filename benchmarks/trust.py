@@ -121,7 +121,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for study, runs in by_study.items():
         winners = [(r["mode"], r["batch_size"]) for r in runs]
         top = max(set(winners), key=winners.count)
-        agreement[study] = {"winner": f"{top[0]} bs={top[1]}", "agree": winners.count(top) / len(runs)}
+        agreement[study] = {
+            "winner": f"{top[0]} bs={top[1]}",
+            "agree": winners.count(top) / len(runs),
+        }
     return {
         "runs": len(rows),
         "median_error": statistics.median(errors) if errors else None,
@@ -130,8 +133,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "parity_held": sum(r["parity_held"] for r in rows),
         "fallbacks_where_a_candidate_beat_fp32": None,  # needs a grid: see search_vs_grid.py
         "agreement": agreement,
-        "measured_in_claimed_interval": sum(bool(r.get("measured_in_claimed_interval")) for r in rows),
-        "unpaired_in_claimed_interval": sum(bool(r.get("unpaired_in_claimed_interval")) for r in rows),
+        "measured_in_claimed_interval": sum(
+            bool(r.get("measured_in_claimed_interval")) for r in rows
+        ),
+        "unpaired_in_claimed_interval": sum(
+            bool(r.get("unpaired_in_claimed_interval")) for r in rows
+        ),
     }
 
 
@@ -142,6 +149,10 @@ def _fmt(v: float | None, lo: float | None = None, hi: float | None = None) -> s
     if lo is not None and hi is not None:
         text += f" ({lo:.2f}–{hi:.2f})"
     return text
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1%}"
 
 
 def markdown(rows: list[dict[str, Any]], total: dict[str, Any], note: str) -> str:
@@ -156,7 +167,7 @@ def markdown(rows: list[dict[str, Any]], total: dict[str, Any], note: str) -> st
             f"| {r['study']} | {r['seed']} | {r['winner']} | "
             f"{_fmt(r['claimed'], r['claimed_low'], r['claimed_high'])} | "
             f"{_fmt(r['measured'], r['measured_low'], r['measured_high'])} | "
-            f"{'—' if r['error'] is None else f'{r['error']:.1%}'} | "
+            f"{_pct(r['error'])} | "
             f"{'held' if r['parity_held'] else 'broken'} ({r['loss_ratio'] or 0:.3f}) | "
             f"{'validated' if r['validated'] else 'fp32 fallback'}"
             f"{', FALSE CLAIM' if r['false_claim'] else ''} |"
@@ -170,7 +181,9 @@ def markdown(rows: list[dict[str, Any]], total: dict[str, Any], note: str) -> st
         f"full runs that kept parity: {total['parity_held']} of {total['runs']}",
         f"fp32 fallbacks: {total['fallback_rate']:.0%}",
         "agreement between seeds: "
-        + ", ".join(f"{s}: {a['winner']} in {a['agree']:.0%}" for s, a in total["agreement"].items()),
+        + ", ".join(
+            f"{s}: {a['winner']} in {a['agree']:.0%}" for s, a in total["agreement"].items()
+        ),
         f"full-run speedup inside the claimed interval: {total['measured_in_claimed_interval']} of "
         f"{total['runs']}",
     ]

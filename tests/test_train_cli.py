@@ -49,8 +49,8 @@ def test_a_run_reports_consistent_figures_and_leaves_no_trace() -> None:
     assert r.final_loss == pytest.approx(r.losses[-1])  # the last tenth of 8 steps: one
     assert r.accuracy is not None and 0 <= r.accuracy <= 1
     assert r.memory_source in ("cpu_rss", "unavailable")
-    # Progress after the warm-up and after every block of check_every steps.
-    assert seen == [(2, 8), (6, 8), (8, 8)]
+    # Progress after the warm-up and after every block (a run is cut into about forty).
+    assert seen == [(i, 8) for i in range(2, 9)]
     # The caller's random state and backend flags are as they were.
     assert torch.equal(torch.get_rng_state(), rng)
     assert snapshot_backend_flags() == flags
@@ -74,7 +74,9 @@ def test_compare_with_steps_gives_the_baseline_the_same_samples() -> None:
     assert (t.precision, t.batch_size, t.steps) == ("bf16", 128, 3)
     assert (b.precision, b.batch_size, b.learning_rate, b.steps) == ("fp32", 64, 0.05, 6)
     assert t.samples == b.samples == 384
-    assert cmp.speedup == pytest.approx(t.throughput / b.throughput)
+    # Paired: the speedup is the median of the per-pair block ratios, inside its interval.
+    assert cmp.pairs >= 1
+    assert cmp.speedup_low <= cmp.speedup <= cmp.speedup_high
     assert cmp.accuracy_delta == pytest.approx(t.accuracy - b.accuracy)
 
 

@@ -20,6 +20,9 @@ from autotune.workloads import Batch, Workload
 
 __all__ = ["TrainRun", "as_candidate", "held_out_batches", "train"]
 
+# Blocks per run, about: each ends with a device sync and one read of its losses.
+_BLOCKS = 40
+
 
 def as_candidate(setup: TunedConfig | Candidate, workload: Workload) -> Candidate:
     """The candidate a config (or a candidate) runs, with channels_last resolved."""
@@ -72,7 +75,8 @@ def train(
 
 
 class TrainRun:
-    """One training run, advanced a block of ``check_every`` steps at a time.
+    """One training run, advanced a block of steps at a time (about forty blocks a run, at most
+    ``check_every`` steps each).
 
     :func:`train` advances one run to its end; :func:`~autotune.train.compare` advances two in
     turn, so their timed blocks interleave (tuned, baseline, tuned, …) and a neighbour's load
@@ -132,6 +136,9 @@ class TrainRun:
         # This run's own random stream: interleaved runs must not draw from each other's.
         self.rng = torch.Generator().manual_seed(settings.seed)
         self.blocks: list[tuple[int, float]] = []
+        # About forty blocks a run (at most check_every steps each): enough pairs for an
+        # interval when two runs interleave, one loss read per block.
+        self.block_steps = max(1, min(settings.check_every, math.ceil(self.total / _BLOCKS)))
         self.done = False
         self._started = 0.0
 
@@ -186,7 +193,7 @@ class TrainRun:
             return False
 
         def block() -> None:
-            n = min(self.settings.check_every, self.total - self.engine.steps)
+            n = min(self.block_steps, self.total - self.engine.steps)
             if n <= 0:
                 self.done = True
                 return
