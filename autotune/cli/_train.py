@@ -130,11 +130,25 @@ def _print_table(cmp: Any, per_epoch: bool) -> None:
     if cmp.baseline is not None and cmp.speedup:
         faster = "faster" if cmp.speedup >= 1 else "slower"
         factor = cmp.speedup if cmp.speedup >= 1 else 1 / cmp.speedup
+        interval = ""
+        if cmp.speedup_low is not None and cmp.speedup_high is not None:
+            # The interval of the speedup itself (tuned ÷ baseline), from the paired blocks.
+            interval = (
+                f" (speedup {cmp.speedup:.2f}x, 95% interval {cmp.speedup_low:.2f}–"
+                f"{cmp.speedup_high:.2f}, {cmp.pairs} paired blocks)"
+            )
         console.print(
-            f"[bold]tuned vs {cmp.against}:[/] {factor:.2f}x {faster} on the same samples, "
-            f"{_x(cmp.memory_ratio)} the peak memory, final loss {_x(cmp.loss_ratio)}",
+            f"[bold]tuned vs {cmp.against}:[/] {factor:.2f}x {faster} on the same samples"
+            f"{interval}, {_x(cmp.memory_ratio)} the peak memory, final loss "
+            f"{_x(cmp.loss_ratio)}",
             highlight=False,
         )
+        if cmp.pairs:
+            console.print(
+                "paired: the two runs advanced a block each in turn, so the machine's load hit "
+                "both; the speedup is the median of the per-pair ratios.",
+                highlight=False,
+            )
 
 
 class _Progress:
