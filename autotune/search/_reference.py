@@ -149,7 +149,7 @@ class ReferenceKeeper:
         A run that does not complete keeps the last measurement: the reference ran before, so
         a failure now is the machine's, not the reference's.
         """
-        with self.ctx.clock("reference"):
+        with self.ctx.clock("re-measures"):
             return self._measure()
 
     def _measure(self) -> ReferenceMeasurement:
