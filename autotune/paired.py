@@ -27,11 +27,12 @@ from loguru import logger
 
 from autotune.memory import PeakMemory
 from autotune.precision import apply_backend_flags, get_mode, resolve_device
-from autotune.probe import TimedRun, leave_no_trace, unsupported_reason
+from autotune.probe import leave_no_trace, unsupported_reason
 from autotune.result import PairedResult, ProbeResult
 from autotune.spec import Candidate, ProbeSettings
 from autotune.stats import ratio_estimate
 from autotune.step import StepEngine
+from autotune.timed import TimedRun
 from autotune.workloads import Workload
 
 __all__ = ["run_paired"]

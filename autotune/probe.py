@@ -20,7 +20,6 @@ out-of-memory error is cleaned up so the same process can run the next probe.
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import time
 from collections.abc import Iterator
@@ -30,7 +29,6 @@ import torch
 from loguru import logger
 
 from autotune.memory import PeakMemory
-from autotune.parity import parity_gap
 from autotune.precision import (
     PrecisionMode,
     apply_backend_flags,
@@ -42,32 +40,13 @@ from autotune.precision import (
     unsupported_modes,
 )
 from autotune.result import ProbeResult
-from autotune.spec import DEFAULT_MIN_TIME, Candidate, EarlyStop, ProbeSettings, format_duration
-from autotune.stats import median_interval, spread
-from autotune.step import Block, StepEngine
+from autotune.spec import Candidate, EarlyStop, ProbeSettings
+from autotune.step import StepEngine
+from autotune.timed import TimedRun
 from autotune.workloads import Workload
 
-__all__ = [
-    "TimedRun",
-    "global_state",
-    "leave_no_trace",
-    "min_time_for",
-    "run_probe",
-    "unsupported_reason",
-]
+__all__ = ["global_state", "leave_no_trace", "run_probe", "unsupported_reason"]
 
-# A timed phase needs this many blocks for its interval to mean anything ...
-_MIN_BLOCKS = 5
-# ... and a block lasts about this share of min_time, so there are about ten.
-_BLOCK_SHARE = 0.1
-# When the interval never tightens (a noisy neighbour), stop at this many times min_time.
-_MAX_TIME_FACTOR = 4.0
-# Warm-up goes on while a block's steps run faster than this share of the last ones' time ...
-_STEADY = 0.8
-# ... for at most this share of min_time.
-_SETTLE_SHARE = 0.5
-# An early "slower" verdict waits for this share of min_time of timed blocks.
-_DECIDE_SHARE = 0.5
 
 _UNSUPPORTED_CACHE: dict[str, dict[str, str]] = {}
 
@@ -186,13 +165,6 @@ def run_probe(
     return result
 
 
-def min_time_for(settings: ProbeSettings, device: torch.device) -> float:
-    """The timed phase's minimum length on a device: the setting, or the device's default."""
-    if settings.min_time is not None:
-        return settings.min_time
-    return DEFAULT_MIN_TIME.get(device.type, DEFAULT_MIN_TIME["cpu"])
-
-
 def _check_autocast(mode: PrecisionMode, dev: torch.device) -> dict[str, Any] | None:
     """None when autocast really runs the mode's dtype here, else the unsupported fields."""
     if mode.autocast_dtype is None:
@@ -239,293 +211,3 @@ def _train(
     out["peak_memory_reserved"] = peak.reserved()
     out["autocast_dtype"] = dtype
     return out
-
-
-class TimedRun:
-    """A probe's policy over one :class:`~autotune.step.StepEngine`: warm up, then time blocks.
-
-    1. Warm-up: ``warmup_steps`` untimed steps (the first one timed apart, to size blocks and
-       to score a run its time limit stops inside warm-up), then more untimed blocks while the
-       steps still get faster (first-use costs outlast a fixed count); losses checked after.
-    2. Blocks: ``k`` steps between two syncs, ``k`` sized so a block lasts about a tenth of
-       ``min_time`` (at most ``check_every`` steps); after each block the losses (and the fp16
-       scale) are read back, one host sync, and checked for divergence.
-    3. Enough: ``min_time`` and ``steps`` reached, at least five blocks, and the median block
-       rate's 95% interval within ``precision`` of it; or 4x ``min_time``; or ``time_limit``.
-
-    :meth:`warm_up` and :meth:`block` are public so a paired run can interleave two of these.
-
-    Args:
-        engine: the run's engine (built by :meth:`warm_up`).
-        settings: lengths, thresholds, time limit.
-        started: ``time.perf_counter()`` at the probe's start (the time limit counts from it).
-    """
-
-    def __init__(
-        self,
-        engine: StepEngine,
-        settings: ProbeSettings,
-        started: float,
-        early_stop: EarlyStop | None = None,
-    ) -> None:
-        self.engine = engine
-        self.settings = settings
-        self.started = started
-        self.early_stop = early_stop
-        self.parity_samples: int | None = None
-        self.min_time = min_time_for(settings, engine.device)
-        self.blocks: list[Block] = []
-        self.scales: list[tuple[int, float]] = []
-        self.first_step: float | None = None
-        self.warm_seconds = 0.0
-        self.block_steps = 1
-        self.applied_at_start = 0
-        self.outcome, self.reason = "completed", ""
-        self.truncated = False
-        self.check_seconds = 0.0
-
-    # ---- what the policy checks -------------------------------------------------------------
-
-    def _check(self, step: int, timed: bool) -> str | None:
-        """Read pending losses (one sync) and the scale; return a divergence reason or None."""
-        engine, settings = self.engine, self.settings
-        losses = engine.losses
-        first = len(losses)
-        for offset, value in enumerate(engine.read_losses()):
-            at = first + offset
-            if not math.isfinite(value):
-                return f"loss={value} at step {at}"
-            if losses[0] > 0 and value > settings.loss_blowup_factor * losses[0]:
-                return (
-                    f"loss={value:.4g} at step {at} is above {settings.loss_blowup_factor:g}x "
-                    f"the initial {losses[0]:.4g}"
-                )
-        if engine.mode.scales_loss:
-            scale = engine.scale()
-            self.scales.append((step, scale))
-            if scale < 1:
-                return f"GradScaler scale fell to {scale:g} at step {step}"
-            steps = self.timed_steps
-            if timed and steps >= settings.check_every:
-                skipped = steps - (engine.applied - self.applied_at_start)
-                if skipped / steps > settings.max_skip_rate:
-                    return (
-                        f"GradScaler skipped {skipped} of {steps} steps after warmup "
-                        f"(limit {settings.max_skip_rate:.0%}) at step {step}, scale={scale:g}"
-                    )
-        return None
-
-    def _diverged(self, reason: str | None) -> bool:
-        if reason:
-            self.outcome, self.reason = "diverged", reason
-        return reason is not None
-
-    def over_time(self) -> bool:
-        return time.perf_counter() - self.started > self.settings.time_limit
-
-    # ---- the phases ----------------------------------------------------------------------------
-
-    def warm_up(self) -> bool:
-        """Build and run the warm-up steps; False when the run already ended (diverged, or out
-        of time inside warm-up)."""
-        engine, settings = self.engine, self.settings
-        engine.build()
-        if settings.warmup_steps:
-            # The first step apart: it carries first-use costs, and scores a run that its
-            # time limit stops inside warm-up.
-            self.first_step = engine.run_steps(1).seconds
-            left = settings.warmup_steps - 1
-            while True:
-                if (engine.steps % settings.check_every == 0 or not left) and self._diverged(
-                    self._check(engine.steps - 1, timed=False)
-                ):
-                    return False
-                if not left:
-                    break
-                if self.over_time():
-                    self.truncated = True
-                    return False
-                chunk = min(left, settings.check_every - engine.steps % settings.check_every)
-                block = engine.run_steps(chunk)
-                self.warm_seconds = block.step_time
-                left -= chunk
-            if self.over_time():
-                self.truncated = True
-                return False
-        if self.min_time > 0 and not self._settle():
-            return False
-        self.applied_at_start = engine.applied
-        self.block_steps = self._block_size(self.warm_seconds or self.first_step or 0.0)
-        return True
-
-    def _settle(self) -> bool:
-        """Keep warming up while the steps still get faster: first-use costs (kernels for a new
-        shape, allocator growth) can outlast a fixed count of warm-up steps, and a timed block
-        that holds them makes a candidate look slower than it is. At most half of min_time.
-
-        Returns:
-            False when the run ended meanwhile (diverged, or out of time).
-        """
-        engine = self.engine
-        step_time = self.warm_seconds or self.first_step or 0.0
-        spent = 0.0
-        while step_time > 0 and spent < _SETTLE_SHARE * self.min_time:
-            block = engine.run_steps(self._block_size(step_time))
-            spent += block.seconds
-            if self._diverged(self._check(engine.steps - 1, timed=False)):
-                return False
-            if self.over_time():
-                self.truncated = True
-                return False
-            steady = block.step_time > _STEADY * step_time
-            step_time = self.warm_seconds = block.step_time
-            if steady:
-                break
-        return True
-
-    def _block_size(self, step_time: float) -> int:
-        """Steps per block: about a tenth of min_time, at most ``check_every``."""
-        settings = self.settings
-        if step_time > 0 and self.min_time > 0:
-            wanted = math.ceil(_BLOCK_SHARE * self.min_time / step_time)
-            return max(1, min(settings.check_every, wanted))
-        return max(1, min(settings.check_every, settings.steps))
-
-    def block(self, steps: int | None = None) -> bool:
-        """One timed block; False when the run ended (diverged, or its time limit)."""
-        k = steps or self.block_steps
-        block = self.engine.run_steps(k)
-        self.blocks.append(block)
-        if len(self.blocks) <= 2 and block.step_time > 0:
-            # The warm-up's step time includes first-use costs: size blocks by the timed ones.
-            self.block_steps = self._block_size(block.step_time)
-        c0 = time.perf_counter()
-        reason = self._check(self.engine.steps - 1, timed=True)
-        self.check_seconds += time.perf_counter() - c0
-        if self._diverged(reason):
-            return False
-        if self.early_stop is not None and self._stopped_early(self.early_stop):
-            return False
-        if self.over_time():
-            if not self.enough():
-                self.truncated = True
-                logger.info(
-                    "probe stopped at its time limit of {} after {} steps",
-                    format_duration(self.settings.time_limit),
-                    self.engine.steps,
-                )
-            return False
-        return True
-
-    def _stopped_early(self, rule: EarlyStop) -> bool:
-        """Whether the run has answered its question already: clearly slower than the best,
-        or clearly off the reference's loss curve (see :class:`~autotune.spec.EarlyStop`)."""
-        engine = self.engine
-        # Half of min_time at least: a neighbour's burst can stall a few blocks, and a burst
-        # must not read as a slow candidate.
-        settled = self.timed_seconds >= _DECIDE_SHARE * self.min_time
-        if rule.below is not None and len(self.blocks) >= rule.after_blocks and settled:
-            est = median_interval(self.rates())
-            if est.high < rule.below:
-                self.outcome = "slower"
-                self.reason = (
-                    f"slower: upper bound {est.high:,.0f} < best {rule.below:,.0f} samples/s "
-                    f"after {len(self.blocks)} blocks"
-                )
-                return True
-        samples = engine.steps * engine.candidate.batch_size
-        if rule.parity_gap is not None and rule.reference_losses and samples >= rule.parity_samples:
-            found = parity_gap(
-                engine.losses,
-                engine.candidate.batch_size,
-                rule.reference_losses,
-                rule.reference_batch_size,
-            )
-            if found is not None and found[0] > rule.parity_gap:
-                self.outcome = "off_parity"
-                self.parity_samples = samples
-                self.reason = (
-                    f"off parity: loss {found[0]:+.1%} vs the fp32 reference's at {samples:,} "
-                    f"samples seen (stops above {rule.parity_gap:+.0%})"
-                )
-                return True
-        return False
-
-    @property
-    def timed_steps(self) -> int:
-        return sum(b.steps for b in self.blocks)
-
-    @property
-    def timed_seconds(self) -> float:
-        return sum(b.seconds for b in self.blocks)
-
-    def rates(self) -> list[float]:
-        """Each block's throughput, samples/s."""
-        bs = self.engine.candidate.batch_size
-        return [b.steps * bs / b.seconds for b in self.blocks if b.seconds > 0]
-
-    def enough(self) -> bool:
-        """Whether the timed phase has measured what it must (see the class docstring)."""
-        if self.timed_steps < self.settings.steps:
-            return False
-        if self.min_time <= 0:
-            return True
-        if self.timed_seconds < self.min_time or len(self.blocks) < _MIN_BLOCKS:
-            return False
-        if self.timed_seconds >= _MAX_TIME_FACTOR * self.min_time:
-            return True
-        return median_interval(self.rates()).half_width <= self.settings.precision
-
-    def measure(self) -> None:
-        """Warm up, then time blocks until enough (the probe's whole policy)."""
-        if not self.warm_up():
-            return
-        while self.block() and not self.enough():
-            pass
-
-    # ---- the figures -------------------------------------------------------------------------
-
-    def fields(self) -> dict[str, Any]:
-        """The ProbeResult fields this run measured."""
-        engine, settings = self.engine, self.settings
-        out: dict[str, Any] = {
-            "outcome": self.outcome,
-            "reason": self.reason,
-            "losses": list(engine.losses),
-            "scales": list(self.scales),
-            # Also on divergence: the skips are part of the evidence the reason refers to.
-            "skipped_steps": engine.skipped,
-            "check_seconds": self.check_seconds,
-            "truncated": self.truncated,
-        }
-        if self.parity_samples is not None:
-            out["parity_samples"] = self.parity_samples
-        timed_steps, seconds = self.timed_steps, self.timed_seconds
-        rates = self.rates()
-        if not rates and engine.steps > 1 and self.warm_seconds:
-            # Stopped inside warmup: score the steps after the first one (scored, and flagged).
-            timed_steps = engine.steps - 1
-            seconds = self.warm_seconds * timed_steps
-            rates = [engine.candidate.batch_size / self.warm_seconds]
-        elif not rates and self.first_step:
-            timed_steps, seconds = engine.steps, self.first_step
-            rates = [engine.candidate.batch_size / self.first_step]
-        out["warmup_steps"] = engine.steps - timed_steps
-        out["timed_steps"] = timed_steps
-        out["timed_seconds"] = seconds
-        out["blocks"] = [(b.steps, b.seconds) for b in self.blocks]
-        if rates and self.outcome in ("completed", "slower", "off_parity"):
-            est = median_interval(rates)
-            out["throughput"] = est.value
-            out["throughput_low"] = est.low
-            out["throughput_high"] = est.high
-            out["step_time"] = engine.candidate.batch_size / est.value
-            out["spread"] = spread(rates)
-        if timed_steps < settings.steps:
-            out["truncated"] = True
-            if not out["reason"]:
-                out["reason"] = (
-                    f"time limit {format_duration(settings.time_limit)} reached: scored on "
-                    f"{timed_steps} of {settings.steps} timed steps"
-                )
-        return out
