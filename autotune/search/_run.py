@@ -64,7 +64,7 @@ __all__ = ["SearchResult", "run_search"]
 
 _CHOICES = "precision_choices"
 # Each arm of a validation pair measures for about this share of the pair's slice.
-_PAIR_SHARE = 0.4
+_PAIR_SHARE = 0.3
 
 
 @dataclass
@@ -241,9 +241,9 @@ def _validate(
         # Each candidate gets an equal share of what is left; a pair cut short by its share is
         # still compared, on the blocks and samples both arms saw.
         share = left / (len(picked) - i)
-        # The pair measures for its whole share (each arm about 40% of it: both arms' blocks,
-        # their warm-ups and the reference's catch-up to the horizon fit in the rest): the
-        # budget kept for validation buys a tighter interval instead of going unused.
+        # The pair measures for most of its share (each arm about a third of it; warm-ups and
+        # the reference's catch-up to the horizon fit in the rest): the budget kept for
+        # validation buys a tighter interval instead of going unused.
         min_time = max(ctx.default_min_time if settings.min_time is None else settings.min_time,
                        _PAIR_SHARE * share)  # fmt: skip
         paired = ctx.run_compare(
