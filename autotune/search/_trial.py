@@ -38,8 +38,10 @@ from autotune.trials import (
 
 __all__ = ["TrialStep", "standing"]
 
-# A loss this many tolerances above the reference's, halfway through a probe, is clearly off.
+# A loss this many tolerances above the reference's (and at least 10 points more than the
+# tolerance), halfway through a probe, is clearly off.
 _CLEARLY_OFF = 3.0
+_CLEARLY_OFF_MIN = 0.10
 # Objective value of a time_to_loss trial that never reached the reference's loss: far worse
 # than any real time, and finite (storage never holds inf).
 _NEVER = 1e9
@@ -179,9 +181,10 @@ class TrialStep:
             if low:
                 below = low * reference.throughput
         horizon = (settings.warmup_steps + settings.steps) * cand.batch_size
+        tol = self.ctx.spec.parity_tolerance
         return EarlyStop(
             below=below,
-            parity_gap=_CLEARLY_OFF * self.ctx.spec.parity_tolerance,
+            parity_gap=max(_CLEARLY_OFF * tol, tol + _CLEARLY_OFF_MIN),
             parity_samples=horizon // 2,
             reference_losses=ref.finite_losses,
             reference_batch_size=ref.batch_size,
@@ -220,14 +223,12 @@ class TrialStep:
         tol = ctx.spec.parity_tolerance
         rec = TrialRecord(reference_throughput=reference.throughput)
         if reference.throughput > 0:
-            # The speedup's interval combines both relative half-widths.
-            rel = math.hypot(
+            rec.speedup = result.throughput / reference.throughput
+            rec.speedup_low, rec.speedup_high = _ratio_interval(
+                rec.speedup,
                 _half_width(result.throughput, result.throughput_low, result.throughput_high),
                 _half_width(reference.throughput, reference.low, reference.high),
             )
-            rec.speedup = result.throughput / reference.throughput
-            rec.speedup_low = rec.speedup * (1 - rel)
-            rec.speedup_high = rec.speedup * (1 + rel)
         measured = parity_gap(result.losses, result.batch_size, ref.finite_losses, ref.batch_size)
         rec.decided_by = "full probe"
         rec.parity_samples = min(
@@ -381,6 +382,19 @@ class TrialStep:
                 standing=standing(self.study, self._latest()),
             )
         )
+
+
+def _ratio_interval(ratio: float, a: float, b: float) -> tuple[float, float]:
+    """The interval of a ratio of two measurements with relative half-widths ``a`` and ``b``
+    (combined in quadrature, on the log scale so the bounds stay positive).
+
+    Example:
+        >>> low, high = _ratio_interval(2.0, 0.03, 0.04)
+        >>> round(low, 3), round(high, 3)
+        (1.905, 2.1)
+    """
+    rel = math.log1p(math.hypot(a, b))
+    return ratio * math.exp(-rel), ratio * math.exp(rel)
 
 
 def _half_width(value: float, low: float | None, high: float | None) -> float:
