@@ -138,8 +138,11 @@ def _validation_reserve(ctx: SearchContext, study: optuna.Study) -> float:
         return VALIDATION_SHARE * ctx.budget.total
     ratio = max(1.0, (probe.warmup_steps + val.steps) / (probe.warmup_steps + probe.steps))
     # Both arms of a pair run, each about as long as a probe scaled to the longer horizon.
-    need = max(1, len(picked)) * (2.5 * ratio * typical + 1.0) + 1.0
-    return min(VALIDATION_SHARE * ctx.budget.total, need)
+    per_pair = 2.5 * ratio * typical + 1.0
+    # Nothing worth validating yet: keep room for one short pair (a late winner still gets
+    # validated), and give the rest to the search.
+    need = len(picked) * per_pair if picked else 0.5 * per_pair
+    return min(VALIDATION_SHARE * ctx.budget.total, need + 1.0)
 
 
 def _search(
