@@ -15,6 +15,7 @@ The phases, all inside one wall-clock budget:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import socket
@@ -33,7 +34,7 @@ from optuna.trial import TrialState
 
 from autotune.ceilings import Ceiling, find_ceiling, memory_budget
 from autotune.config import TunedConfig
-from autotune.errors import AutotuneError, StorageError
+from autotune.errors import AutotuneError, StorageError, StorageIOError
 from autotune.parity import parity_gap, time_to_loss
 from autotune.precision import resolve_device, unsupported_modes
 from autotune.result import ProbeResult
@@ -476,7 +477,10 @@ class _Search:
                     self._retry(study, trial)
                 raise
             except AutotuneError:
-                study.tell(trial, state=TrialState.FAIL)
+                # When the storage is what failed, failing the trial fails too (it is failed as
+                # stale on resume): the storage's own error is the one to report.
+                with contextlib.suppress(StorageIOError):
+                    study.tell(trial, state=TrialState.FAIL)
                 raise
 
     def _trial(

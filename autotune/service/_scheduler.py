@@ -12,7 +12,13 @@ Per device, in a loop:
    - the stop flag is a cancel of this study or the whole service draining.
 
 4. Record the outcome in the queue: done, failed (with the error), cancelled, or back to
-   queued when the service drains (a later start resumes it with the budget it has left).
+   queued when the service drains or a study of higher priority waits for the device (a later
+   start resumes it with the budget it has left).
+
+When the storage fails a write (its disk is full), the study is *paused*: it holds its device,
+off its budget, and tries a write every few seconds; the first that succeeds resumes it where
+it was (a cancel or a drain meanwhile is recorded then). No restart is needed, nothing stored
+is lost, and the trial that was in flight is failed as stale and run again.
 
 A study that was running when the service died is resumed at the next start: its trials that
 were in flight are failed as stale by the heartbeat check (and re-enqueued once) before the
@@ -21,6 +27,7 @@ search continues, so no trial stays RUNNING and nothing completed is lost.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -35,8 +42,8 @@ import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
-from autotune.errors import AutotuneError
-from autotune.logs import FILE_FORMAT
+from autotune.errors import AutotuneError, StorageIOError
+from autotune.logs import log_to_file
 from autotune.result import ProbeResult
 from autotune.search import Budget, SearchStopped, run_search
 from autotune.service._devices import DeviceMonitor
@@ -59,6 +66,10 @@ _STALE_WAIT = GRACE_PERIOD + HEARTBEAT_INTERVAL + 1.0
 _DRAIN_JOIN = 150.0
 # NVML's utilisation is sampled over up to a second: right after our own probe it is still ours.
 _UTIL_WINDOW = 1.5
+# Seconds between write attempts while the storage refuses writes (a full disk).
+_STORAGE_RETRY = 3.0
+# Seconds a "should a queued study of higher priority take this device?" answer is reused.
+_PREEMPT_CHECK = 1.0
 
 
 def accepts(device: str, requested: str) -> bool:
@@ -83,6 +94,7 @@ class StudyRun:
     device: str
     spec: StudySpec
     budget: Budget
+    priority: int = 0
     phase: str = "starting"
     detail: str = "starting"
     probing: bool = False
@@ -92,6 +104,11 @@ class StudyRun:
     study: optuna.Study | None = None
     # Budget spent when the current wait for the device began; None when not waiting.
     used_before_wait: float | None = None
+    # Why the study is paused (the storage failed a write); None while it runs.
+    paused: str | None = None
+    # The queued study of higher priority this one gives the device to; None when none.
+    preempted_by: str | None = None
+    preempt_checked: float = -math.inf
 
     def budget_used(self) -> float:
         """Budget spent so far; it stands still while the study waits for its device."""
@@ -190,6 +207,8 @@ class Scheduler:
         # device → the study running there
         self.runs: dict[str, StudyRun] = {}
         self._draining = threading.Event()
+        self._drain_lock = threading.Lock()
+        self._drained = False
         self._wake = threading.Condition()
         self._threads: list[threading.Thread] = []
         # device → when our last probe there ended (monotonic seconds)
@@ -238,6 +257,15 @@ class Scheduler:
 
         Studies that were running go back to the queue, each with the budget it has left.
         """
+        with self._drain_lock:
+            if self._drained:
+                return
+            logger.info("draining: no new trials; the probes in flight finish or are stopped")
+            self._drain(grace)
+            self._drained = True
+            logger.info("drained; the queue and every recorded trial are in the storage")
+
+    def _drain(self, grace: float) -> None:
         self._draining.set()
         self.wake()
         deadline = time.monotonic() + grace
@@ -276,6 +304,7 @@ class Scheduler:
             self.workers[device].start()
         except Exception as exc:  # it restarts on the first probe; say why it did not start
             logger.error("the probe worker for {} did not start: {}", device, exc)
+        shown_error = ""
         while not self._draining.is_set():
             try:
                 if self.monitor.read(device).busy:
@@ -286,6 +315,11 @@ class Scheduler:
                     self._idle()
                     continue
                 self._run(row, device)
+            except StorageIOError as exc:  # a full disk: nothing can start until it has room
+                if str(exc) != shown_error:
+                    logger.warning("device {}: {}; retrying every 5 s", device, exc)
+                    shown_error = str(exc)
+                self._idle(5.0)
             except Exception:  # a bug or a lost database: log it, keep the device thread alive
                 logger.exception("device {}: scheduler error; retrying in 5 s", device)
                 self._idle(5.0)
@@ -304,7 +338,7 @@ class Scheduler:
             return
         # Queue time is not budget: the clock starts now, minus what earlier runs spent.
         budget = Budget(spec.budget, started=time.monotonic() - row.probe_seconds)
-        run = StudyRun(name=name, device=device, spec=spec, budget=budget)
+        run = StudyRun(name=name, device=device, spec=spec, budget=budget, priority=row.priority)
         self.runs[device] = run
         out = self.out_dir / name
         sink = self._log_sink(out, name)
@@ -334,6 +368,17 @@ class Scheduler:
             self.wake()
 
     def _search(self, run: StudyRun, out: Path) -> None:
+        """Run the study's search; while the storage refuses writes, hold it and resume."""
+        while True:
+            try:
+                self._search_once(run, out)
+                return
+            except StorageIOError as exc:
+                if not self._hold(run, str(exc)):
+                    return
+                self._settle_stale(run)
+
+    def _search_once(self, run: StudyRun, out: Path) -> None:
         name = run.name
         runner = _DeviceRunner(self.workers[run.device], run, self._probe_ended)
         try:
@@ -344,14 +389,14 @@ class Scheduler:
                 budget=run.budget,
                 on_event=lambda kind, data: self._on_event(run, kind, data),
                 gate=lambda cand: self._gate(run, cand),
-                should_stop=lambda: run.cancel.is_set() or self._draining.is_set(),
+                should_stop=lambda: self._should_stop(run),
             )
         except SearchStopped:
             self.queue.record_progress(name, run.budget.elapsed())
             if run.cancel.is_set():
                 logger.info("study {!r} cancelled", name)
                 self.queue.finish(name, "cancelled")
-            else:
+            elif self._draining.is_set():
                 logger.info(
                     "study {!r} back in the queue: the service is draining ({:.1f}s of budget "
                     "spent)",
@@ -359,7 +404,20 @@ class Scheduler:
                     run.budget.elapsed(),
                 )
                 self.queue.requeue(name)
+            else:
+                logger.info(
+                    "study {!r} back in the queue: {!r} (priority higher than {}) takes {} "
+                    "({:.1f}s of its budget spent, kept)",
+                    name,
+                    run.preempted_by,
+                    run.priority,
+                    run.device,
+                    run.budget.elapsed(),
+                )
+                self.queue.requeue(name)
             return
+        except StorageIOError:
+            raise
         except AutotuneError as exc:
             logger.error("study {!r} failed: {}", name, exc)
             self.queue.record_progress(name, run.budget.elapsed())
@@ -385,18 +443,95 @@ class Scheduler:
         logger.info("study {!r} done in {:.1f}s of budget", name, run.budget.elapsed())
         self.queue.finish(name, "done")
 
+    def _hold(self, run: StudyRun, reason: str) -> bool:
+        """The storage refused a write: pause the study, off its budget, until a write succeeds.
+
+        Returns:
+            True to resume the search; False when it ended meanwhile (cancelled, or the service
+            drains: back in the queue, or left ``running`` for the next start to recover when
+            even that write fails).
+        """
+        logger.warning("study {!r} paused: {}", run.name, reason)
+        run.paused, run.phase = reason, "paused"
+        run.used_before_wait = run.budget.elapsed()
+        try:
+            with run.budget.paused():
+                while True:
+                    what = "cancelling" if run.cancel.is_set() else "paused"
+                    run.detail = (
+                        f"{what}: {reason}; it goes on by itself once the storage can be written "
+                        f"again (tried every {_STORAGE_RETRY:g}s)"
+                    )
+                    self._idle(_STORAGE_RETRY)
+                    try:
+                        if self._draining.is_set() and not run.cancel.is_set():
+                            with contextlib.suppress(StorageIOError):
+                                self.queue.requeue(run.name)
+                            return False
+                        if run.cancel.is_set():
+                            self.queue.finish(run.name, "cancelled")
+                            logger.info("study {!r} cancelled while paused", run.name)
+                            return False
+                        self.queue.record_progress(run.name, run.budget.elapsed())
+                    except StorageIOError as exc:
+                        reason = str(exc)
+                        if self._draining.is_set():
+                            return False
+                        continue
+                    logger.info("study {!r}: the storage takes writes again; resuming", run.name)
+                    return True
+        finally:
+            run.paused = None
+            run.used_before_wait = None
+
+    def _should_stop(self, run: StudyRun) -> bool:
+        """Polled before each trial and probe: a cancel, a drain, or a preemption."""
+        return run.cancel.is_set() or self._draining.is_set() or self._preempted(run)
+
+    def _preempted(self, run: StudyRun) -> bool:
+        """Whether a queued study of higher priority should take this device now.
+
+        Only in the search phase (a stopped ceiling try would store nothing, and validation is
+        short), and only when no idle device could run that study instead.
+        """
+        if run.phase != "search":
+            return False
+        now = time.monotonic()
+        if now - run.preempt_checked < _PREEMPT_CHECK:
+            return run.preempted_by is not None
+        run.preempt_checked = now
+        try:
+            rows = self.queue.rows()
+        except StorageIOError:
+            return False
+        waiting = [
+            r
+            for r in rows
+            if r.state == "queued"
+            and r.priority > run.priority
+            and accepts(run.device, r.requested_device)
+        ]
+        if not waiting:
+            return False
+        first = waiting[0]
+        idle = [
+            d
+            for d in self.monitor.devices
+            if d != run.device
+            and d not in self.runs
+            and accepts(d, first.requested_device)
+            and not self.monitor.read(d, max_age=_PREEMPT_CHECK).busy
+        ]
+        if idle:
+            return False
+        run.preempted_by = first.name
+        return True
+
     def _log_sink(self, out: Path, name: str) -> int | None:
         """Every log line of this study, also in ``<out>/service.log``."""
         try:
-            out.mkdir(parents=True, exist_ok=True)
-            return logger.add(
-                out / "service.log",
-                level="DEBUG",
-                format=FILE_FORMAT,
-                filter=lambda r: r["extra"].get("study") == name,
-                colorize=False,
-                encoding="utf-8",
-                diagnose=False,
+            return log_to_file(
+                out / "service.log", filter=lambda r: r["extra"].get("study") == name
             )
         except OSError as exc:
             logger.warning("study {!r}: no log file in {}: {}", name, out, exc)
@@ -489,7 +624,7 @@ class Scheduler:
         run.used_before_wait = run.budget.elapsed()
         try:
             while True:
-                if run.cancel.is_set() or self._draining.is_set():
+                if self._should_stop(run):
                     raise SearchStopped(f"study {run.name!r} was asked to stop")
                 why = self.monitor.room_for(run.device, need, run.spec.memory_margin)
                 if not why:
