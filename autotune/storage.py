@@ -65,7 +65,7 @@ _CLAIMS = sa.Table(
 # What a trial failed by the stale check records as its reason.
 STALE_REASON = (
     f"no heartbeat for {GRACE_PERIOD}s: the process running it died or could not write to the "
-    "storage; failed as stale (and run again once)"
+    "storage; failed as stale"
 )
 
 
@@ -337,10 +337,15 @@ def fail_stale(study: optuna.Study) -> list[int]:
     stale = set(storage._get_stale_trial_ids(study._study_id))
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if trial._trial_id not in stale and owner_alive(record(trial).worker) is not False:
+        worker = record(trial).worker
+        if trial._trial_id in stale:
+            reason = STALE_REASON
+        elif owner_alive(worker) is False:
+            reason = f"the process running it ({worker}) is gone: killed or crashed mid-trial"
+        else:
             continue
         try:
-            for key, value in TrialRecord(outcome="stale", reason=STALE_REASON).to_attrs().items():
+            for key, value in TrialRecord(outcome="stale", reason=reason).to_attrs().items():
                 storage.set_trial_user_attr(trial._trial_id, key, value)
             if not storage.set_trial_state_values(
                 trial._trial_id, state=optuna.trial.TrialState.FAIL
