@@ -21,6 +21,7 @@ one line naming the source, what was too large, the bound and the fix.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -141,24 +142,27 @@ def check_shape(
         autotune.errors.SpecError: a spec holds more than 3 values (an alias counts once per use); a study spec or a config holds a few dozen values, a few levels deep
     """
     stack: list[tuple[Any, int]] = [(data, 1)]
-    seen = 0
+    seen = 1
     while stack:
         value, depth = stack.pop()
-        seen += 1
+        if isinstance(value, dict):
+            children: Any = itertools.chain(value.keys(), value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            children = iter(value)
+        else:
+            continue
+        # Counted as they are reached, never more than one past the bound: a huge list costs
+        # its first few values, whatever its length.
+        first = list(itertools.islice(children, max_nodes - seen + 1))
+        seen += len(first)
         if seen > max_nodes:
             raise error(
                 f"{source} holds more than {max_nodes:,} values (an alias counts once per use); "
                 f"{_FEW}"
             )
-        if isinstance(value, dict):
-            children: Any = [*value.keys(), *value.values()]
-        elif isinstance(value, (list, tuple)):
-            children = value
-        else:
-            continue
-        if children and depth >= max_depth:
+        if first and depth >= max_depth:
             raise error(f"{source} nests deeper than {max_depth} levels; {_FEW}")
-        stack.extend((child, depth + 1) for child in children)
+        stack.extend((child, depth + 1) for child in first)
 
 
 def _load_json(text: str, source: str, error: type[AutotuneError]) -> Any:
@@ -276,19 +280,25 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
 def _load_yaml(
     text: str, source: str, max_depth: int, max_nodes: int, error: type[AutotuneError]
 ) -> Any:
-    loader = _BoundedLoader(text)
-    loader.max_depth = max_depth
-    loader.max_nodes = max_nodes
+    loader: _BoundedLoader | None = None
     try:
+        # The reader checks the text as the loader is made: a control character fails here.
+        loader = _BoundedLoader(text)
+        loader.max_depth = max_depth
+        loader.max_nodes = max_nodes
         return loader.get_single_data()
     except _Refused as exc:
         raise error(f"{source}: {exc}") from None
     except _TooLong as exc:
         raise error(_too_long(source, exc.digits, exc.where)) from None
-    except yaml.YAMLError as exc:
+    except Exception as exc:
+        # Beside YAMLError, the safe constructors raise whatever their conversions raise on a
+        # malformed scalar: ``2024-13-45`` "month must be in 1..12", ``!!int abc`` a
+        # ValueError, an empty ``!!float`` an IndexError. All of them mean: not valid YAML.
         detail = " ".join(str(exc).split())
         if len(detail) > 300:
             detail = detail[:297] + "..."
         raise error(f"{source} is not valid YAML: {detail}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()

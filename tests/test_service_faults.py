@@ -23,7 +23,7 @@ from _service import AUTH, TOKEN, Service, sleepy, wait_for
 from autotune.errors import StorageIOError
 from autotune.search import Budget
 from autotune.service import StudyQueue, TuningService
-from autotune.service._scheduler import StudyRun
+from autotune.service._run import StudyRun
 from autotune.spec import StudySpec
 
 

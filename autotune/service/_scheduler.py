@@ -32,9 +32,6 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +41,15 @@ from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError, StorageIOError
 from autotune.logs import log_to_file
-from autotune.result import ProbeResult
 from autotune.search import Budget, SearchStopped, run_search
 from autotune.service._devices import DeviceMonitor
 from autotune.service._queue import QueueRow, StudyQueue
-from autotune.spec import Candidate, ProbeSettings, StudySpec, parse_spec
+from autotune.service._run import DeviceRunner, StudyRun, accepts
+from autotune.spec import Candidate, parse_spec
 from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, fail_stale
-from autotune.worker import ProbeWorker, Runner
+from autotune.worker import ProbeWorker
 
-__all__ = ["DRAIN_GRACE", "Scheduler", "StudyRun", "accepts"]
+__all__ = ["DRAIN_GRACE", "Scheduler"]
 
 # Seconds between looks at a busy device or an empty queue.
 _POLL = 0.5
@@ -70,112 +67,6 @@ _UTIL_WINDOW = 1.5
 _STORAGE_RETRY = 3.0
 # Seconds a "should a queued study of higher priority take this device?" answer is reused.
 _PREEMPT_CHECK = 1.0
-
-
-def accepts(device: str, requested: str) -> bool:
-    """Whether a study asking for device ``requested`` may run on ``device``.
-
-    Example:
-        >>> accepts("cuda:1", "cuda"), accepts("cpu", "cuda:0"), accepts("cpu", "auto")
-        (True, False, True)
-    """
-    if requested == "auto":
-        return True
-    if requested == "cuda":
-        return device.startswith("cuda")
-    return requested == device
-
-
-@dataclass
-class StudyRun:
-    """A study running on a device, as the API sees it."""
-
-    name: str
-    device: str
-    spec: StudySpec
-    budget: Budget
-    priority: int = 0
-    phase: str = "starting"
-    detail: str = "starting"
-    probing: bool = False
-    cancel: threading.Event = field(default_factory=threading.Event)
-    # (precision, batch size, peak bytes) measured by ceiling tries: the memory a probe needs.
-    peaks: list[tuple[str, int, int]] = field(default_factory=list)
-    study: optuna.Study | None = None
-    # Budget spent when the current wait for the device began; None when not waiting.
-    used_before_wait: float | None = None
-    # Why the study is paused (the storage failed a write); None while it runs.
-    paused: str | None = None
-    # The queued study of higher priority this one gives the device to; None when none.
-    preempted_by: str | None = None
-    preempt_checked: float = -math.inf
-
-    def budget_used(self) -> float:
-        """Budget spent so far; it stands still while the study waits for its device."""
-        if self.used_before_wait is not None:
-            return self.used_before_wait
-        return self.budget.elapsed()
-
-
-class _DeviceRunner(Runner):
-    """The device's persistent worker, seen by one study: marks when a probe is in flight."""
-
-    def __init__(
-        self,
-        worker: ProbeWorker,
-        run: StudyRun,
-        ended: dict[str, float],
-    ) -> None:
-        self.worker = worker
-        self.device = worker.device
-        self.run_state = run
-        self.ended = ended
-
-    @contextmanager
-    def _in_flight(self) -> Iterator[None]:
-        """Mark the device busy with our own probe: its utilisation is ours, not a colleague's."""
-        self.run_state.probing = True
-        try:
-            yield
-        finally:
-            self.run_state.probing = False
-            self.ended[self.run_state.device] = time.monotonic()
-
-    def run(
-        self,
-        workload: str,
-        candidate: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-    ) -> ProbeResult:
-        with self._in_flight():
-            return self.worker.run(workload, candidate, settings, timeout=timeout)
-
-    def diagnose(
-        self,
-        workload: str,
-        candidate: Candidate,
-        *,
-        steps: int = 3,
-        seed: int = 0,
-        timeout: float = 60.0,
-    ) -> dict | None:
-        # In the worker too, never a workload in the service process. The search has already
-        # waited at its gate for room on the device.
-        with self._in_flight():
-            return self.worker.diagnose(
-                workload, candidate, steps=steps, seed=seed, timeout=timeout
-            )
-
-    def start(self) -> None:
-        self.worker.start()
-
-    def interrupt(self) -> None:
-        self.worker.interrupt()
-
-    def close(self) -> None:
-        """The worker outlives the study: it serves the next one on this device."""
 
 
 class Scheduler:
@@ -380,7 +271,7 @@ class Scheduler:
 
     def _search_once(self, run: StudyRun, out: Path) -> None:
         name = run.name
-        runner = _DeviceRunner(self.workers[run.device], run, self._probe_ended)
+        runner = DeviceRunner(self.workers[run.device], run, self._probe_ended)
         try:
             result = run_search(
                 run.spec,
@@ -589,36 +480,10 @@ class Scheduler:
         elif kind == "result":
             self.queue.record_progress(run.name, run.budget.elapsed())
 
-    def _need(self, run: StudyRun, cand: Candidate) -> int:
-        """Bytes a candidate is expected to need, from what this study measured so far.
-
-        The nearest measured batch size of the same precision (any precision if none): its
-        peak when the candidate's batch is smaller, scaled up in proportion when larger. Both
-        are upper bounds (peak memory grows at most linearly with the batch). 0 when nothing
-        was measured yet: the margin alone protects the first probes.
-        """
-        measured = list(run.peaks)
-        try:
-            if run.study is None:
-                run.study = optuna.load_study(study_name=run.name, storage=self.storage)
-            for t in run.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-                peak = t.user_attrs.get("peak_memory_bytes")
-                if isinstance(peak, (int, float)) and peak > 0 and "batch_size" in t.params:
-                    measured.append(
-                        (str(t.params["precision"]), int(t.params["batch_size"]), int(peak))
-                    )
-        except Exception:  # best effort: no study yet (first ceiling try), or a busy database
-            pass
-        same = [m for m in measured if m[0] == cand.precision] or measured
-        if not same:
-            return 0
-        _, bs, peak = min(same, key=lambda m: (abs(math.log(m[1] / cand.batch_size)), -m[2]))
-        return peak if cand.batch_size <= bs else math.ceil(peak * cand.batch_size / bs)
-
     def _gate(self, run: StudyRun, cand: Candidate) -> None:
         """Called before every probe: wait (off the budget) until the device has room."""
         self.queue.record_progress(run.name, run.budget.elapsed())
-        need = self._need(run, cand)
+        need = run.memory_need(cand, self.storage)
         shown, before = "", run.detail
         # The search pauses its clock around this call; the status shows the budget standing still.
         run.used_before_wait = run.budget.elapsed()

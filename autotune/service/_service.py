@@ -29,7 +29,8 @@ from autotune.service._models import (
     SubmitReply,
 )
 from autotune.service._queue import FINISHED, QueueRow, StudyQueue, service_owner
-from autotune.service._scheduler import Scheduler, accepts
+from autotune.service._run import accepts
+from autotune.service._scheduler import Scheduler
 from autotune.service._standing import Standing, StandingCache
 from autotune.spec import StudySpec, format_duration, parse_duration, parse_spec
 from autotune.storage import mask_url, open_storage, owner_alive
