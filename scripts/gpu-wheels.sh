@@ -12,7 +12,7 @@ PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
 PACKAGES=(optuna alembic sqlalchemy greenlet colorlog mako pydantic pydantic-core
           annotated-types typing-inspection loguru fastapi starlette uvicorn h11 anyio sniffio
           httpx httpcore idna certifi typer shellingham rich markdown-it-py mdurl pygments
-          pyyaml click nvidia-ml-py typing-extensions annotated-doc)
+          pyyaml click nvidia-ml-py typing-extensions annotated-doc hypothesis sortedcontainers)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp "${PLATFORMS[@]}" -d .whl "${PACKAGES[@]}"
 ls .whl | wc -l

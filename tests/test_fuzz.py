@@ -21,14 +21,17 @@ import pytest
 import yaml
 from _configs import make_config
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from autotune.config import TunedConfig, load_config
-from autotune.errors import ConfigError, SpecError
-from autotune.inputs import load_text
-from autotune.service import TuningService, create_app
-from autotune.spec import StudySpec, parse_spec
+# A machine with only the runtime dependencies (the GPU check) collects this file too.
+pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from autotune.config import TunedConfig, load_config  # noqa: E402
+from autotune.errors import ConfigError, SpecError  # noqa: E402
+from autotune.inputs import load_text  # noqa: E402
+from autotune.service import TuningService, create_app  # noqa: E402
+from autotune.spec import StudySpec, parse_spec  # noqa: E402
 
 TOKEN = "fuzz-token-0123456789abcdef"
 FUZZ = settings(
