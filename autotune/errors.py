@@ -119,6 +119,10 @@ def short_repr(value: Any, limit: int = 80) -> str:
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
+# Lines a validation message lists at most.
+_MAX_LINES = 20
+
+
 def format_validation_error(exc: object, source: str) -> str:
     """Turn a pydantic ``ValidationError`` into one readable message per bad field.
 
@@ -131,7 +135,10 @@ def format_validation_error(exc: object, source: str) -> str:
         reason.
     """
     lines = [f"invalid {source}:"]
-    for err in exc.errors():  # type: ignore[attr-defined]
+    errors = exc.errors()  # type: ignore[attr-defined]
+    # A body of thousands of unknown fields gets a message, not thousands of lines.
+    shown_errors, more = errors[:_MAX_LINES], len(errors) - _MAX_LINES
+    for err in shown_errors:
         loc = ".".join(str(p) for p in err.get("loc", ())) or "(root)"
         msg = err.get("msg", "invalid")
         if err.get("type") == "extra_forbidden":
@@ -145,4 +152,6 @@ def format_validation_error(exc: object, source: str) -> str:
             lines.append(f"  {loc}: {msg.removeprefix('Value error, ')}")
         else:
             lines.append(f"  {loc}: {msg}, got {loc.rsplit('.', 1)[-1]}={shown}")
+    if more > 0:
+        lines.append(f"  ... and {more} more")
     return "\n".join(lines)

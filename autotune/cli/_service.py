@@ -167,14 +167,10 @@ def submit(
     token: Token = None,
 ) -> None:
     """Queue a study spec on the service."""
+    from autotune.inputs import read_text
+
     try:
-        try:
-            text = spec_file.read_text()
-        except OSError as exc:
-            raise SpecError(
-                f"study spec {str(spec_file)!r} cannot be read ({exc.strerror}); pass a file like "
-                "studies/tiny.yaml"
-            ) from None
+        text = read_text(spec_file, f"study spec {str(spec_file)!r}")
         with _client(server, token) as client:
             reply = client.submit(text, json_body=spec_file.suffix == ".json", priority=priority)
     except AutotuneError as exc:

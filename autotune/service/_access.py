@@ -106,10 +106,14 @@ def load_token(token_file: Path | None) -> str | None:
     """
     if token_file is not None:
         try:
-            token = token_file.read_text().strip()
+            token = token_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise SpecError(
                 f"--token-file {str(token_file)!r} cannot be read ({exc.strerror}); {_TOKEN_HINT}"
+            ) from None
+        except UnicodeDecodeError:
+            raise SpecError(
+                f"--token-file {str(token_file)!r} is not text; {_TOKEN_HINT}"
             ) from None
         source = f"--token-file {str(token_file)!r}"
     else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -15,10 +15,11 @@ from optuna.trial import TrialState
 
 from autotune.result import ProbeResult
 from autotune.search import Budget
+from autotune.service._queue import QueueRow
 from autotune.spec import Candidate, ProbeSettings, StudySpec
 from autotune.worker import ProbeWorker, Runner
 
-__all__ = ["DeviceRunner", "StudyRun", "accepts"]
+__all__ = ["DeviceRunner", "StudyRun", "accepts", "preemptor"]
 
 
 def accepts(device: str, requested: str) -> bool:
@@ -33,6 +34,29 @@ def accepts(device: str, requested: str) -> bool:
     if requested == "cuda":
         return device.startswith("cuda")
     return requested == device
+
+
+def preemptor(
+    run: StudyRun, rows: list[QueueRow], devices: list[str], is_free: Callable[[str], bool]
+) -> str | None:
+    """The queued study that should take ``run``'s device, if any.
+
+    The first queued study (in queue order) of higher priority that may run there, unless
+    another device that may run it is free: then it goes there, and nobody is stopped.
+    """
+    waiting = [
+        r
+        for r in rows
+        if r.state == "queued"
+        and r.priority > run.priority
+        and accepts(run.device, r.requested_device)
+    ]
+    if not waiting:
+        return None
+    first = waiting[0]
+    if any(d != run.device and accepts(d, first.requested_device) and is_free(d) for d in devices):
+        return None
+    return first.name
 
 
 @dataclass

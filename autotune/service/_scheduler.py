@@ -32,6 +32,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from autotune.logs import log_to_file
 from autotune.search import Budget, SearchStopped, run_search
 from autotune.service._devices import DeviceMonitor
 from autotune.service._queue import QueueRow, StudyQueue
-from autotune.service._run import DeviceRunner, StudyRun, accepts
+from autotune.service._run import DeviceRunner, StudyRun, accepts, preemptor
 from autotune.spec import Candidate, parse_spec
 from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, fail_stale
 from autotune.worker import ProbeWorker
@@ -225,7 +226,8 @@ class Scheduler:
                 source=f"queued spec of study {name!r}",
             )
         except AutotuneError as exc:
-            self.queue.finish(name, "failed", error=str(exc))
+            error = str(exc)
+            self._until_written(lambda: self.queue.finish(name, "failed", error=error))
             return
         # Queue time is not budget: the clock starts now, minus what earlier runs spent.
         budget = Budget(spec.budget, started=time.monotonic() - row.probe_seconds)
@@ -246,12 +248,7 @@ class Scheduler:
                 if row.runs > 1:
                     self._settle_stale(run)
                     budget.started = time.monotonic() - row.probe_seconds
-                if run.cancel.is_set():
-                    self.queue.finish(name, "cancelled")
-                elif self._draining.is_set():
-                    self.queue.requeue(name)
-                else:
-                    self._search(run, out)
+                self._search(run, out)
         finally:
             self.runs.pop(device, None)
             if sink is not None:
@@ -273,6 +270,8 @@ class Scheduler:
         name = run.name
         runner = DeviceRunner(self.workers[run.device], run, self._probe_ended)
         try:
+            if run.cancel.is_set() or self._draining.is_set():
+                raise SearchStopped(f"study {name!r} was asked to stop before it started")
             result = run_search(
                 run.spec,
                 out_dir=out,
@@ -375,48 +374,41 @@ class Scheduler:
             run.paused = None
             run.used_before_wait = None
 
+    def _until_written(self, write: Callable[[], None]) -> None:
+        """Retry a queue write the storage refuses until it succeeds (or the service drains:
+        the next start recovers the row)."""
+        while True:
+            try:
+                write()
+                return
+            except StorageIOError as exc:
+                logger.warning("{}; retrying in {:g}s", exc, _STORAGE_RETRY)
+                if self._draining.is_set():
+                    return
+                self._idle(_STORAGE_RETRY)
+
     def _should_stop(self, run: StudyRun) -> bool:
         """Polled before each trial and probe: a cancel, a drain, or a preemption."""
         return run.cancel.is_set() or self._draining.is_set() or self._preempted(run)
 
     def _preempted(self, run: StudyRun) -> bool:
-        """Whether a queued study of higher priority should take this device now.
-
-        Only in the search phase (a stopped ceiling try would store nothing, and validation is
-        short), and only when no idle device could run that study instead.
-        """
+        """Whether a queued study of higher priority takes this device now (see
+        :func:`~autotune.service._run.preemptor`); asked of the queue once a second at most."""
         if run.phase != "search":
             return False
         now = time.monotonic()
-        if now - run.preempt_checked < _PREEMPT_CHECK:
-            return run.preempted_by is not None
-        run.preempt_checked = now
-        try:
-            rows = self.queue.rows()
-        except StorageIOError:
-            return False
-        waiting = [
-            r
-            for r in rows
-            if r.state == "queued"
-            and r.priority > run.priority
-            and accepts(run.device, r.requested_device)
-        ]
-        if not waiting:
-            return False
-        first = waiting[0]
-        idle = [
-            d
-            for d in self.monitor.devices
-            if d != run.device
-            and d not in self.runs
-            and accepts(d, first.requested_device)
-            and not self.monitor.read(d, max_age=_PREEMPT_CHECK).busy
-        ]
-        if idle:
-            return False
-        run.preempted_by = first.name
-        return True
+        if now - run.preempt_checked >= _PREEMPT_CHECK:
+            run.preempt_checked = now
+            with contextlib.suppress(StorageIOError):
+                run.preempted_by = preemptor(
+                    run,
+                    self.queue.rows(),
+                    self.monitor.devices,
+                    lambda d: (
+                        d not in self.runs and not self.monitor.read(d, max_age=_PREEMPT_CHECK).busy
+                    ),
+                )
+        return run.preempted_by is not None
 
     def _log_sink(self, out: Path, name: str) -> int | None:
         """Every log line of this study, also in ``<out>/service.log``."""

@@ -18,6 +18,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.service._models import TrialInfo
+from autotune.trials import ROLE_REFERENCE, display_outcome, feasible_trials, record, role_trials
 
 __all__ = ["Standing", "StandingCache", "read_standing", "trial_info"]
 
@@ -39,34 +40,23 @@ class Standing:
     tuned_config: dict[str, Any] | None = None
 
 
-def _outcome(t: FrozenTrial) -> str:
-    outcome = t.user_attrs.get("outcome")
-    if t.state == TrialState.COMPLETE:
-        feasible = all(v <= 0 for v in (t.constraints or {}).values())
-        return "completed" if feasible else "infeasible"
-    if t.state == TrialState.FAIL and not outcome:
-        # Failed by the heartbeat check: nobody was left to record why.
-        return "stale"
-    return str(outcome or t.state.name.lower())
-
-
 def trial_info(t: FrozenTrial) -> TrialInfo:
-    """One trial for the API."""
-    reason = t.user_attrs.get("reason") or None
-    if t.state == TrialState.FAIL and not t.user_attrs.get("outcome"):
+    """One trial for the API, read through its :class:`~autotune.trials.TrialRecord`."""
+    rec = record(t)
+    reason = rec.reason or None
+    if t.state == TrialState.FAIL and not rec.outcome:
+        # Failed by a stale check that recorded nothing (an older autotune, or Optuna's own).
         reason = "no heartbeat: its worker or the service died mid-trial; failed as stale"
-    retry_of = t.user_attrs.get("retry_of", t.system_attrs.get("failed_trial"))
-    peak = t.user_attrs.get("peak_memory_bytes")
-    tp = t.user_attrs.get("throughput")
+    retry_of = rec.retry_of if rec.retry_of is not None else t.system_attrs.get("failed_trial")
     return TrialInfo(
         number=t.number,
         state=t.state.name,
         params=dict(t.params),
-        outcome=None if t.state in (TrialState.RUNNING, TrialState.WAITING) else _outcome(t),
+        outcome=display_outcome(t),
         reason=reason,
-        throughput=float(tp) if isinstance(tp, (int, float)) else None,
-        peak_memory_bytes=int(peak) if isinstance(peak, (int, float)) else None,
-        role=t.user_attrs.get("role"),
+        throughput=rec.throughput,
+        peak_memory_bytes=rec.peak_memory_bytes,
+        role=rec.role,
         retry_of=int(retry_of) if isinstance(retry_of, int) else None,
     )
 
@@ -78,19 +68,14 @@ def read_standing(study: optuna.Study) -> Standing:
     for t in trials:
         key = t.state.name.lower()
         out.trials[key] = out.trials.get(key, 0) + 1
-        if t.state not in (TrialState.RUNNING, TrialState.WAITING):
-            outcome = _outcome(t)
+        outcome = display_outcome(t)
+        if outcome is not None:
             out.by_outcome[outcome] = out.by_outcome.get(outcome, 0) + 1
-        if t.state == TrialState.COMPLETE and t.user_attrs.get("role") == "reference":
-            out.reference_throughput = t.user_attrs.get("throughput")
+    reference = role_trials(trials).get(ROLE_REFERENCE)
+    if reference is not None and reference.state == TrialState.COMPLETE:
+        out.reference_throughput = record(reference).throughput
     # As validation ranks them: feasible, measured (not copied from a twin), best value first.
-    feasible = [
-        t
-        for t in trials
-        if t.state == TrialState.COMPLETE
-        and all(v <= 0 for v in t.constraints.values())
-        and t.user_attrs.get("duplicate_of") is None
-    ]
+    feasible = feasible_trials(trials)
     if feasible:
         pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
         out.best = trial_info(pick(feasible, key=lambda t: t.value))
