@@ -65,9 +65,11 @@ def test_alias_bombs_are_refused_at_once_and_the_service_keeps_answering(
     assert all("expands to more than 10,000 values" in r.json()["detail"] for r in replies)
     assert all(len(r.json()["detail"]) < 600 for r in replies)
     assert all(h.status_code == 200 for h in health)
-    # The study that ran meanwhile was not charged for them.
-    done = service.wait_state("clock", ("done",), 90)
-    assert done["progress"]["budget_used_seconds"] <= 12 + 2
+    # The study that ran meanwhile was not charged for them (it would be, by minutes, had they
+    # held the service).
+    assert service.http.post("/studies/clock/cancel", headers=AUTH).status_code == 200
+    stopped = service.wait_state("clock", ("cancelled", "done"), 60)
+    assert stopped["progress"]["budget_used_seconds"] <= 12 + 2
 
 
 @pytest.mark.parametrize(
@@ -167,13 +169,15 @@ def test_a_full_disk_pauses_the_study_and_it_resumes_when_space_returns(
 ) -> None:
     assert service.proc is not None
     pid = service.proc.pid
-    assert service.submit(sleepy("full", budget="60s")).status_code == 201
+    assert service.submit(sleepy("full", budget="60s", steps=30)).status_code == 201
     service.wait_trial_running("full", 90)
     wait_for(
         lambda: any(t.state.is_finished() for t in service.trials("full")),
         60,
         "a finished trial of 'full'",
     )
+    # Its probes take ~1.5 s: the disk fills up under the trial that just started.
+    service.wait_trial_started("full", 60)
     resource.prlimit(pid, resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
     try:
         paused = service.wait_state("full", ("paused",), 60)
@@ -206,8 +210,11 @@ def test_a_full_disk_pauses_the_study_and_it_resumes_when_space_returns(
         (trials[n].state, trials[n].value) == v for n, v in before.items() if v[0].is_finished()
     )
     assert not [t for t in trials.values() if t.state == optuna.trial.TrialState.RUNNING]
-    stale = [t for t in trials.values() if t.user_attrs.get("outcome") == "stale"]
-    assert stale, [(t.number, t.state, t.user_attrs.get("outcome")) for t in trials.values()]
+    # A trial the failed write left RUNNING (when the disk filled mid-trial, not between trials)
+    # was failed as stale on resume, with its reason.
+    for n in (n for n, (state, _) in before.items() if state == optuna.trial.TrialState.RUNNING):
+        assert trials[n].state == optuna.trial.TrialState.FAIL
+        assert trials[n].user_attrs["outcome"] == "stale" and trials[n].user_attrs["reason"]
     assert service.submit(sleepy("later")).status_code == 201
     assert service.http.post("/studies/later/cancel", headers=AUTH).status_code == 200
 
@@ -287,3 +294,17 @@ def test_a_cancel_while_paused_is_recorded_when_writes_work_again(
     thread.join(10)
     assert result == [False] and queue.finished == ["cancelled"]
     assert run.paused is None
+
+
+def test_a_cancel_between_taking_and_starting_a_study_is_not_lost(tmp_path: Path) -> None:
+    """A device thread has taken the study from the queue but not started it: the cancel is a
+    'cancelling' answer, and the study ends cancelled as it starts (not a 409)."""
+    service = TuningService(f"sqlite:///{tmp_path / 's.db'}", ["cpu"], out_dir=tmp_path)
+    spec = StudySpec(name="t", workload="tiny_mlp", budget="60s")
+    service.queue.submit("t", spec.model_dump(mode="json", exclude={"storage"}), 0)
+    row = service.queue.take_next("cpu", lambda r: True)
+    assert row is not None and row.state == "running"
+    assert service.cancel("t").state == "cancelling"
+    service.scheduler._run(row, "cpu")
+    finished = service.queue.get("t")
+    assert finished is not None and finished.state == "cancelled"

@@ -96,7 +96,7 @@ def test_cli_search_on_a_full_disk_says_so_and_resumes(tmp_path: Path) -> None:
     # Space is back: the same command resumes; nothing stored is lost, nothing stays RUNNING,
     # and the trial the disk failed under is labelled and run again.
     done = subprocess.run(
-        [*cmd, "--budget", "10s"], cwd=ROOT, capture_output=True, text=True, timeout=150
+        [*cmd, "--budget", "6s"], cwd=ROOT, capture_output=True, text=True, timeout=150
     )
     assert done.returncode == 0, done.stderr
     after = {t.number: t for t in trials(db, "full")}

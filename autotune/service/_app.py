@@ -113,8 +113,8 @@ class DrainFirstServer(uvicorn.Server):
     Plain uvicorn closes its socket on SIGTERM and only then runs the lifespan's shutdown, so a
     drain would look like a dead service. Here the first SIGTERM (or Ctrl-C) starts the drain
     while the API keeps answering: ``/health`` says ``draining``, submits get 503, status
-    reads go on; when the drain is over the server stops. A second signal stops it at once (the
-    lifespan still drains what is left).
+    reads go on; when the drain is over the server stops. A second signal stops answering at
+    once; the drain itself still finishes before the process exits.
     """
 
     def __init__(self, config: uvicorn.Config, service: TuningService) -> None:

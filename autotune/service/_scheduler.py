@@ -98,6 +98,9 @@ class Scheduler:
         self.workers = {d: ProbeWorker(d) for d in monitor.devices}
         # device → the study running there
         self.runs: dict[str, StudyRun] = {}
+        # Cancels of studies taken from the queue but not started yet; guarded by _runs_lock.
+        self._cancel_on_start: set[str] = set()
+        self._runs_lock = threading.Lock()
         self._draining = threading.Event()
         self._drain_lock = threading.Lock()
         self._drained = False
@@ -129,15 +132,21 @@ class Scheduler:
     def run_of(self, name: str) -> StudyRun | None:
         return next((r for r in list(self.runs.values()) if r.name == name), None)
 
-    def cancel(self, name: str) -> bool:
+    def cancel(self, name: str, *, starting: bool = False) -> bool:
         """Stop a running study; False when it is not running here.
 
         A probe in flight is stopped at once (its trial is recorded as interrupted), except a
-        ceiling try: those are short, and stopping one would record a wrong ceiling.
+        ceiling try: those are short, and stopping one would record a wrong ceiling. With
+        ``starting``, a study a device thread has just taken from the queue (and not yet
+        started) is cancelled as it starts.
         """
-        run = self.run_of(name)
-        if run is None:
-            return False
+        with self._runs_lock:
+            run = self.run_of(name)
+            if run is None:
+                if starting:
+                    self._cancel_on_start.add(name)
+                    self.wake()
+                return starting
         run.cancel.set()
         if run.probing and run.phase != "ceilings":
             self.workers[run.device].interrupt()
@@ -226,13 +235,19 @@ class Scheduler:
                 source=f"queued spec of study {name!r}",
             )
         except AutotuneError as exc:
+            with self._runs_lock:
+                self._cancel_on_start.discard(name)
             error = str(exc)
             self._until_written(lambda: self.queue.finish(name, "failed", error=error))
             return
         # Queue time is not budget: the clock starts now, minus what earlier runs spent.
         budget = Budget(spec.budget, started=time.monotonic() - row.probe_seconds)
         run = StudyRun(name=name, device=device, spec=spec, budget=budget, priority=row.priority)
-        self.runs[device] = run
+        with self._runs_lock:
+            self.runs[device] = run
+            if name in self._cancel_on_start:
+                self._cancel_on_start.discard(name)
+                run.cancel.set()
         out = self.out_dir / name
         sink = self._log_sink(out, name)
         try:
@@ -286,22 +301,16 @@ class Scheduler:
             if run.cancel.is_set():
                 logger.info("study {!r} cancelled", name)
                 self.queue.finish(name, "cancelled")
-            elif self._draining.is_set():
-                logger.info(
-                    "study {!r} back in the queue: the service is draining ({:.1f}s of budget "
-                    "spent)",
-                    name,
-                    run.budget.elapsed(),
-                )
-                self.queue.requeue(name)
             else:
+                why = (
+                    "the service is draining"
+                    if self._draining.is_set()
+                    else f"{run.preempted_by!r} (higher priority) takes {run.device}"
+                )
                 logger.info(
-                    "study {!r} back in the queue: {!r} (priority higher than {}) takes {} "
-                    "({:.1f}s of its budget spent, kept)",
+                    "study {!r} back in the queue: {} ({:.1f}s of its budget spent, kept)",
                     name,
-                    run.preempted_by,
-                    run.priority,
-                    run.device,
+                    why,
                     run.budget.elapsed(),
                 )
                 self.queue.requeue(name)

@@ -391,9 +391,14 @@ class TuningService:
             RequestError: 404 unknown study, 409 already finished.
         """
         row = self._row(name)
-        if row.state == "queued" and self.queue.cancel_queued(name):
-            return CancelReply(name=name, state="cancelled", message="removed from the queue")
-        if self.scheduler.cancel(name):
+        if row.state == "queued":
+            if self.queue.cancel_queued(name):
+                return CancelReply(name=name, state="cancelled", message="removed from the queue")
+            row = self._row(name)  # a device took it a moment ago
+        # A running row this service owns but runs nowhere yet has just been taken from the
+        # queue: it is cancelled as it starts.
+        starting = row.state == "running" and row.owner == service_owner()
+        if self.scheduler.cancel(name, starting=starting):
             return CancelReply(
                 name=name,
                 state="cancelling",
