@@ -54,7 +54,11 @@ _FEW = "a study spec or a config holds a few dozen values, a few levels deep"
 
 
 def read_text(
-    path: Path, source: str, *, max_bytes: int = MAX_SPEC_BYTES, error: type = SpecError
+    path: Path,
+    source: str,
+    *,
+    max_bytes: int = MAX_SPEC_BYTES,
+    error: type[AutotuneError] = SpecError,
 ) -> str:
     """A file's text, refused when it is larger than ``max_bytes`` or not UTF-8.
 
