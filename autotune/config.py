@@ -11,7 +11,6 @@ The config is a record: it knows no session and no export. ``autotune.session(cf
 
 from __future__ import annotations
 
-import json
 import platform
 import re
 import warnings
@@ -24,13 +23,21 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictInt,
     ValidationError,
     ValidationInfo,
     field_validator,
 )
 
 from autotune.devices import resolve_device
-from autotune.errors import ConfigError, EnvironmentMismatchWarning, format_validation_error
+from autotune.errors import (
+    ConfigError,
+    EnvironmentMismatchWarning,
+    format_validation_error,
+    short_repr,
+)
+from autotune.inputs import load_text, read_text
 from autotune.spec import Candidate, PrecisionName
 from autotune.version import __version__
 
@@ -48,16 +55,31 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+# A config is a few kilobytes (its evidence included); these bound a wrong or hostile file.
+_MAX_CONFIG_BYTES = 4 << 20
+_MAX_CONFIG_VALUES = 200_000
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# Bounds on what a config may hold: a hand-edited or corrupted file is refused at load time
+# with the field's name, not discovered as an allocation failure in the middle of training.
+# 2**31 - 1: the largest batch a tensor index takes; no device holds anything near it.
+MAX_BATCH_SIZE = 2**31 - 1
+# A learning rate of 100 is already absurd (a scaled SGD lr is a few units at most).
+MAX_LEARNING_RATE = 100.0
+# torch's GradScaler keeps its scale in fp32; past 2**64 fp16 training has long overflowed.
+MAX_INIT_SCALE = 2.0**64
+
+
 class GradScalerSettings(_Model):
-    enabled: bool
-    init_scale: float = Field(default=2.0**16, gt=0, allow_inf_nan=False)
-    growth_interval: int = Field(default=2000, gt=0)
+    enabled: StrictBool
+    init_scale: float = Field(
+        default=2.0**16, gt=0, le=MAX_INIT_SCALE, allow_inf_nan=False, strict=True
+    )
+    growth_interval: StrictInt = Field(default=2000, gt=0, le=10**9)
 
 
 class TrialCounts(_Model):
@@ -134,10 +156,10 @@ class TunedConfig(_Model):
     study: str
     workload: str
     precision: PrecisionName
-    batch_size: int = Field(gt=0)
-    learning_rate: float = Field(gt=0, allow_inf_nan=False)
+    batch_size: StrictInt = Field(gt=0, le=MAX_BATCH_SIZE)
+    learning_rate: float = Field(gt=0, le=MAX_LEARNING_RATE, allow_inf_nan=False, strict=True)
     grad_scaler: GradScalerSettings
-    channels_last: bool = False
+    channels_last: StrictBool = False
     # The class name of the optimizer the learning rate was tuned for ("SGD", "AdamW"); the rule
     # that rescales it with the batch is evidence.lr_scaling. None in configs written before.
     optimizer: str | None = None
@@ -332,12 +354,16 @@ def load_config(path: str | Path, *, device: str | torch.device = "auto") -> Tun
         raise ConfigError(
             f"config file {str(path)!r} does not exist; run `autotune search` to write one"
         )
+    source = f"config file {str(path)!r}"
+    # Bounded before anything walks it: a config is a few kilobytes, nested a few levels.
+    text = read_text(path, source, max_bytes=_MAX_CONFIG_BYTES, error=ConfigError)
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = load_text(text, "json", source, max_nodes=_MAX_CONFIG_VALUES, error=ConfigError)
+    except ConfigError as exc:
+        if "not valid JSON" not in str(exc):
+            raise
         raise ConfigError(
-            f"config file {str(path)!r} is not valid JSON ({exc}); it may be truncated: "
-            "write it again with `autotune search`"
+            f"{exc}; it may be truncated: write it again with `autotune search`"
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(
@@ -346,7 +372,7 @@ def load_config(path: str | Path, *, device: str | torch.device = "auto") -> Tun
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ConfigError(
-            f"config file {str(path)!r} has schema_version={version!r}, this autotune reads "
+            f"config file {str(path)!r} has schema_version={short_repr(version)}, this autotune reads "
             f"schema_version={SCHEMA_VERSION}; write it again with this version's `autotune search`"
         )
     try:

@@ -9,6 +9,7 @@ Bugs in autotune itself are ordinary Python exceptions and are not caught here.
     ├── DeviceError               a device does not exist or cannot run what was asked
     ├── ConfigError               a TunedConfig file is missing, malformed or tampered with
     ├── StorageError              the study storage cannot be opened or holds a different study
+    │   └── StorageIOError        it failed a read or write mid-run (a full disk, a lost server)
     └── ServiceError              the tuning service cannot be reached, or refused a request
 
     AutotuneWarning (UserWarning)     root of autotune's warnings: filter this to silence them
@@ -16,6 +17,9 @@ Bugs in autotune itself are ordinary Python exceptions and are not caught here.
 """
 
 from __future__ import annotations
+
+import reprlib
+from typing import Any
 
 __all__ = [
     "AutotuneError",
@@ -26,8 +30,10 @@ __all__ = [
     "ServiceError",
     "SpecError",
     "StorageError",
+    "StorageIOError",
     "WorkloadError",
     "format_validation_error",
+    "short_repr",
 ]
 
 
@@ -55,6 +61,12 @@ class StorageError(AutotuneError):
     """The study storage cannot be opened, or holds a study that conflicts with the spec."""
 
 
+class StorageIOError(StorageError):
+    """The study storage failed a read or a write mid-run: its disk is full, its server went
+    away. What it held before is kept; the same command (or the service, by itself) resumes
+    once it works again."""
+
+
 class ServiceError(AutotuneError):
     """The tuning service (``autotune serve``) cannot be reached, or refused a request.
 
@@ -75,6 +87,42 @@ class EnvironmentMismatchWarning(AutotuneWarning):
     tuned on: it still loads, but its measured speedup may not hold."""
 
 
+class _ShortRepr(reprlib.Repr):
+    """``repr`` that stops early: a few items, two levels, short strings, and never the digits
+    of a huge integer (``repr`` itself refuses those past 4,300 digits)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.maxlevel = 2
+        self.maxdict = self.maxlist = self.maxtuple = self.maxset = 4
+        self.maxstring = self.maxother = self.maxlong = limit
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 200:
+            return f"<an integer of about {x.bit_length() * 0.30103:.0f} digits>"
+        return super().repr_int(x, level)
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """A value as error messages quote it: at most about ``limit`` characters, whatever its size.
+
+    The cost is bounded too: nested containers are cut after a few items and two levels, so
+    quoting a huge (or self-repeating) input costs nothing.
+
+    Example:
+        >>> short_repr("x" * 500, 20)
+        "'xxxxxxx...xxxxxxxx'"
+        >>> short_repr([[[[1]]]])
+        '[[[...]]]'
+    """
+    shown = _ShortRepr(limit).repr(value)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+# Lines a validation message lists at most.
+_MAX_LINES = 20
+
+
 def format_validation_error(exc: object, source: str) -> str:
     """Turn a pydantic ``ValidationError`` into one readable message per bad field.
 
@@ -87,16 +135,16 @@ def format_validation_error(exc: object, source: str) -> str:
         reason.
     """
     lines = [f"invalid {source}:"]
-    for err in exc.errors():  # type: ignore[attr-defined]
+    errors = exc.errors()  # type: ignore[attr-defined]
+    # A body of thousands of unknown fields gets a message, not thousands of lines.
+    shown_errors, more = errors[:_MAX_LINES], len(errors) - _MAX_LINES
+    for err in shown_errors:
         loc = ".".join(str(p) for p in err.get("loc", ())) or "(root)"
         msg = err.get("msg", "invalid")
         if err.get("type") == "extra_forbidden":
             lines.append(f"  {loc}: unknown field; remove it or check its spelling")
             continue
-        value = err.get("input")
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
+        shown = short_repr(err.get("input"))
         if err.get("type") == "missing":
             lines.append(f"  {loc}: required field is missing")
         elif err.get("type") == "value_error":
@@ -104,4 +152,6 @@ def format_validation_error(exc: object, source: str) -> str:
             lines.append(f"  {loc}: {msg.removeprefix('Value error, ')}")
         else:
             lines.append(f"  {loc}: {msg}, got {loc.rsplit('.', 1)[-1]}={shown}")
+    if more > 0:
+        lines.append(f"  ... and {more} more")
     return "\n".join(lines)

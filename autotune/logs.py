@@ -17,6 +17,7 @@ so a JSON stream stays JSON and a live progress display is not torn by a stray l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -211,12 +212,57 @@ def reset_logging() -> None:
         _saved_root = None
 
 
-def log_to_file(path: str | Path, *, json_lines: bool = False, level: str = "DEBUG") -> int:
+class _LogFile:
+    """A log file that survives a full disk: a line that cannot be written is dropped, and
+    stderr says so once (loguru would print a traceback for every line)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by stop())
+        self._failing = False
+
+    def write(self, message: str) -> None:
+        try:
+            self._file.write(message)
+            self._file.flush()
+        except OSError as exc:
+            if not self._failing:
+                self._failing = True
+                with contextlib.suppress(OSError):
+                    sys.stderr.write(
+                        f"warning: cannot write the log file {str(self.path)!r} "
+                        f"({exc.strerror}); its lines are dropped until it can be written\n"
+                    )
+            return
+        self._failing = False
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self._file.close()
+
+
+def log_to_file(
+    path: str | Path,
+    *,
+    json_lines: bool = False,
+    level: str = "DEBUG",
+    filter: Any = None,
+) -> int:
     """Append every log line of this run to ``path`` (created with its folder); returns the
     handler id to pass to ``logger.remove`` when the run is over.
 
     The file takes DEBUG by default: every probe, including the ceiling tries, is on record even
-    when the terminal shows less.
+    when the terminal shows less. A line that cannot be written (a full disk) is dropped, with
+    one warning on stderr, and the run goes on.
+
+    Args:
+        path: the log file.
+        json_lines: one JSON object per line instead of the file format.
+        level: the lowest level written.
+        filter: loguru's record filter, e.g. only one study's lines.
+
+    Raises:
+        OSError: the folder or the file cannot be created.
 
     Example:
         >>> handler = log_to_file("studies/tiny/search.log")  # doctest: +SKIP
@@ -225,12 +271,11 @@ def log_to_file(path: str | Path, *, json_lines: bool = False, level: str = "DEB
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return logger.add(
-        path,
+        _LogFile(path),
         level=level,
         format=_json_format if json_lines else FILE_FORMAT,
+        filter=filter,
         colorize=False,
-        encoding="utf-8",
-        mode="a",
         diagnose=False,
         backtrace=False,
     )

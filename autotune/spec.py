@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -23,9 +23,12 @@ from pydantic import (
     model_validator,
 )
 
-from autotune.errors import SpecError, format_validation_error
+from autotune.errors import SpecError, format_validation_error, short_repr
+from autotune.inputs import check_shape, load_text, read_text
 
 __all__ = [
+    "MAX_SEED",
+    "MIN_BUDGET",
     "PRECISIONS",
     "DEFAULT_MIN_TIME",
     "Candidate",
@@ -43,6 +46,11 @@ __all__ = [
 ]
 
 PrecisionName = Literal["fp32", "tf32", "fp16", "bf16"]
+# The sampler's random generator takes seeds in [0, 2**32); probes use the same range.
+MAX_SEED = 2**32 - 1
+# Below this a search cannot run the fp32 reference, one candidate and validation, each at
+# least a one-second probe, plus their start-up: it would write a config that measured nothing.
+MIN_BUDGET = 4.0
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
 
 _DURATION = re.compile(
@@ -67,29 +75,30 @@ def parse_duration(value: Any, field: str = "budget") -> float:
         >>> parse_duration("1h30m")
         5400.0
     """
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(
-            f"{field} must be a duration like 30m, 1h30m or 90s, got {field}={value!r}"
+            f"{field} must be a duration like 30m, 1h30m or 90s, got {field}={short_repr(value)}"
         )
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
-        text = str(value).strip().lower().replace(" ", "")
+        text = value.strip().lower().replace(" ", "")
         if text.startswith("-"):
-            raise ValueError(f"{field} must be positive, got {field}={value!r}; try 30m")
+            raise ValueError(f"{field} must be positive, got {field}={short_repr(value)}; try 30m")
         try:
             seconds = float(text)
         except ValueError:
-            match = _DURATION.match(text)
+            match = _DURATION.match(text) if len(text) <= 40 else None
             if not text or match is None:
                 raise ValueError(
-                    f"{field} must be a duration like 30m, 1h30m or 90s, got {field}={value!r}"
+                    f"{field} must be a duration like 30m, 1h30m or 90s, got "
+                    f"{field}={short_repr(value)}"
                 ) from None
             seconds = (
                 float(match["h"] or 0) * 3600 + float(match["m"] or 0) * 60 + float(match["s"] or 0)
             )
     if not seconds > 0 or seconds != seconds or seconds == float("inf"):
-        raise ValueError(f"{field} must be positive, got {field}={value!r}; try 30m")
+        raise ValueError(f"{field} must be positive, got {field}={short_repr(value)}; try 30m")
     return seconds
 
 
@@ -102,6 +111,19 @@ def format_duration(seconds: float) -> str:
     m, s = divmod(rest, 60)
     return "".join(f"{n}{u}" for n, u in ((h, "h"), (m, "m"), (s, "s")) if n)
 
+
+def _seed(value: int, info: Any) -> int:
+    if not 0 <= value <= MAX_SEED:
+        field = info.field_name or "seed"
+        raise ValueError(
+            f"{field} must be between 0 and {MAX_SEED} (2**32 - 1), got {field}={short_repr(value)}; "
+            "e.g. --seed 0"
+        )
+    return value
+
+
+# A seed the sampler and the probes accept: an integer in [0, 2**32).
+Seed = Annotated[int, AfterValidator(_seed)]
 
 Duration = Annotated[
     float,
@@ -175,7 +197,7 @@ class ProbeSettings(_Model):
     max_skip_rate: float = Field(default=0.25, ge=0, le=1)
     # Soft limit: the probe stops and is scored on the steps it finished.
     time_limit: Duration = 120.0
-    seed: int = 0
+    seed: Seed = 0
 
 
 class EarlyStop(_Model):
@@ -301,7 +323,18 @@ class StudySpec(_Model):
     # SQLite beside the specs: embedded, no set-up. Use PostgreSQL for many workers.
     storage: str = "sqlite:///studies/autotune.db"
     # Seeds the sampler; probes derive theirs from it.
-    seed: int = 0
+    seed: Seed = 0
+
+    @field_validator("budget")
+    @classmethod
+    def _measurable(cls, value: float) -> float:
+        if value < MIN_BUDGET:
+            raise ValueError(
+                f"budget must be at least {MIN_BUDGET:g}s, enough to measure the fp32 reference, "
+                f"one candidate and validation; got budget={format_duration(value)!r}; "
+                "try --budget 30m"
+            )
+        return value
 
     @field_validator("device")
     @classmethod
@@ -309,7 +342,9 @@ class StudySpec(_Model):
         value = value.strip().lower()
         if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
             return value
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got device={value!r}")
+        raise ValueError(
+            f"device must be auto, cpu, cuda or cuda:N, got device={short_repr(value)}"
+        )
 
     def space_fingerprint(self) -> str:
         """A short hash of everything that shapes the search space, for resume checks."""
@@ -349,11 +384,16 @@ class StudySpec(_Model):
 
 
 def parse_spec(data: Any, source: str = "study spec") -> StudySpec:
-    """Validate a mapping into a StudySpec, raising SpecError with one line per bad field."""
+    """Validate a mapping into a StudySpec, raising SpecError with one line per bad field.
+
+    Data too deep or too large to be a spec is refused before validation walks it
+    (:func:`autotune.inputs.check_shape`).
+    """
     if not isinstance(data, dict):
         raise SpecError(
             f"invalid {source}: expected a mapping of fields, got {type(data).__name__}"
         )
+    check_shape(data, source)
     try:
         return StudySpec.model_validate(data)
     except ValidationError as exc:
@@ -370,15 +410,14 @@ def load_spec(path: str | Path) -> StudySpec:
         The validated StudySpec.
 
     Raises:
-        SpecError: the file is missing, is not YAML, or has invalid fields.
+        SpecError: the file is missing, is not YAML, is too large, nests too deep, expands its
+            aliases too far, or has invalid fields.
     """
     path = Path(path)
     if not path.is_file():
         raise SpecError(
             f"study spec {str(path)!r} does not exist; pass a file like studies/tiny.yaml"
         )
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise SpecError(f"study spec {str(path)!r} is not valid YAML: {exc}") from None
-    return parse_spec(data, source=f"study spec {str(path)!r}")
+    source = f"study spec {str(path)!r}"
+    data = load_text(read_text(path, source), "yaml", source)
+    return parse_spec(data, source=source)

@@ -3,32 +3,41 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import re
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import optuna
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from autotune.errors import StorageError
+from autotune.errors import StorageError, StorageIOError
 from autotune.spec import StudySpec
+from autotune.trials import TrialRecord, record
 
 __all__ = [
+    "GRACE_PERIOD",
     "HEARTBEAT_INTERVAL",
+    "STALE_REASON",
     "claim",
+    "database_error",
     "fail_stale",
     "heartbeat",
     "mask_url",
     "name_objective",
     "open_storage",
     "open_study",
+    "owner_alive",
     "owner_id",
+    "retry_stale_trial",
 ]
 
 # A running trial's worker records a heartbeat this often (seconds) ...
@@ -54,11 +63,45 @@ _CLAIMS = sa.Table(
 )
 
 
+# What a trial failed by the stale check records as its reason.
+STALE_REASON = (
+    f"no heartbeat for {GRACE_PERIOD}s: the process running it died or could not write to the "
+    "storage; failed as stale"
+)
+
+
 def owner_id() -> str:
     """Who this process is, for claims and logs: ``host:pid``."""
-    import os
-
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_alive(owner: str | None) -> bool | None:
+    """Whether the process an ``owner_id()`` names is alive.
+
+    Returns:
+        False when it is on this host and gone (or a zombie); True when it is this process or
+        a live autotune process here; None when it cannot tell (another host, or a live process
+        that may have reused the pid): only a heartbeat can tell then.
+    """
+    if not owner or ":" not in owner:
+        return None
+    host, _, pid_text = owner.rpartition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return None
+    if int(pid_text) == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid_text}/stat") as f:
+            # A zombie (killed, not yet reaped) holds nothing.
+            if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                return False
+        with open(f"/proc/{pid_text}/cmdline", "rb") as f:
+            # After a reboot or in a container the pid may be reused by something else.
+            return True if b"autotune" in f.read() else None
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
 
 
 def mask_url(url: str) -> str:
@@ -81,6 +124,12 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                 raise StorageError(
                     f"storage {url!r}: cannot create folder {str(path.parent)!r}: {exc}"
                 ) from None
+    if re.fullmatch(r"sqlite(\+\w+)?:///?(:memory:)?(\?.*)?", url.strip()):
+        raise StorageError(
+            f"storage {url!r} is an in-memory database: nothing would be saved, and a resumed "
+            "run or another worker would find nothing; give a file, e.g. "
+            "--storage sqlite:///studies/autotune.db"
+        )
     if not re.match(r"^[a-z][a-z0-9+]*://", url):
         raise StorageError(
             f"storage {mask_url(url)!r} is not a database URL; use sqlite:///studies/autotune.db "
@@ -123,17 +172,92 @@ def _rdb(url: str, engine_kwargs: dict) -> optuna.storages.RDBStorage:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
+            return _GuardedStorage(
                 url,
                 engine_kwargs=engine_kwargs,
                 heartbeat_interval=HEARTBEAT_INTERVAL,
                 grace_period=GRACE_PERIOD,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-                    max_retry=1
-                ),
+                heartbeat_stale_trial_callback=retry_stale_trial,
             )
     except optuna.exceptions.StorageInternalError as exc:
         raise SQLAlchemyError(str(exc.__cause__ or exc)) from exc
+
+
+def database_error(exc: BaseException) -> str:
+    """The database's own words for a failure, e.g. ``database or disk is full``.
+
+    Optuna wraps every database error in a StorageInternalError whose message guesses at "invalid
+    data ... e.g. exceeding max length"; the real cause is the driver's error underneath.
+
+    Example:
+        >>> database_error(ValueError("disk I/O error\\n[SQL: INSERT ...]"))
+        'disk I/O error'
+    """
+    cause: BaseException = exc
+    while isinstance(cause, optuna.exceptions.StorageInternalError) and cause.__cause__:
+        cause = cause.__cause__
+    cause = getattr(cause, "orig", None) or cause
+    text = str(cause).strip()
+    return (text.splitlines()[0][:200] if text else type(cause).__name__) or "unknown error"
+
+
+# The storage calls a study makes; Optuna's trial cache calls the underscored ones directly.
+_GUARDED = (
+    "create_new_study",
+    "delete_study",
+    "set_study_user_attr",
+    "set_study_system_attr",
+    "get_study_id_from_name",
+    "get_study_name_from_id",
+    "get_study_directions",
+    "get_study_user_attrs",
+    "get_study_system_attrs",
+    "get_all_studies",
+    "create_new_trial",
+    "_create_new_trial",
+    "set_trial_param",
+    "_set_trial_param",
+    "get_trial_param",
+    "set_trial_state_values",
+    "set_trial_intermediate_value",
+    "set_trial_user_attr",
+    "set_trial_system_attr",
+    "get_trial_id_from_study_id_trial_number",
+    "get_trial",
+    "get_all_trials",
+    "_get_trials",
+    "get_best_trial",
+    "_get_best_trial_id",
+    "record_heartbeat",
+    "_get_stale_trial_ids",
+)
+_WRITES = ("create", "_create", "set", "_set", "delete", "record")
+
+
+class _GuardedStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage whose database failures are :class:`StorageIOError` naming the
+    database's own reason (``database or disk is full``) instead of a generic internal error."""
+
+
+def _guard(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    verb = "written" if name.startswith(_WRITES) else "read"
+
+    @functools.wraps(method)
+    def guarded(self: optuna.storages.RDBStorage, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (optuna.exceptions.StorageInternalError, SQLAlchemyError) as exc:
+            raise StorageIOError(
+                f"storage {mask_url(self.url)!r} cannot be {verb} ({database_error(exc)}); what "
+                "it holds is kept: free space on its disk (or bring its server back), then resume"
+            ) from exc
+
+    return guarded
+
+
+for _name in _GUARDED:
+    if hasattr(optuna.storages.RDBStorage, _name):
+        setattr(_GuardedStorage, _name, _guard(_name, getattr(optuna.storages.RDBStorage, _name)))
 
 
 def open_study(
@@ -224,11 +348,60 @@ def name_objective(study: optuna.Study, objective: str) -> None:
         study.set_metric_names([METRIC_NAMES.get(objective, objective)])
 
 
-def fail_stale(study: optuna.Study) -> None:
-    """Fail trials whose worker stopped sending heartbeats; each is retried once (WAITING)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
+def fail_stale(study: optuna.Study) -> list[int]:
+    """Fail the RUNNING trials nobody runs any more, each labelled and retried once.
+
+    A trial is stale when its heartbeat is older than the grace period, or at once when the
+    process it records as its ``worker`` is on this host and dead. Each gets ``outcome`` stale
+    and a ``reason`` before it is failed, and one WAITING retry with ``retry_of`` (see
+    :func:`retry_stale_trial`).
+
+    Returns:
+        The numbers of the trials this call failed.
+    """
+    storage = study._storage
+    if not hasattr(storage, "_get_stale_trial_ids"):
+        return []
+    # Optuna's own check is fail_stale_trials(); it fails a trial before anyone can say why.
+    stale = set(storage._get_stale_trial_ids(study._study_id))
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        worker = record(trial).worker
+        if trial._trial_id in stale:
+            reason = STALE_REASON
+        elif owner_alive(worker) is False:
+            reason = f"the process running it ({worker}) is gone: killed or crashed mid-trial"
+        else:
+            continue
+        try:
+            for key, value in TrialRecord(outcome="stale", reason=reason).to_attrs().items():
+                storage.set_trial_user_attr(trial._trial_id, key, value)
+            if not storage.set_trial_state_values(
+                trial._trial_id, state=optuna.trial.TrialState.FAIL
+            ):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another process failed it a moment ago
+        failed.append(trial.number)
+        retry_stale_trial(study, storage.get_trial(trial._trial_id))
+    return failed
+
+
+def retry_stale_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """Queue one retry of a stale trial (WAITING), with ``retry_of`` and the trial's role.
+
+    A trial that is itself a retry is not retried again: a candidate that kills its worker
+    twice is not a worker's accident. Also the heartbeat callback Optuna calls.
+    """
+    rec = record(trial)
+    if rec.retry_of is not None or trial.system_attrs.get("failed_trial") is not None:
+        return
+    if not trial.params:
+        return
+    attrs = {"retry_of": trial.number}
+    if rec.role is not None:
+        attrs["role"] = rec.role
+    study.enqueue_trial(dict(trial.params), user_attrs=TrialRecord(**attrs).to_attrs())
 
 
 @contextmanager

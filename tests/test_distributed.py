@@ -121,8 +121,9 @@ def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
     trials = study.get_trials(deepcopy=False)
     dead = trials[killed_trial]
     assert dead.state == TrialState.FAIL
-    # The stale-trial callback records the failed trial's number on its retry.
-    retries = [t for t in trials if t.system_attrs.get("failed_trial") == killed_trial]
+    # Its FAIL record says why; its retry says which trial it runs again.
+    assert dead.user_attrs["outcome"] == "stale" and dead.user_attrs["reason"]
+    retries = [t for t in trials if t.user_attrs.get("retry_of") == killed_trial]
     assert retries and retries[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
     assert retries[0].params == dead.params
     assert not [t for t in trials if t.state == TrialState.RUNNING]

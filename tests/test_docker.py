@@ -99,3 +99,48 @@ def test_the_dockerfile_command_exists_and_runs_as_a_non_root_user() -> None:
     pyproject = tomllib.loads((DOCKER.parent / "pyproject.toml").read_text())
     extras = re.findall(r"pip install [^\n]*\.\[(\w+)\]", text)
     assert extras and all(e in pyproject["project"]["optional-dependencies"] for e in extras)
+
+
+def systemd_unit() -> dict[str, dict[str, str]]:
+    """docker/autotune.service as section → key → value (continuation lines joined)."""
+    text = (DOCKER / "autotune.service").read_text().replace("\\\n", " ")
+    out: dict[str, dict[str, str]] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            out[section] = {}
+            continue
+        key, _, value = line.partition("=")
+        out[section][key.strip()] = value.strip()
+    return out
+
+
+def test_the_systemd_unit_restarts_on_failure_and_drains_on_stop() -> None:
+    from autotune.service._scheduler import DRAIN_GRACE
+    from autotune.spec import ProbeSettings
+
+    unit = systemd_unit()
+    svc = unit["Service"]
+    assert svc["Restart"] == "on-failure"
+    assert svc["RestartPreventExitStatus"] == "2"  # a configuration mistake: no restart loop
+    # SIGTERM to the service alone, which drains; its workers are stopped by it, not by systemd.
+    assert svc["KillSignal"] == "SIGTERM" and svc["KillMode"] == "mixed"
+    # Longer than the longest drain: a ceiling try that is never cut, after the probe grace.
+    longest = ProbeSettings().time_limit + 15 + DRAIN_GRACE
+    assert float(svc["TimeoutStopSec"]) > longest
+    assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+    argv = svc["ExecStart"].split()
+    assert argv[0].endswith("/autotune") and argv[1] == "serve"
+    used = {a for a in argv[2:] if a.startswith("--")}
+    assert used <= cli_options("serve"), used - cli_options("serve")
+    args = dict(zip(argv[2::2], argv[3::2], strict=False))
+    # It listens beyond loopback, so it needs a token: from a file, never on the command line.
+    assert args["--host"] == "0.0.0.0" and args["--token-file"].startswith("/")
+    assert "--token" not in args and "AUTOTUNE_TOKEN" not in svc.get("Environment", "")
+    readme = (DOCKER.parent / "README.md").read_text()
+    assert "docker/autotune.service" in readme

@@ -10,11 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,8 +22,8 @@ import pytest
 for _name in ("fastapi", "uvicorn", "httpx"):
     pytest.importorskip(_name)
 
-import httpx  # noqa: E402
 import optuna  # noqa: E402
+from _service import AUTH, ROOT, TOKEN, Service, free_port, sleepy, wait_for  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from autotune.cli import app  # noqa: E402
@@ -40,126 +37,6 @@ from autotune.service import (  # noqa: E402
 )
 from autotune.service._access import WorkloadRefused, check_bind  # noqa: E402
 from autotune.service._devices import parse_devices  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-TOKEN = "test-token-0123456789abcdef"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def sleepy(name: str, *, budget: str = "10s", steps: int = 12, **extra: Any) -> dict[str, Any]:
-    """A test-sized study: fp32 only, probes of ``steps`` sleeping steps (0.05 s each)."""
-    return {
-        "name": name,
-        "workload": "autotune.workloads.testing:sleepy",
-        "budget": budget,
-        "space": {"precisions": ["fp32"], "batch_size": {"min": 16, "max": 64}},
-        "probe": {"warmup_steps": 1, "steps": steps, "check_every": 6, "time_limit": "8s"},
-        "validation": {"top_k": 1, "steps": 12},
-        **extra,
-    }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, log: Path | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{tail}")
-
-
-class Service:
-    """A `python -m autotune serve` subprocess and an HTTP client for it."""
-
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.tmp = tmp
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.db = f"sqlite:///{tmp / 's.db'}"
-        self.args = args
-        self.env = {**os.environ, "AUTOTUNE_WORKER_LOG_LEVEL": "ERROR", **(env or {})}
-        self.env.pop("AUTOTUNE_TOKEN", None)
-        self.log = tmp / "service.log"
-        self.proc: subprocess.Popen | None = None
-        self.http = httpx.Client(base_url=self.url, timeout=10)
-
-    def start(self) -> Service:
-        cmd = [sys.executable, "-m", "autotune", "serve", "--port", str(self.port)]
-        cmd += ["--devices", "cpu", "--storage", self.db, "--out", str(self.tmp / "out")]
-        with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(
-                [*cmd, *self.args], cwd=ROOT, env=self.env, stdout=log, stderr=log
-            )
-        wait_for(self._up, 60, "the service to answer /health", self.log)
-        return self
-
-    def _up(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(
-                f"the service exited {self.proc.returncode}:\n{self.log.read_text()}"
-            )
-        try:
-            return self.http.get("/health").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def study(self, name: str) -> dict[str, Any]:
-        return self.http.get(f"/studies/{name}").json()
-
-    def submit(self, spec: dict[str, Any], priority: int = 0) -> httpx.Response:
-        return self.http.post("/studies", json=spec, params={"priority": priority}, headers=AUTH)
-
-    def wait_state(self, name: str, states: tuple[str, ...], timeout: float) -> dict[str, Any]:
-        return wait_for(
-            lambda: (s := self.study(name))["state"] in states and s,
-            timeout,
-            f"study {name!r} to be {'/'.join(states)}",
-            self.log,
-        )
-
-    def wait_trial_running(self, name: str, timeout: float = 40) -> dict[str, Any]:
-        def running() -> dict[str, Any] | None:
-            s = self.study(name)
-            if s["progress"]["phase"] == "search" and s["progress"]["trials"].get("running"):
-                return s
-            return None
-
-        return wait_for(running, timeout, f"a running trial of {name!r}", self.log)
-
-    def trials(self, name: str) -> list[optuna.trial.FrozenTrial]:
-        return optuna.load_study(study_name=name, storage=self.db).get_trials()
-
-    def wait_trial_started(self, name: str, timeout: float = 40) -> None:
-        """Until a trial of ``name`` started under 0.5 s ago: its probe is surely in flight."""
-        self.wait_trial_running(name, timeout)
-        wait_for(
-            lambda: any(
-                t.state == optuna.trial.TrialState.RUNNING
-                and (datetime.now() - t.datetime_start).total_seconds() < 0.5
-                for t in self.trials(name)
-            ),
-            timeout,
-            f"a trial of {name!r} that just started",
-            self.log,
-        )
 
 
 @pytest.fixture(scope="module")
@@ -392,8 +269,14 @@ def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
         by_number = {t.number: t for t in trials}
         assert all(by_number[n].state.is_finished() for n in finished)
         assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
-        stale = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
-        assert stale and any(t.system_attrs.get("failed_trial") is not None for t in trials)
+        # The trial in flight is labelled on its FAIL record, and its re-run says which it re-runs.
+        stale = [t for t in trials if t.user_attrs.get("outcome") == "stale"]
+        assert stale, [(t.number, t.state, t.user_attrs.get("outcome")) for t in trials]
+        assert all(t.state == optuna.trial.TrialState.FAIL for t in stale)
+        assert all("killed or crashed" in t.user_attrs["reason"] for t in stale)
+        assert stale[0].number in {t.user_attrs.get("retry_of") for t in trials}
+        detail = svc.study("r")["trials"]
+        assert any(t["outcome"] == "stale" and t["reason"] for t in detail)
         assert svc.http.get("/studies/r/config").status_code == 200
 
         # SIGTERM drains: the probe in flight is finished or stopped and recorded, then exit.
@@ -456,6 +339,10 @@ def test_serve_refuses_a_public_address_without_token() -> None:
         ("mypkg.train:workload", None, "mypkg.train:workload"),
         ("mypkg.nosuch:workload", WorkloadError, "does not exist"),
         ("autotune.cli:main", WorkloadRefused, "imports only the built-in"),
+        # Callable, but not workload factories: refused before anything runs.
+        ("autotune.workloads:load_workload", WorkloadError, "has no workload 'load_workload'"),
+        ("autotune.workloads:Workload", WorkloadError, "has no workload 'Workload'"),
+        ("autotune.workloads.testing:make_oom_workload", WorkloadError, "it has diverging"),
         ("json:loads", WorkloadRefused, "imports only the built-in"),
         ("not a reference", WorkloadError, "must look like package.module:function"),
     ],

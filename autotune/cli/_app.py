@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import autotune
-from autotune.errors import SpecError
+from autotune.errors import SpecError, short_repr
 
 __all__ = [
     "app",
@@ -69,19 +69,22 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def parse_sets(values: list[str] | None) -> dict[str, Any]:
-    """``["probe.steps=10"]`` → ``{"probe.steps": 10}`` (values parsed as YAML scalars)."""
-    import yaml
+    """``["probe.steps=10"]`` → ``{"probe.steps": 10}`` (values parsed as YAML; text that is
+    not YAML stays text). Values too deep or too large are refused like a spec's."""
+    from autotune.inputs import load_text
 
     out: dict[str, Any] = {}
     for item in values or []:
         if "=" not in item:
             raise SpecError(
-                f"--set takes FIELD=VALUE, got --set {item!r}; e.g. --set probe.steps=10"
+                f"--set takes FIELD=VALUE, got --set {short_repr(item)}; e.g. --set probe.steps=10"
             )
         key, raw = item.split("=", 1)
         try:
-            out[key.strip()] = yaml.safe_load(raw)
-        except yaml.YAMLError:
+            out[key.strip()] = load_text(raw, "yaml", f"--set {key.strip()}")
+        except SpecError as exc:
+            if "is not valid YAML" not in str(exc):
+                raise
             out[key.strip()] = raw
     return out
 

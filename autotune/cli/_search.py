@@ -15,7 +15,7 @@ from rich.table import Table
 
 import autotune
 from autotune.cli._app import app, console, err_console, fail, parse_sets, setup_logging, warn
-from autotune.errors import AutotuneError, SpecError
+from autotune.errors import AutotuneError, SpecError, StorageIOError
 from autotune.logs import JSON_ENV, log_to_file
 from autotune.precision import resolve_device
 from autotune.progress import SearchProgress
@@ -128,8 +128,17 @@ def search(
             warn(str(exc))
             warn(f"to see the trials so far: autotune report {_report_args(spec, out)}")
             raise typer.Exit(130) from None
+        except StorageIOError as exc:
+            fail(f"{exc} by running the same command again")
+            return
         except AutotuneError as exc:
             fail(str(exc))
+            return
+        except OSError as exc:  # the results folder: a full disk, a read-only mount
+            fail(
+                f"cannot write the results in {str(out_dir)!r} ({exc.strerror}); the trials are "
+                "kept in the study's storage: make room, then run the same command again"
+            )
             return
         _log_outcome(result)
         if result.config is None:

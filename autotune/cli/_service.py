@@ -28,7 +28,11 @@ Server = Annotated[
 Token = Annotated[
     str | None,
     typer.Option(
-        envvar="AUTOTUNE_TOKEN", help="Bearer token, if the service needs one.", show_default=False
+        envvar="AUTOTUNE_TOKEN",
+        help="Bearer token, if the service needs one. Given as a flag it shows in the process "
+        "list (ps) and the shell history: prefer the AUTOTUNE_TOKEN variable, or "
+        '--token "$(cat token.txt)" from a file only you can read.',
+        show_default=False,
     ),
 ]
 
@@ -84,6 +88,9 @@ def serve(
     out: Annotated[Path, typer.Option(help="Each study writes <out>/<name>/best.json.")] = Path(
         "studies"
     ),
+    max_budget: Annotated[
+        str, typer.Option(help="The longest budget a submitted study may ask for.")
+    ] = "24h",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every request.")] = False,
 ) -> None:
     """Run the tuning service: queue studies, run their probes where there is room, serve status
@@ -94,15 +101,18 @@ def serve(
     import uvicorn
 
     from autotune.service import (
+        DrainFirstServer,
         TuningService,
         check_bind,
         create_app,
         load_token,
         parse_devices,
     )
+    from autotune.spec import parse_duration
     from autotune.storage import mask_url
 
     try:
+        longest = parse_duration(max_budget, "--max-budget")
         token = load_token(token_file)
         check_bind(host, token)
         names = parse_devices(devices)
@@ -120,7 +130,9 @@ def serve(
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [*map(str, dirs), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
-        service = TuningService(storage, names, out_dir=out, workload_dirs=dirs, token=token)
+        service = TuningService(
+            storage, names, out_dir=out, workload_dirs=dirs, token=token, max_budget=longest
+        )
         sock = _bind(host, port)
         recovered = service.recover()
     except AutotuneError as exc:
@@ -145,7 +157,7 @@ def serve(
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    DrainFirstServer(config, service).run(sockets=[sock])
 
 
 @app.command()
@@ -156,14 +168,10 @@ def submit(
     token: Token = None,
 ) -> None:
     """Queue a study spec on the service."""
+    from autotune.inputs import read_text
+
     try:
-        try:
-            text = spec_file.read_text()
-        except OSError as exc:
-            raise SpecError(
-                f"study spec {str(spec_file)!r} cannot be read ({exc.strerror}); pass a file like "
-                "studies/tiny.yaml"
-            ) from None
+        text = read_text(spec_file, f"study spec {str(spec_file)!r}")
         with _client(server, token) as client:
             reply = client.submit(text, json_body=spec_file.suffix == ".json", priority=priority)
     except AutotuneError as exc:
@@ -201,6 +209,7 @@ _STATE_STYLE = {
     "done": "green",
     "failed": "red",
     "cancelled": "dim",
+    "paused": "bold red",
 }
 
 

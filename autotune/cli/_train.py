@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,9 @@ from autotune.cli._app import app, console, err_console, fail, setup_logging
 from autotune.errors import AutotuneError, AutotuneWarning
 
 __all__ = ["autotune_warnings_as_lines", "load_config_for_cli"]
+
+# How a failed allocation reads when it is not torch.OutOfMemoryError (the CPU allocator).
+_ALLOCATION_FAILED = ("can't allocate memory", "DefaultCPUAllocator", "out of memory")
 
 
 @contextlib.contextmanager
@@ -256,6 +260,24 @@ def train(
             )
     except AutotuneError as exc:
         fail(str(exc))
+        return
+    except RuntimeError as exc:
+        # A CPU allocator that cannot hold the batch raises a RuntimeError, not torch's
+        # OutOfMemoryError: the same fact, said in one line.
+        if not any(sign in str(exc) for sign in _ALLOCATION_FAILED):
+            raise
+        asked = re.search(r"allocate (\d+) bytes", str(exc))
+        detail = (
+            f"{int(asked[1]) / 2**30:,.1f} GiB asked for"
+            if asked
+            else str(exc).strip().splitlines()[0][:160]
+        )
+        fail(
+            f"out of memory: batch_size={cfg.batch_size} of {cfg.workload} does not fit on "
+            f"device {device} ({detail}); train a config whose batch fits, e.g. one "
+            "`autotune search` measured on this device",
+            code=1,
+        )
         return
     if json_out:
         # Plain print: exactly the JSON, never wrapped or styled for a terminal.

@@ -7,7 +7,7 @@
 """
 
 from autotune.service._access import TOKEN_ENV, WorkloadPolicy, check_bind, is_loopback, load_token
-from autotune.service._app import MAX_BODY, create_app
+from autotune.service._app import MAX_BODY, DrainFirstServer, create_app
 from autotune.service._client import DEFAULT_SERVER, SERVER_ENV, ServiceClient
 from autotune.service._devices import FAKE_BUSY_ENV, DeviceMonitor, parse_devices
 from autotune.service._models import (
@@ -20,17 +20,19 @@ from autotune.service._models import (
     TrialInfo,
 )
 from autotune.service._queue import StudyQueue
-from autotune.service._service import RequestError, TuningService
+from autotune.service._service import MAX_BUDGET, RequestError, TuningService
 
 __all__ = [
     "DEFAULT_SERVER",
     "FAKE_BUSY_ENV",
     "MAX_BODY",
+    "MAX_BUDGET",
     "SERVER_ENV",
     "TOKEN_ENV",
     "CancelReply",
     "DeviceInfo",
     "DeviceMonitor",
+    "DrainFirstServer",
     "Health",
     "RequestError",
     "ServiceClient",

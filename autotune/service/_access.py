@@ -25,6 +25,7 @@ from autotune.workloads import normalize_reference
 
 __all__ = [
     "BUILTIN_MODULES",
+    "builtin_factories",
     "TOKEN_ENV",
     "WorkloadPolicy",
     "WorkloadRefused",
@@ -43,6 +44,43 @@ _TOKEN_HINT = "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'
 
 class WorkloadRefused(WorkloadError):
     """A well-formed workload reference the service will not import (HTTP 403)."""
+
+
+def builtin_factories(module: str) -> list[str]:
+    """The workload factories a built-in module offers: its public functions that take no
+    argument and are declared to return a :class:`~autotune.workloads.Workload`.
+
+    Anything else there (``load_workload``, the ``Workload`` class, ``make_oom_workload(limit)``)
+    is callable, but not a workload: the service refuses it before anything runs.
+
+    Example:
+        >>> builtin_factories("autotune.workloads")
+        ['resnet18', 'tiny_convnet', 'tiny_gpt', 'tiny_mlp']
+    """
+    import importlib
+    import inspect
+    import typing
+
+    from autotune.workloads import Workload
+
+    mod = importlib.import_module(module)
+    out = []
+    for name in getattr(mod, "__all__", ()):
+        fn = getattr(mod, name, None)
+        if not inspect.isfunction(fn):
+            continue
+        try:
+            returns = typing.get_type_hints(fn).get("return")
+            required = [
+                p
+                for p in inspect.signature(fn).parameters.values()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
+        except (NameError, TypeError, ValueError):
+            continue
+        if returns is Workload and not required:
+            out.append(name)
+    return sorted(out)
 
 
 def is_loopback(host: str) -> bool:
@@ -68,10 +106,14 @@ def load_token(token_file: Path | None) -> str | None:
     """
     if token_file is not None:
         try:
-            token = token_file.read_text().strip()
+            token = token_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise SpecError(
                 f"--token-file {str(token_file)!r} cannot be read ({exc.strerror}); {_TOKEN_HINT}"
+            ) from None
+        except UnicodeDecodeError:
+            raise SpecError(
+                f"--token-file {str(token_file)!r} is not text; {_TOKEN_HINT}"
             ) from None
         source = f"--token-file {str(token_file)!r}"
     else:
@@ -79,6 +121,11 @@ def load_token(token_file: Path | None) -> str | None:
         source = TOKEN_ENV
         if not token:
             return None
+    if not (token.isascii() and token.isprintable()) or " " in token:
+        raise SpecError(
+            f"the token in {source} holds a space, a control or a non-ASCII character; an HTTP "
+            f"header carries printable ASCII only: {_TOKEN_HINT}"
+        )
     if len(token) < _MIN_TOKEN:
         raise SpecError(
             f"the token in {source} has {len(token)} characters; use at least {_MIN_TOKEN}, "
@@ -102,11 +149,22 @@ def check_bind(host: str, token: str | None) -> None:
 
 
 def token_matches(expected: str | None, authorization: str | None) -> bool:
-    """Whether an ``Authorization`` header carries the expected bearer token."""
+    """Whether an ``Authorization`` header carries the expected bearer token.
+
+    Compared as bytes: ``compare_digest`` refuses ``str`` with non-ASCII characters, and a
+    header may carry any byte.
+
+    Example:
+        >>> token_matches("s3cret-token-0123456", "Bearer s3cret-token-0123456")
+        True
+        >>> token_matches("s3cret-token-0123456", "Bearer tøken")
+        False
+    """
     if expected is None:
         return True
     scheme, _, given = (authorization or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), expected)
+    given_bytes = given.strip().encode("utf-8", "surrogateescape")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given_bytes, expected.encode())
 
 
 class WorkloadPolicy:
@@ -159,13 +217,10 @@ class WorkloadPolicy:
         return ref
 
     def _builtin(self, ref: str, module: str, attr: str) -> str:
-        import importlib
-
-        mod = importlib.import_module(module)
-        if attr.startswith("_") or not callable(getattr(mod, attr, None)):
-            names = ", ".join(n for n in getattr(mod, "__all__", ()) if callable(getattr(mod, n)))
+        names = builtin_factories(module)
+        if attr not in names:
             raise WorkloadError(
-                f"workload {ref!r}: {module} has no workload {attr!r}; it has {names}"
+                f"workload {ref!r}: {module} has no workload {attr!r}; it has {', '.join(names)}"
             )
         return ref
 

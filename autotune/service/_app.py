@@ -10,16 +10,20 @@ Endpoints (OpenAPI at ``/docs``)::
     GET  /devices               free/total memory, what runs there, other processes, worker
     GET  /health                up or draining, with counts
 
-Every refusal is ``{"detail": "<one message naming what is wrong>"}`` with a 4xx status.
+Every refusal is ``{"detail": "<one message naming what is wrong>"}`` with a 4xx status; a
+storage that cannot be written (a full disk) or a service that is draining answers 503 the same
+way, and even an internal error answers 500 with a ``detail``, never a bare page.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import anyio
+import uvicorn
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +32,7 @@ from loguru import logger
 
 import autotune
 from autotune.config import TunedConfig
+from autotune.errors import StorageIOError, short_repr
 from autotune.service._access import token_matches
 from autotune.service._models import (
     CancelReply,
@@ -40,7 +45,7 @@ from autotune.service._models import (
 )
 from autotune.service._service import RequestError, TuningService
 
-__all__ = ["MAX_BODY", "create_app"]
+__all__ = ["MAX_BODY", "DrainFirstServer", "create_app"]
 
 # A study spec is a few hundred bytes; 64 KiB leaves room for comments and stops abuse.
 MAX_BODY = 64 * 1024
@@ -102,6 +107,38 @@ async def _answer(call: Any, *args: Any, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
+class DrainFirstServer(uvicorn.Server):
+    """A uvicorn server that drains the service *before* it stops answering.
+
+    Plain uvicorn closes its socket on SIGTERM and only then runs the lifespan's shutdown, so a
+    drain would look like a dead service. Here the first SIGTERM (or Ctrl-C) starts the drain
+    while the API keeps answering: ``/health`` says ``draining``, submits get 503, status
+    reads go on; when the drain is over the server stops. A second signal stops answering at
+    once; the drain itself still finishes before the process exits.
+    """
+
+    def __init__(self, config: uvicorn.Config, service: TuningService) -> None:
+        super().__init__(config)
+        self.service = service
+        self._drain: threading.Thread | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self._drain is not None:
+            super().handle_exit(sig, frame)
+            return
+        # Raised again once the server is down, as uvicorn does, so the exit says which signal.
+        self._captured_signals.append(sig)
+
+        def drain() -> None:
+            try:
+                self.service.stop()
+            finally:
+                self.should_exit = True
+
+        self._drain = threading.Thread(target=drain, name="drain", daemon=True)
+        self._drain.start()
+
+
 def create_app(service: TuningService, *, max_body: int = MAX_BODY) -> FastAPI:
     """The FastAPI app serving ``service``; its lifespan starts the scheduler and drains it.
 
@@ -116,10 +153,9 @@ def create_app(service: TuningService, *, max_body: int = MAX_BODY) -> FastAPI:
         try:
             yield
         finally:
-            logger.info("draining: no new trials; the probes in flight finish or are stopped")
-            # Joining the device threads blocks: keep it off the event loop.
+            # Joining the device threads blocks: keep it off the event loop. (Under
+            # DrainFirstServer the drain is already over, and this returns at once.)
             await anyio.to_thread.run_sync(service.stop)
-            logger.info("drained; the queue and every recorded trial are in the storage")
 
     app = FastAPI(
         title="autotune",
@@ -134,12 +170,31 @@ def create_app(service: TuningService, *, max_body: int = MAX_BODY) -> FastAPI:
     async def _refused(request: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
 
+    @app.exception_handler(StorageIOError)
+    async def _storage(request: Request, exc: StorageIOError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"{exc}; nothing was changed, try again in a moment"},
+            status_code=503,
+            headers={"Retry-After": "10"},
+        )
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        logger.opt(exception=exc).error("{} {}: internal error", request.method, request.url.path)
+        return JSONResponse(
+            {
+                "detail": f"internal error ({type(exc).__name__}); nothing was changed; the "
+                "service's log has the details"
+            },
+            status_code=500,
+        )
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
-        for err in exc.errors():
+        for err in exc.errors()[:10]:
             loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("query", "path"))
-            parts.append(f"{loc}: {err.get('msg')}, got {loc}={err.get('input')!r}")
+            parts.append(f"{loc}: {err.get('msg')}, got {loc}={short_repr(err.get('input'))}")
         return JSONResponse({"detail": "; ".join(parts)}, status_code=422)
 
     def require_token(

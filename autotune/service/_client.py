@@ -39,6 +39,9 @@ class ServiceClient:
         token: the bearer token for submit and cancel; ``AUTOTUNE_TOKEN`` by default.
         timeout: seconds to wait for an answer.
 
+    Raises:
+        ServiceError: the token holds a character an HTTP header cannot carry.
+
     Raises (from every call):
         ServiceError: the service cannot be reached (``status`` None), or refused the request
             (``status`` is the HTTP status, the message is the service's).
@@ -54,7 +57,16 @@ class ServiceClient:
     ) -> None:
         self.server = (server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER).rstrip("/")
         token = token if token is not None else os.environ.get(TOKEN_ENV)
-        headers = {"Authorization": f"Bearer {token.strip()}"} if token else {}
+        token = token.strip() if token else None
+        if token and not (token.isascii() and token.isprintable() and " " not in token):
+            bad = next(
+                i for i, c in enumerate(token) if not (c.isascii() and c.isprintable()) or c == " "
+            )
+            raise ServiceError(
+                f"the token holds a character an HTTP header cannot carry (position {bad + 1}): "
+                f"tokens are printable ASCII; check --token or {TOKEN_ENV}"
+            )
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
 
     def close(self) -> None:

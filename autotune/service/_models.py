@@ -25,7 +25,8 @@ __all__ = [
     "TrialInfo",
 ]
 
-StudyState = Literal["queued", "running", "done", "failed", "cancelled"]
+# paused: running, but held while the storage refuses writes (it goes on by itself after).
+StudyState = Literal["queued", "running", "paused", "done", "failed", "cancelled"]
 
 
 class _Model(BaseModel):

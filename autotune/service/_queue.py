@@ -14,10 +14,9 @@ The order is priority (higher first), then submission order.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +24,8 @@ import sqlalchemy as sa
 from loguru import logger
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from autotune.errors import StorageError
-from autotune.storage import mask_url
+from autotune.errors import StorageError, StorageIOError
+from autotune.storage import database_error, mask_url, owner_alive, owner_id
 
 __all__ = ["QUEUE_TABLE", "STATES", "QueueRow", "StudyQueue"]
 
@@ -87,26 +86,7 @@ class QueueRow:
 
 def service_owner() -> str:
     """Who runs a study: ``host:pid`` of this service process."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _alive_here(owner: str | None) -> bool:
-    """Whether ``owner`` names a live process on this host other than this one."""
-    if not owner or ":" not in owner:
-        return False
-    host, _, pid_text = owner.rpartition(":")
-    if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) == os.getpid():
-        return False
-    try:
-        with open(f"/proc/{pid_text}/stat") as f:
-            # A zombie (killed, not yet reaped) holds nothing.
-            if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
-                return False
-        with open(f"/proc/{pid_text}/cmdline", "rb") as f:
-            # After a reboot or in a container the pid may be reused by something else.
-            return b"autotune" in f.read()
-    except OSError:
-        return False
+    return owner_id()
 
 
 class StudyQueue:
@@ -162,17 +142,33 @@ class StudyQueue:
         if str(mode).lower() != "wal":
             logger.warning("{}: journal mode stays {!r}; status reads may stall", self.url, mode)
 
+    @contextmanager
+    def _db(self, *, write: bool) -> Iterator[sa.Connection]:
+        """A connection (a transaction when writing); a database failure is a StorageIOError
+        naming the database's reason, e.g. a full disk."""
+        try:
+            with self.engine.begin() if write else self.engine.connect() as conn:
+                yield conn
+        except IntegrityError:
+            raise
+        except SQLAlchemyError as exc:
+            verb = "written" if write else "read"
+            raise StorageIOError(
+                f"the service's storage {mask_url(self.url)!r} cannot be {verb} "
+                f"({database_error(exc)})"
+            ) from exc
+
     # ---- reading -------------------------------------------------------------------------
 
     def get(self, name: str) -> QueueRow | None:
-        with self.engine.connect() as conn:
+        with self._db(write=False) as conn:
             row = conn.execute(sa.select(QUEUE_TABLE).where(QUEUE_TABLE.c.name == name)).first()
         return QueueRow.from_db(row) if row else None
 
     def rows(self) -> list[QueueRow]:
         """Every study, in queue order (priority, then submission)."""
         order = (QUEUE_TABLE.c.priority.desc(), QUEUE_TABLE.c.seq)
-        with self.engine.connect() as conn:
+        with self._db(write=False) as conn:
             return [
                 QueueRow.from_db(r)
                 for r in conn.execute(sa.select(QUEUE_TABLE).order_by(*order)).all()
@@ -200,7 +196,7 @@ class StudyQueue:
             "probe_seconds": 0.0,
         }
         try:
-            with self.engine.begin() as conn:
+            with self._db(write=True) as conn:
                 conn.execute(
                     QUEUE_TABLE.insert().values(
                         name=name, seq=self._next_seq(conn), runs=0, **values
@@ -218,7 +214,7 @@ class StudyQueue:
         return int(top or 0) + 1
 
     def _resubmit(self, name: str, values: dict[str, Any]) -> QueueRow:
-        with self.engine.begin() as conn:
+        with self._db(write=True) as conn:
             seq = self._next_seq(conn)
             done = conn.execute(
                 QUEUE_TABLE.update()
@@ -238,7 +234,7 @@ class StudyQueue:
         for row in self.rows():
             if row.state != "queued" or not accepts(row):
                 continue
-            with self.engine.begin() as conn:
+            with self._db(write=True) as conn:
                 # Conditional: another device thread (or service) may have taken it meanwhile.
                 taken = conn.execute(
                     QUEUE_TABLE.update()
@@ -257,7 +253,7 @@ class StudyQueue:
 
     def finish(self, name: str, state: str, *, error: str | None = None) -> None:
         """Record that a running study ended: done, failed (with the error) or cancelled."""
-        with self.engine.begin() as conn:
+        with self._db(write=True) as conn:
             conn.execute(
                 QUEUE_TABLE.update()
                 .where(QUEUE_TABLE.c.name == name)
@@ -266,7 +262,7 @@ class StudyQueue:
 
     def requeue(self, name: str) -> None:
         """Put a running study back in the queue (the service is draining); it resumes later."""
-        with self.engine.begin() as conn:
+        with self._db(write=True) as conn:
             conn.execute(
                 QUEUE_TABLE.update()
                 .where((QUEUE_TABLE.c.name == name) & (QUEUE_TABLE.c.state == "running"))
@@ -275,7 +271,7 @@ class StudyQueue:
 
     def cancel_queued(self, name: str) -> bool:
         """Cancel a study that has not started; False when it is not queued (any more)."""
-        with self.engine.begin() as conn:
+        with self._db(write=True) as conn:
             done = conn.execute(
                 QUEUE_TABLE.update()
                 .where((QUEUE_TABLE.c.name == name) & (QUEUE_TABLE.c.state == "queued"))
@@ -285,7 +281,7 @@ class StudyQueue:
 
     def record_progress(self, name: str, probe_seconds: float) -> None:
         """Store the budget a running study has spent, so a restart resumes with the rest."""
-        with self.engine.begin() as conn:
+        with self._db(write=True) as conn:
             conn.execute(
                 QUEUE_TABLE.update()
                 .where(QUEUE_TABLE.c.name == name)
@@ -303,7 +299,7 @@ class StudyQueue:
         """
         stuck = [r for r in self.rows() if r.state == "running"]
         for row in stuck:
-            if _alive_here(row.owner):
+            if row.owner != owner_id() and owner_alive(row.owner) is True:
                 raise StorageError(
                     f"study {row.name!r} in {mask_url(self.url)!r} is being run by another "
                     f"autotune serve ({row.owner}); stop it first, or give this one its own "

@@ -12,7 +12,13 @@ Per device, in a loop:
    - the stop flag is a cancel of this study or the whole service draining.
 
 4. Record the outcome in the queue: done, failed (with the error), cancelled, or back to
-   queued when the service drains (a later start resumes it with the budget it has left).
+   queued when the service drains or a study of higher priority waits for the device (a later
+   start resumes it with the budget it has left).
+
+When the storage fails a write (its disk is full), the study is *paused*: it holds its device,
+off its budget, and tries a write every few seconds; the first that succeeds resumes it where
+it was (a cancel or a drain meanwhile is recorded then). No restart is needed, nothing stored
+is lost, and the trial that was in flight is failed as stale and run again.
 
 A study that was running when the service died is resumed at the next start: its trials that
 were in flight are failed as stale by the heartbeat check (and re-enqueued once) before the
@@ -21,23 +27,19 @@ search continues, so no trial stays RUNNING and nothing completed is lost.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
 from loguru import logger
-from optuna.trial import TrialState
 
-from autotune.errors import AutotuneError
-from autotune.facts import WorkerFacts
-from autotune.logs import FILE_FORMAT
-from autotune.result import PairedResult, ProbeResult
+from autotune.errors import AutotuneError, StorageIOError
+from autotune.logs import log_to_file
 from autotune.search import (
     Budget,
     CeilingFound,
@@ -51,12 +53,13 @@ from autotune.search import (
 )
 from autotune.service._devices import DeviceMonitor
 from autotune.service._queue import QueueRow, StudyQueue
-from autotune.spec import Candidate, ProbeSettings, StudySpec, parse_spec
+from autotune.service._run import DeviceRunner, StudyRun, accepts, preemptor
+from autotune.spec import Candidate, parse_spec
 from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
-from autotune.trials import record, stored_config
-from autotune.worker import ProbeWorker, Runner
+from autotune.trials import stored_config
+from autotune.worker import ProbeWorker
 
-__all__ = ["DRAIN_GRACE", "Scheduler", "StudyRun", "accepts"]
+__all__ = ["DRAIN_GRACE", "Scheduler"]
 
 # Seconds between looks at a busy device or an empty queue.
 _POLL = 0.5
@@ -70,122 +73,10 @@ _STALE_WAIT = GRACE_PERIOD + HEARTBEAT_INTERVAL + 1.0
 _DRAIN_JOIN = 150.0
 # NVML's utilisation is sampled over up to a second: right after our own probe it is still ours.
 _UTIL_WINDOW = 1.5
-
-
-def accepts(device: str, requested: str) -> bool:
-    """Whether a study asking for device ``requested`` may run on ``device``.
-
-    Example:
-        >>> accepts("cuda:1", "cuda"), accepts("cpu", "cuda:0"), accepts("cpu", "auto")
-        (True, False, True)
-    """
-    if requested == "auto":
-        return True
-    if requested == "cuda":
-        return device.startswith("cuda")
-    return requested == device
-
-
-@dataclass
-class StudyRun:
-    """A study running on a device, as the API sees it."""
-
-    name: str
-    device: str
-    spec: StudySpec
-    budget: Budget
-    phase: str = "starting"
-    detail: str = "starting"
-    probing: bool = False
-    cancel: threading.Event = field(default_factory=threading.Event)
-    # (precision, batch size, peak bytes) measured by ceiling tries: the memory a probe needs.
-    peaks: list[tuple[str, int, int]] = field(default_factory=list)
-    study: optuna.Study | None = None
-    # Budget spent when the current wait for the device began; None when not waiting.
-    used_before_wait: float | None = None
-
-    def budget_used(self) -> float:
-        """Budget spent so far; it stands still while the study waits for its device."""
-        if self.used_before_wait is not None:
-            return self.used_before_wait
-        return self.budget.elapsed()
-
-
-class _DeviceRunner(Runner):
-    """The device's persistent worker, seen by one study: marks when a probe is in flight."""
-
-    def __init__(
-        self,
-        worker: ProbeWorker,
-        run: StudyRun,
-        ended: dict[str, float],
-    ) -> None:
-        self.worker = worker
-        self.device = worker.device
-        self.run_state = run
-        self.ended = ended
-
-    @contextmanager
-    def _in_flight(self) -> Iterator[None]:
-        """Mark the device busy with our own probe: its utilisation is ours, not a colleague's."""
-        self.run_state.probing = True
-        try:
-            yield
-        finally:
-            self.run_state.probing = False
-            self.ended[self.run_state.device] = time.monotonic()
-
-    def run(
-        self,
-        workload: str,
-        candidate: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-    ) -> ProbeResult:
-        with self._in_flight():
-            return self.worker.run(workload, candidate, settings, timeout=timeout)
-
-    def facts(self, workload: str) -> WorkerFacts:
-        # Asked of the worker: the service never imports a workload or touches a device itself.
-        return self.worker.facts(workload)
-
-    def compare(
-        self,
-        workload: str,
-        candidate: Candidate,
-        reference: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-    ) -> PairedResult:
-        with self._in_flight():
-            return self.worker.compare(workload, candidate, reference, settings, timeout=timeout)
-
-    def diagnose(
-        self,
-        workload: str,
-        candidate: Candidate,
-        *,
-        steps: int = 3,
-        seed: int = 0,
-        timeout: float = 60.0,
-    ) -> dict | None:
-        # In the worker too, never a workload in the service process. The search has already
-        # waited at its gate for room on the device.
-        with self._in_flight():
-            return self.worker.diagnose(
-                workload, candidate, steps=steps, seed=seed, timeout=timeout
-            )
-
-    def start(self) -> None:
-        self.worker.start()
-
-    def interrupt(self) -> None:
-        self.worker.interrupt()
-
-    def close(self) -> None:
-        """The worker outlives the study: it serves the next one on this device."""
+# Seconds between write attempts while the storage refuses writes (a full disk).
+_STORAGE_RETRY = 3.0
+# Seconds a "should a queued study of higher priority take this device?" answer is reused.
+_PREEMPT_CHECK = 1.0
 
 
 class Scheduler:
@@ -216,7 +107,12 @@ class Scheduler:
         self.workers = {d: ProbeWorker(d) for d in monitor.devices}
         # device → the study running there
         self.runs: dict[str, StudyRun] = {}
+        # Cancels of studies taken from the queue but not started yet; guarded by _runs_lock.
+        self._cancel_on_start: set[str] = set()
+        self._runs_lock = threading.Lock()
         self._draining = threading.Event()
+        self._drain_lock = threading.Lock()
+        self._drained = False
         self._wake = threading.Condition()
         self._threads: list[threading.Thread] = []
         # device → when our last probe there ended (monotonic seconds)
@@ -245,15 +141,21 @@ class Scheduler:
     def run_of(self, name: str) -> StudyRun | None:
         return next((r for r in list(self.runs.values()) if r.name == name), None)
 
-    def cancel(self, name: str) -> bool:
+    def cancel(self, name: str, *, starting: bool = False) -> bool:
         """Stop a running study; False when it is not running here.
 
         A probe in flight is stopped at once (its trial is recorded as interrupted), except a
-        ceiling try: those are short, and stopping one would record a wrong ceiling.
+        ceiling try: those are short, and stopping one would record a wrong ceiling. With
+        ``starting``, a study a device thread has just taken from the queue (and not yet
+        started) is cancelled as it starts.
         """
-        run = self.run_of(name)
-        if run is None:
-            return False
+        with self._runs_lock:
+            run = self.run_of(name)
+            if run is None:
+                if starting:
+                    self._cancel_on_start.add(name)
+                    self.wake()
+                return starting
         run.cancel.set()
         if run.probing and run.phase != "ceilings":
             self.workers[run.device].interrupt()
@@ -265,6 +167,15 @@ class Scheduler:
 
         Studies that were running go back to the queue, each with the budget it has left.
         """
+        with self._drain_lock:
+            if self._drained:
+                return
+            logger.info("draining: no new trials; the probes in flight finish or are stopped")
+            self._drain(grace)
+            self._drained = True
+            logger.info("drained; the queue and every recorded trial are in the storage")
+
+    def _drain(self, grace: float) -> None:
         self._draining.set()
         self.wake()
         deadline = time.monotonic() + grace
@@ -303,6 +214,7 @@ class Scheduler:
             self.workers[device].start()
         except Exception as exc:  # it restarts on the first probe; say why it did not start
             logger.error("the probe worker for {} did not start: {}", device, exc)
+        shown_error = ""
         while not self._draining.is_set():
             try:
                 if self.monitor.read(device).busy:
@@ -313,6 +225,11 @@ class Scheduler:
                     self._idle()
                     continue
                 self._run(row, device)
+            except StorageIOError as exc:  # a full disk: nothing can start until it has room
+                if str(exc) != shown_error:
+                    logger.warning("device {}: {}; retrying every 5 s", device, exc)
+                    shown_error = str(exc)
+                self._idle(5.0)
             except Exception:  # a bug or a lost database: log it, keep the device thread alive
                 logger.exception("device {}: scheduler error; retrying in 5 s", device)
                 self._idle(5.0)
@@ -327,12 +244,19 @@ class Scheduler:
                 source=f"queued spec of study {name!r}",
             )
         except AutotuneError as exc:
-            self.queue.finish(name, "failed", error=str(exc))
+            with self._runs_lock:
+                self._cancel_on_start.discard(name)
+            error = str(exc)
+            self._until_written(lambda: self.queue.finish(name, "failed", error=error))
             return
         # Queue time is not budget: the clock starts now, minus what earlier runs spent.
         budget = Budget(spec.budget, started=time.monotonic() - row.probe_seconds)
-        run = StudyRun(name=name, device=device, spec=spec, budget=budget)
-        self.runs[device] = run
+        run = StudyRun(name=name, device=device, spec=spec, budget=budget, priority=row.priority)
+        with self._runs_lock:
+            self.runs[device] = run
+            if name in self._cancel_on_start:
+                self._cancel_on_start.discard(name)
+                run.cancel.set()
         out = self.out_dir / name
         sink = self._log_sink(out, name)
         try:
@@ -348,12 +272,7 @@ class Scheduler:
                 if row.runs > 1:
                     self._settle_stale(run)
                     budget.started = time.monotonic() - row.probe_seconds
-                if run.cancel.is_set():
-                    self.queue.finish(name, "cancelled")
-                elif self._draining.is_set():
-                    self.queue.requeue(name)
-                else:
-                    self._search(run, out)
+                self._search(run, out)
         finally:
             self.runs.pop(device, None)
             if sink is not None:
@@ -361,9 +280,22 @@ class Scheduler:
             self.wake()
 
     def _search(self, run: StudyRun, out: Path) -> None:
+        """Run the study's search; while the storage refuses writes, hold it and resume."""
+        while True:
+            try:
+                self._search_once(run, out)
+                return
+            except StorageIOError as exc:
+                if not self._hold(run, str(exc)):
+                    return
+                self._settle_stale(run)
+
+    def _search_once(self, run: StudyRun, out: Path) -> None:
         name = run.name
-        runner = _DeviceRunner(self.workers[run.device], run, self._probe_ended)
+        runner = DeviceRunner(self.workers[run.device], run, self._probe_ended)
         try:
+            if run.cancel.is_set() or self._draining.is_set():
+                raise SearchStopped(f"study {name!r} was asked to stop before it started")
             result = run_search(
                 run.spec,
                 out_dir=out,
@@ -371,7 +303,7 @@ class Scheduler:
                 budget=run.budget,
                 on_event=lambda event: self._on_event(run, event),
                 gate=lambda cand: self._gate(run, cand),
-                should_stop=lambda: run.cancel.is_set() or self._draining.is_set(),
+                should_stop=lambda: self._should_stop(run),
             )
         except SearchStopped:
             self.queue.record_progress(name, run.budget.elapsed())
@@ -379,14 +311,21 @@ class Scheduler:
                 logger.info("study {!r} cancelled", name)
                 self.queue.finish(name, "cancelled")
             else:
+                why = (
+                    "the service is draining"
+                    if self._draining.is_set()
+                    else f"{run.preempted_by!r} (higher priority) takes {run.device}"
+                )
                 logger.info(
-                    "study {!r} back in the queue: the service is draining ({:.1f}s of budget "
-                    "spent)",
+                    "study {!r} back in the queue: {} ({:.1f}s of its budget spent, kept)",
                     name,
+                    why,
                     run.budget.elapsed(),
                 )
                 self.queue.requeue(name)
             return
+        except StorageIOError:
+            raise
         except AutotuneError as exc:
             logger.error("study {!r} failed: {}", name, exc)
             self.queue.record_progress(name, run.budget.elapsed())
@@ -410,18 +349,88 @@ class Scheduler:
         logger.info("study {!r} done in {:.1f}s of budget", name, run.budget.elapsed())
         self.queue.finish(name, "done")
 
+    def _hold(self, run: StudyRun, reason: str) -> bool:
+        """The storage refused a write: pause the study, off its budget, until a write succeeds.
+
+        Returns:
+            True to resume the search; False when it ended meanwhile (cancelled, or the service
+            drains: back in the queue, or left ``running`` for the next start to recover when
+            even that write fails).
+        """
+        logger.warning("study {!r} paused: {}", run.name, reason)
+        run.paused, run.phase = reason, "paused"
+        run.used_before_wait = run.budget.elapsed()
+        try:
+            with run.budget.paused():
+                while True:
+                    what = "cancelling" if run.cancel.is_set() else "paused"
+                    run.detail = (
+                        f"{what}: {reason}; it goes on by itself once the storage can be written "
+                        f"again (tried every {_STORAGE_RETRY:g}s)"
+                    )
+                    self._idle(_STORAGE_RETRY)
+                    try:
+                        if self._draining.is_set() and not run.cancel.is_set():
+                            with contextlib.suppress(StorageIOError):
+                                self.queue.requeue(run.name)
+                            return False
+                        if run.cancel.is_set():
+                            self.queue.finish(run.name, "cancelled")
+                            logger.info("study {!r} cancelled while paused", run.name)
+                            return False
+                        self.queue.record_progress(run.name, run.budget.elapsed())
+                    except StorageIOError as exc:
+                        reason = str(exc)
+                        if self._draining.is_set():
+                            return False
+                        continue
+                    logger.info("study {!r}: the storage takes writes again; resuming", run.name)
+                    return True
+        finally:
+            run.paused = None
+            run.used_before_wait = None
+
+    def _until_written(self, write: Callable[[], None]) -> None:
+        """Retry a queue write the storage refuses until it succeeds (or the service drains:
+        the next start recovers the row)."""
+        while True:
+            try:
+                write()
+                return
+            except StorageIOError as exc:
+                logger.warning("{}; retrying in {:g}s", exc, _STORAGE_RETRY)
+                if self._draining.is_set():
+                    return
+                self._idle(_STORAGE_RETRY)
+
+    def _should_stop(self, run: StudyRun) -> bool:
+        """Polled before each trial and probe: a cancel, a drain, or a preemption."""
+        return run.cancel.is_set() or self._draining.is_set() or self._preempted(run)
+
+    def _preempted(self, run: StudyRun) -> bool:
+        """Whether a queued study of higher priority takes this device now (see
+        :func:`~autotune.service._run.preemptor`); asked of the queue once a second at most."""
+        if run.phase != "search":
+            return False
+        now = time.monotonic()
+        if now - run.preempt_checked >= _PREEMPT_CHECK:
+            run.preempt_checked = now
+            with contextlib.suppress(StorageIOError):
+                run.preempted_by = preemptor(
+                    run,
+                    self.queue.rows(),
+                    self.monitor.devices,
+                    lambda d: (
+                        d not in self.runs and not self.monitor.read(d, max_age=_PREEMPT_CHECK).busy
+                    ),
+                )
+        return run.preempted_by is not None
+
     def _log_sink(self, out: Path, name: str) -> int | None:
         """Every log line of this study, also in ``<out>/service.log``."""
         try:
-            out.mkdir(parents=True, exist_ok=True)
-            return logger.add(
-                out / "service.log",
-                level="DEBUG",
-                format=FILE_FORMAT,
-                filter=lambda r: r["extra"].get("study") == name,
-                colorize=False,
-                encoding="utf-8",
-                diagnose=False,
+            return log_to_file(
+                out / "service.log", filter=lambda r: r["extra"].get("study") == name
             )
         except OSError as exc:
             logger.warning("study {!r}: no log file in {}: {}", name, out, exc)
@@ -478,42 +487,16 @@ class Scheduler:
         elif isinstance(event, TrialFinished):
             self.queue.record_progress(run.name, run.budget.elapsed())
 
-    def _need(self, run: StudyRun, cand: Candidate) -> int:
-        """Bytes a candidate is expected to need, from what this study measured so far.
-
-        The nearest measured batch size of the same precision (any precision if none): its
-        peak when the candidate's batch is smaller, scaled up in proportion when larger. Both
-        are upper bounds (peak memory grows at most linearly with the batch). 0 when nothing
-        was measured yet: the margin alone protects the first probes.
-        """
-        measured = list(run.peaks)
-        try:
-            if run.study is None:
-                run.study = optuna.load_study(study_name=run.name, storage=self.storage)
-            for t in run.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-                peak = record(t).peak_memory_bytes
-                if peak and peak > 0 and "batch_size" in t.params:
-                    measured.append(
-                        (str(t.params["precision"]), int(t.params["batch_size"]), int(peak))
-                    )
-        except Exception:  # best effort: no study yet (first ceiling try), or a busy database
-            pass
-        same = [m for m in measured if m[0] == cand.precision] or measured
-        if not same:
-            return 0
-        _, bs, peak = min(same, key=lambda m: (abs(math.log(m[1] / cand.batch_size)), -m[2]))
-        return peak if cand.batch_size <= bs else math.ceil(peak * cand.batch_size / bs)
-
     def _gate(self, run: StudyRun, cand: Candidate) -> None:
         """Called before every probe: wait (off the budget) until the device has room."""
         self.queue.record_progress(run.name, run.budget.elapsed())
-        need = self._need(run, cand)
+        need = run.memory_need(cand, self.storage)
         shown, before = "", run.detail
         # The search pauses its clock around this call; the status shows the budget standing still.
         run.used_before_wait = run.budget.elapsed()
         try:
             while True:
-                if run.cancel.is_set() or self._draining.is_set():
+                if self._should_stop(run):
                     raise SearchStopped(f"study {run.name!r} was asked to stop")
                 why = self.monitor.room_for(run.device, need, run.spec.memory_margin)
                 if not why:

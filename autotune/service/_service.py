@@ -7,16 +7,15 @@ anything, so a refused request leaves the queue and the storage as they were; a 
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 
 import autotune
 from autotune.errors import AutotuneError, SpecError, WorkloadError
+from autotune.inputs import load_text
 from autotune.service._access import WorkloadPolicy, WorkloadRefused
 from autotune.service._devices import DeviceMonitor
 from autotune.service._models import (
@@ -29,16 +28,19 @@ from autotune.service._models import (
     StudyStatus,
     SubmitReply,
 )
-from autotune.service._queue import FINISHED, QueueRow, StudyQueue
-from autotune.service._scheduler import Scheduler, accepts
+from autotune.service._queue import FINISHED, QueueRow, StudyQueue, service_owner
+from autotune.service._run import accepts
+from autotune.service._scheduler import Scheduler
 from autotune.service._standing import Standing, StandingCache
-from autotune.spec import StudySpec, parse_duration, parse_spec
-from autotune.storage import mask_url, open_storage
+from autotune.spec import StudySpec, format_duration, parse_duration, parse_spec
+from autotune.storage import mask_url, open_storage, owner_alive
 
-__all__ = ["RequestError", "TuningService"]
+__all__ = ["MAX_BUDGET", "RequestError", "TuningService"]
 
 # Seconds a device reading may be reused by status answers (many clients poll).
 _READING_AGE = 0.5
+# The longest budget a study may ask for by default: a day of a shared device.
+MAX_BUDGET = 24 * 3600.0
 
 
 class RequestError(AutotuneError):
@@ -67,6 +69,7 @@ class TuningService:
         out_dir: where each study writes ``<name>/best.json`` and ``<name>/service.log``.
         workload_dirs: folders whose packages may be used as workloads.
         token: the bearer token changing requests need; None for none.
+        max_budget: the longest budget (seconds) a submitted study may ask for.
 
     Raises:
         StorageError: the storage cannot be opened.
@@ -85,9 +88,11 @@ class TuningService:
         out_dir: Path = Path("studies"),
         workload_dirs: list[Path] | None = None,
         token: str | None = None,
+        max_budget: float = MAX_BUDGET,
     ) -> None:
         self.storage_url = storage
         self.token = token
+        self.max_budget = max_budget
         self.policy = WorkloadPolicy(workload_dirs or [])
         self.storage = open_storage(storage)
         self.queue = StudyQueue(storage)
@@ -123,7 +128,10 @@ class TuningService:
         self.scheduler.start()
 
     def stop(self) -> None:
-        """Drain: no new probes, the ones in flight finish or are stopped, then return."""
+        """Drain: no new probes, the ones in flight finish or are stopped, then return.
+
+        Safe to call again (and from two threads): later calls wait for the first drain.
+        """
         self.scheduler.drain()
 
     # ---- submit ----------------------------------------------------------------------------
@@ -142,17 +150,11 @@ class TuningService:
             raise RequestError(
                 422, "the body is empty; send a study spec as YAML or JSON, e.g. studies/tiny.yaml"
             )
-        if "json" in (content_type or ""):
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise RequestError(422, f"the body is not valid JSON: {exc}") from None
-        else:
-            try:
-                data = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                detail = " ".join(str(exc).split())
-                raise RequestError(422, f"the body is not valid YAML: {detail}") from None
+        fmt = "json" if "json" in (content_type or "") else "yaml"
+        try:
+            data = load_text(text, fmt, "the body")
+        except SpecError as exc:
+            raise RequestError(422, str(exc)) from None
         if not isinstance(data, dict):
             raise RequestError(
                 422, f"the body must be a mapping of spec fields, got a {type(data).__name__}"
@@ -167,6 +169,13 @@ class TuningService:
             raise RequestError(403, str(exc)) from None
         except (SpecError, WorkloadError) as exc:
             raise RequestError(422, str(exc)) from None
+        if spec.budget > self.max_budget:
+            raise RequestError(
+                422,
+                f"budget must be at most {format_duration(self.max_budget)} on this service (its "
+                f"--max-budget), got budget={format_duration(spec.budget)!r}; ask for less, or "
+                "ask whoever runs the service",
+            )
         if not any(accepts(d, spec.device) for d in self.monitor.devices):
             raise RequestError(
                 422,
@@ -181,8 +190,16 @@ class TuningService:
         """Queue a study spec.
 
         Raises:
-            RequestError: 422/403 for a bad spec, 409 when the name is taken.
+            RequestError: 422/403 for a bad spec, 409 when the name is taken, 503 while the
+                service drains.
+            StorageIOError: the storage cannot be written (the API answers 503).
         """
+        if self.scheduler.draining:
+            raise RequestError(
+                503,
+                "the service is draining (it is stopping); nothing was queued: submit again "
+                "once it has restarted",
+            )
         spec = self.parse(body, content_type)
         resumes = self._check_stored(spec)
         existing = self.queue.get(spec.name)
@@ -250,7 +267,14 @@ class TuningService:
     def _detail(self, row: QueueRow, standing: Standing | None, position: int) -> str:
         run = self.scheduler.run_of(row.name)
         if row.state == "running":
-            return run.detail if run is not None else "starting"
+            if run is not None:
+                return run.detail
+            if owner_alive(row.owner) is False:
+                return (
+                    f"left running by a service that stopped ({row.owner}); the next start puts "
+                    "it back in the queue, or cancel it"
+                )
+            return "starting" if row.owner == service_owner() else f"running in {row.owner}"
         if row.state == "queued":
             blocked = [
                 self.monitor.read(d, max_age=_READING_AGE).busy_reason
@@ -289,6 +313,7 @@ class TuningService:
         )
         run = self.scheduler.run_of(row.name)
         used = run.budget_used() if run is not None else row.probe_seconds
+        state = "paused" if run is not None and run.paused else row.state
         spec: dict[str, Any] = row.spec
         progress = StudyProgress(
             phase=run.phase if run is not None else None,
@@ -300,7 +325,7 @@ class TuningService:
         )
         fields: dict[str, Any] = {
             "name": row.name,
-            "state": row.state,
+            "state": state,
             "detail": self._detail(row, standing, position),
             "priority": row.priority,
             "workload": str(spec.get("workload", "")),
@@ -308,7 +333,7 @@ class TuningService:
             "submitted_at": _when(row.submitted_at),
             "started_at": _when(row.started_at),
             "finished_at": _when(row.finished_at),
-            "error": row.error,
+            "error": run.paused if run is not None and run.paused else row.error,
             "progress": progress,
         }
         if not detail:
@@ -367,9 +392,14 @@ class TuningService:
             RequestError: 404 unknown study, 409 already finished.
         """
         row = self._row(name)
-        if row.state == "queued" and self.queue.cancel_queued(name):
-            return CancelReply(name=name, state="cancelled", message="removed from the queue")
-        if self.scheduler.cancel(name):
+        if row.state == "queued":
+            if self.queue.cancel_queued(name):
+                return CancelReply(name=name, state="cancelled", message="removed from the queue")
+            row = self._row(name)  # a device took it a moment ago
+        # A running row this service owns but runs nowhere yet has just been taken from the
+        # queue: it is cancelled as it starts.
+        starting = row.state == "running" and row.owner == service_owner()
+        if self.scheduler.cancel(name, starting=starting):
             return CancelReply(
                 name=name,
                 state="cancelling",
@@ -379,6 +409,15 @@ class TuningService:
         row = self._row(name)
         if row.state in FINISHED:
             raise RequestError(409, f"study {name!r} is already {row.state}; nothing to cancel")
+        if row.state == "running" and owner_alive(row.owner) is False:
+            # Left running by a service that is gone: nobody else will ever finish it.
+            self.queue.finish(name, "cancelled")
+            return CancelReply(
+                name=name,
+                state="cancelled",
+                message=f"cancelled (it was left running by a stopped service, {row.owner}); "
+                "its trials stay in the storage",
+            )
         raise RequestError(409, f"study {name!r} is {row.state} elsewhere; try again shortly")
 
     # ---- devices and health ----------------------------------------------------------------

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import sys
+from typing import Any
 
 from autotune.errors import WorkloadError
 from autotune.workloads._base import Workload
@@ -22,6 +24,25 @@ def normalize_reference(reference: str) -> str:
     if reference in BUILTINS:
         return f"autotune.workloads:{reference}"
     return reference
+
+
+def _candidates(module: Any) -> list[str]:
+    """What a reference into ``module`` could name: its public functions and workloads, all of
+    them (its ``__all__`` when it has one, else what it defines itself, not what it imports)."""
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [
+            n for n, v in vars(module).items() if getattr(v, "__module__", None) == module.__name__
+        ]
+    return sorted(
+        n
+        for n in names
+        if not n.startswith("_")
+        and (
+            isinstance(getattr(module, n, None), Workload)
+            or inspect.isfunction(getattr(module, n, None))
+        )
+    )
 
 
 def load_workload(reference: str) -> Workload:
@@ -66,10 +87,8 @@ def load_workload(reference: str) -> Workload:
             f"{type(exc).__name__}: {exc}"
         ) from None
     if not hasattr(module, attr):
-        public = sorted(
-            n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))
-        )
-        hint = f"; it has {', '.join(public[:8])}" if public else ""
+        public = _candidates(module)
+        hint = f"; it has {', '.join(public)}" if public else ""
         raise WorkloadError(
             f"workload {reference!r}: module {module_name!r} has no attribute {attr!r}{hint}"
         )

@@ -1,0 +1,189 @@
+"""The study storage when things go wrong: its disk fills up mid-search, or the process running
+a trial dies. Nothing stored is lost, the state says what happened, and it recovers.
+
+The full disk is a file-size limit (``RLIMIT_FSIZE``, set on the running process with
+``prlimit``): every write past the first byte of any file then fails, as on a full disk, with
+no mount and no root needed.
+"""
+
+from __future__ import annotations
+
+import resource
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from _service import wait_for
+
+from autotune.spec import StudySpec
+from autotune.storage import fail_stale, open_storage, open_study, owner_id
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Sleepy probes (0.05 s a step) leave the shared cores alone; the budget leaves room for start-up
+# on a busy machine, and the run is ended by the fault long before.
+SPEC = """\
+name: full
+workload: autotune.workloads.testing:sleepy
+device: cpu
+budget: 60s
+space: {precisions: [fp32], batch_size: {min: 16, max: 64}}
+probe: {warmup_steps: 1, steps: 12, check_every: 6, time_limit: 8s}
+validation: {top_k: 1, steps: 12}
+"""
+
+
+def trials(db: str, name: str) -> list[optuna.trial.FrozenTrial]:
+    try:
+        return optuna.load_study(study_name=name, storage=db).get_trials()
+    except KeyError:
+        return []
+
+
+def _finished_and_running(ts: list[optuna.trial.FrozenTrial]) -> bool:
+    return any(t.state.is_finished() for t in ts) and any(
+        t.state == optuna.trial.TrialState.RUNNING for t in ts
+    )
+
+
+def fill_disk(pid: int) -> None:
+    """From now on, every write of ``pid`` past a file's first byte fails (EFBIG)."""
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
+
+
+def free_disk(pid: int) -> None:
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+
+
+@pytest.mark.timeout(240)
+def test_cli_search_on_a_full_disk_says_so_and_resumes(tmp_path: Path) -> None:
+    spec = tmp_path / "full.yaml"
+    spec.write_text(SPEC)
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    cmd = [sys.executable, "-m", "autotune", "search", str(spec), "--storage", db]
+    cmd += ["--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        # A finished trial, and the next one in flight: the disk fills up under it.
+        wait_for(
+            lambda: _finished_and_running(trials(db, "full")),
+            150,
+            "a finished trial and a running one",
+        )
+        fill_disk(proc.pid)
+        before = {t.number: (t.state, t.value) for t in trials(db, "full") if t.state.is_finished()}
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    # One clear line (a log file that cannot be written says so once, as a warning).
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err and "exceeding max length" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    assert "cannot be written (disk I/O error)" in errors[0]
+    assert "then resume by running the same command again" in errors[0]
+    kept = {t.number: (t.state, t.value) for t in trials(db, "full")}
+    assert all(kept[n] == before[n] for n in before)
+
+    # Space is back: the same command resumes; nothing stored is lost, nothing stays RUNNING,
+    # and the trial the disk failed under is labelled and run again.
+    done = subprocess.run(
+        [*cmd, "--budget", "6s"], cwd=ROOT, capture_output=True, text=True, timeout=150
+    )
+    assert done.returncode == 0, done.stderr
+    after = {t.number: t for t in trials(db, "full")}
+    assert all((after[n].state, after[n].value) == before[n] for n in before)
+    assert not [t for t in after.values() if t.state == optuna.trial.TrialState.RUNNING]
+    stale = [t for t in after.values() if t.user_attrs.get("outcome") == "stale"]
+    assert stale and all(t.state == optuna.trial.TrialState.FAIL for t in stale)
+    assert stale[0].number in {t.user_attrs.get("retry_of") for t in after.values()}
+
+
+# ---- the stale-trial path -------------------------------------------------------------------
+
+
+def _study(tmp_path: Path) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
+    spec = StudySpec(name="stale", workload="tiny_mlp", storage=f"sqlite:///{tmp_path / 's.db'}")
+    storage = open_storage(spec.storage)
+    return open_study(spec, storage), storage
+
+
+def _running(study: optuna.Study, worker: str, role: str | None = None) -> optuna.Trial:
+    trial = study.ask()
+    trial.suggest_categorical("precision", ["fp32", "bf16"])
+    trial.set_user_attr("worker", worker)
+    if role:
+        trial.set_user_attr("role", role)
+    return trial
+
+
+def test_a_dead_process_trial_is_failed_labelled_and_retried_at_once(tmp_path: Path) -> None:
+    study, _ = _study(tmp_path)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = _running(study, f"{socket.gethostname()}:{gone.pid}", role="reference")
+    alive = _running(study, owner_id())
+
+    assert fail_stale(study) == [dead.number]
+    by_number = {t.number: t for t in study.get_trials()}
+    failed = by_number[dead.number]
+    assert failed.state == optuna.trial.TrialState.FAIL
+    assert failed.user_attrs["outcome"] == "stale"
+    assert f":{gone.pid}) is gone" in failed.user_attrs["reason"]
+    assert by_number[alive.number].state == optuna.trial.TrialState.RUNNING
+    retries = [t for t in by_number.values() if t.user_attrs.get("retry_of") == dead.number]
+    assert len(retries) == 1
+    assert retries[0].state == optuna.trial.TrialState.WAITING
+    assert retries[0].user_attrs["role"] == "reference" and "outcome" not in retries[0].user_attrs
+    assert fail_stale(study) == []  # once
+
+
+def test_a_silent_trial_is_failed_after_its_grace_and_a_retry_only_once(tmp_path: Path) -> None:
+    study, storage = _study(tmp_path)
+    storage.grace_period = 0  # stale as soon as its heartbeat is a second old
+    trial = _running(study, "elsewhere:1")
+    storage.record_heartbeat(trial._trial_id)
+    failed = wait_for(lambda: fail_stale(study), 20, "the trial to go stale")
+    assert failed == [trial.number]
+    stored = study.get_trials()[trial.number]
+    assert stored.user_attrs["outcome"] == "stale"
+    assert stored.user_attrs["reason"].startswith("no heartbeat for")
+
+    # Its retry runs, and goes silent too: failed, not retried again.
+    retry = study.ask()
+    assert retry.user_attrs["retry_of"] == trial.number
+    storage.record_heartbeat(retry._trial_id)
+    assert wait_for(lambda: fail_stale(study), 20, "the retry to go stale") == [retry.number]
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+
+
+def test_write_failures_name_the_database_reason(tmp_path: Path) -> None:
+    """In a process whose disk is full, a study write is a StorageIOError that says why (not
+    Optuna's guess of "exceeding max length")."""
+    script = f"""
+import resource, sys
+from autotune.errors import StorageIOError
+from autotune.spec import StudySpec
+from autotune.storage import open_study
+spec = StudySpec(name="w", workload="tiny_mlp", storage="sqlite:///{tmp_path / "w.db"}")
+study = open_study(spec)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
+try:
+    study.set_user_attr("x", "y" * 100000)
+except StorageIOError as exc:
+    sys.stdout.write(str(exc))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert "cannot be written (disk I/O error); what it holds is kept" in done.stdout, (
+        done.stdout + done.stderr
+    )
