@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -14,7 +15,7 @@ from loguru import logger
 from optuna.trial import TrialState
 
 from autotune.config import TunedConfig
-from autotune.errors import AutotuneError, DeviceError, StorageError
+from autotune.errors import AutotuneError, DeviceError, StorageError, StorageIOError
 from autotune.parity import parity_gap
 from autotune.result import PairedResult
 from autotune.search._artifact import baseline, build_config
@@ -175,7 +176,10 @@ def _search(
                 step.retry(trial)
             raise
         except AutotuneError:
-            study.tell(trial, state=TrialState.FAIL)
+            # A storage that refuses writes refuses this one too: the original error is the
+            # one to report, and the trial left RUNNING is failed as stale on resume.
+            with contextlib.suppress(StorageIOError):
+                study.tell(trial, state=TrialState.FAIL)
             raise
 
 
