@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from autotune.errors import SpecError, WorkloadError
-from autotune.workloads import normalize_reference
+from autotune.workloads import is_reference, normalize_reference
 
 __all__ = [
     "BUILTIN_MODULES",
@@ -188,10 +188,8 @@ class WorkloadPolicy:
             WorkloadError: the reference is malformed, or names a built-in that does not exist.
             WorkloadRefused: the reference is outside the built-ins and the workload dirs.
         """
-        from autotune.workloads._loader import _REF
-
         ref = normalize_reference(reference)
-        if not _REF.match(ref):
+        if not is_reference(ref):
             raise WorkloadError(
                 f"workload {reference!r} must look like package.module:function or be a built-in "
                 "name such as tiny_convnet"

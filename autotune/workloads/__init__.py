@@ -2,13 +2,14 @@
 
 from autotune.workloads._base import Batch, Workload, cross_entropy_loss, synthetic_batches
 from autotune.workloads._builtin import BUILTINS, resnet18, tiny_convnet, tiny_gpt, tiny_mlp
-from autotune.workloads._loader import load_workload, normalize_reference
+from autotune.workloads._loader import is_reference, load_workload, normalize_reference
 
 __all__ = [
     "BUILTINS",
     "Batch",
     "Workload",
     "cross_entropy_loss",
+    "is_reference",
     "load_workload",
     "normalize_reference",
     "resnet18",

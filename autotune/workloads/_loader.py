@@ -13,9 +13,19 @@ from autotune.errors import WorkloadError
 from autotune.workloads._base import Workload
 from autotune.workloads._builtin import BUILTINS
 
-__all__ = ["load_workload", "normalize_reference"]
+__all__ = ["is_reference", "load_workload", "normalize_reference"]
 
 _REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+
+
+def is_reference(text: str) -> bool:
+    """Whether ``text`` has the shape of a workload reference: ``package.module:function``.
+
+    Example:
+        >>> is_reference("mypkg.train:workload"), is_reference("mypkg/train.py")
+        (True, False)
+    """
+    return _REF.match(text) is not None
 
 
 def normalize_reference(reference: str) -> str:
