@@ -17,7 +17,11 @@ from optuna.trial import TrialState, create_trial
 
 from autotune.cli import _search
 from autotune.cli._app import console
-from autotune.trials import ReferenceMeasurement, ReferenceRecord, Rejection, TrialRecord
+from autotune.reference import ReferenceMeasurement, ReferenceRecord
+from autotune.trials import (
+    Rejection,
+    TrialRecord,
+)
 
 REFERENCE = ReferenceRecord(
     batch_size=32,

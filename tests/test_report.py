@@ -21,16 +21,14 @@ from autotune.cli import app
 from autotune.config import TunedConfig
 from autotune.errors import StorageError
 from autotune.logs import reset_logging
+from autotune.reference import ReferenceMeasurement, ReferenceRecord, reference_key
 from autotune.report import collect, load_study, render_html, render_text, write_report
 from autotune.search import run_search
 from autotune.spec import Candidate, ProbeSettings, load_spec
 from autotune.trials import (
-    ReferenceMeasurement,
-    ReferenceRecord,
     TrialRecord,
     ceilings_key,
     record,
-    reference_key,
 )
 from autotune.worker import InProcessRunner
 

@@ -19,11 +19,11 @@ from autotune.errors import AutotuneError, SpecError, StorageIOError
 from autotune.logs import JSON_ENV, log_to_file
 from autotune.precision import resolve_device
 from autotune.progress import SearchProgress
+from autotune.reference import ReferenceRecord
 from autotune.report import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.storage import mask_url
 from autotune.trials import (
     ROLE_AMP,
-    ReferenceRecord,
     display_outcome,
     label,
     record,

@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TunedConfig, load_config
 from autotune.errors import ConfigError, StorageError
+from autotune.reference import ReferenceMeasurement, ReferenceRecord, stored_references
 from autotune.spec import StudySpec
 from autotune.storage import mask_url, open_storage
 from autotune.trials import (
@@ -23,8 +24,6 @@ from autotune.trials import (
     DEFAULT_INIT_SCALE,
     ROLE_AMP,
     ROLE_REFERENCE,
-    ReferenceMeasurement,
-    ReferenceRecord,
     TrialRecord,
     feasible_trials,
     is_feasible,
@@ -33,7 +32,6 @@ from autotune.trials import (
     role_trials,
     stored_ceilings,
     stored_config,
-    stored_references,
 )
 
 __all__ = ["DEFAULT_STORAGE", "ReportData", "collect", "load_study", "measured_interval"]

@@ -13,10 +13,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.parity import smoothed_loss_at
 from autotune.progress import scale_text
+from autotune.reference import ReferenceRecord
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._format import ratio_text, throughput_text
 from autotune.report._svg import PALETTE, Plot, mode_color, nice_range
-from autotune.trials import DEFAULT_INIT_SCALE, ReferenceRecord, display_outcome, is_feasible
+from autotune.trials import (
+    DEFAULT_INIT_SCALE,
+    display_outcome,
+    is_feasible,
+)
 from autotune.trials import label as params_label
 
 __all__ = [

@@ -11,10 +11,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Evidence, GradScalerSettings, TrialCounts, TunedConfig
 from autotune.facts import WorkerFacts
+from autotune.reference import ReferenceRecord
 from autotune.result import PairedResult
 from autotune.search._validate import Selection
 from autotune.spec import StudySpec
-from autotune.trials import ReferenceRecord, Rejection, candidate, label, record
+from autotune.trials import (
+    Rejection,
+    candidate,
+    label,
+    record,
+)
 
 __all__ = ["baseline", "build_config", "counts"]
 

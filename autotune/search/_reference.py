@@ -15,11 +15,11 @@ import time
 import optuna
 from loguru import logger
 
+from autotune.reference import ReferenceMeasurement, ReferenceRecord, reference_key
 from autotune.result import ProbeResult
 from autotune.search._context import SearchContext
 from autotune.search._events import PhaseStarted
 from autotune.search._space import reference_factor
-from autotune.trials import ReferenceMeasurement, ReferenceRecord, reference_key
 
 __all__ = ["ReferenceKeeper", "ReferenceUnavailable"]
 

@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 from autotune.config import TunedConfig
 from autotune.errors import AutotuneError, DeviceError, StorageError, StorageIOError
 from autotune.parity import parity_gap
+from autotune.reference import ReferenceRecord
 from autotune.result import PairedResult
 from autotune.search._artifact import baseline, build_config
 from autotune.search._budget import (
@@ -48,7 +49,6 @@ from autotune.spec import StudySpec
 from autotune.storage import fail_stale, heartbeat, open_study
 from autotune.trials import (
     ROLE_AMP,
-    ReferenceRecord,
     Rejection,
     TrialRecord,
     at_base_role,

@@ -19,6 +19,7 @@ from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.parity import parity_gap, time_to_loss
+from autotune.reference import ReferenceMeasurement
 from autotune.result import ProbeResult
 from autotune.search._budget import TRIAL_SHARE, SearchStopped
 from autotune.search._context import SearchContext
@@ -28,7 +29,6 @@ from autotune.search._reference import ReferenceKeeper
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.storage import owner_id
 from autotune.trials import (
-    ReferenceMeasurement,
     TrialRecord,
     feasible_trials,
     objective_value,

@@ -17,14 +17,13 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.reference import ReferenceMeasurement, stored_references
 from autotune.service._models import TrialInfo
 from autotune.trials import (
-    ReferenceMeasurement,
     display_outcome,
     feasible_trials,
     record,
     stored_config,
-    stored_references,
 )
 
 __all__ = ["Standing", "StandingCache", "latest_reference", "read_standing", "trial_info"]
