@@ -31,7 +31,7 @@ from pydantic import (
 
 from autotune.devices import resolve_device
 from autotune.errors import ConfigError, EnvironmentMismatchWarning, format_validation_error
-from autotune.spec import Candidate, PrecisionName
+from autotune.spec import Candidate, CompileMode, PrecisionName
 from autotune.version import __version__
 
 __all__ = [
@@ -108,8 +108,15 @@ class Evidence(_Model):
     rejected: list[str] = Field(default_factory=list)
     cut: dict[str, str] = Field(default_factory=dict)
     ceilings: dict[str, int] = Field(default_factory=dict)
-    # When fp16 trials diverged: the per-layer diagnosis of the worst one (autotune diagnose).
+    # When fp16 trials diverged: the per-layer diagnosis of the worst one (autotune diagnose),
+    # the modules it kept in fp32 for the fp32-islands candidate, or why there was none.
     fp16_diagnosis: dict[str, Any] | None = None
+    # A compiled winner: what compiling took in the search (untimed warm-up, charged to the
+    # budget), the same mode and batch measured uncompiled, and the training steps after which
+    # the steady-state gain repays the compile time (None: it never does, or nothing to say).
+    compile_seconds: float | None = Field(default=None, ge=0)
+    uncompiled_throughput: float | None = Field(default=None, ge=0)
+    compile_break_even_steps: int | None = Field(default=None, ge=0)
 
 
 class Environment(_Model):
@@ -138,6 +145,12 @@ class TunedConfig(_Model):
     learning_rate: float = Field(gt=0, allow_inf_nan=False)
     grad_scaler: GradScalerSettings
     channels_last: bool = False
+    # torch.compile the model (in place, batch dimension dynamic) in this mode.
+    compile: bool = False
+    compile_mode: CompileMode = "default"
+    # Modules (as in model.named_modules()) that run in fp32 inside the autocast region: the
+    # fp32 islands that keep fp16 in range. Empty: none.
+    fp32_modules: list[str] = Field(default_factory=list)
     # The class name of the optimizer the learning rate was tuned for ("SGD", "AdamW"); the rule
     # that rescales it with the batch is evidence.lr_scaling. None in configs written before.
     optimizer: str | None = None
@@ -173,6 +186,9 @@ class TunedConfig(_Model):
             init_scale=self.grad_scaler.init_scale,
             growth_interval=self.grad_scaler.growth_interval,
             channels_last=self.channels_last,
+            compile=self.compile,
+            compile_mode=self.compile_mode,
+            fp32_modules=list(self.fp32_modules),
         )
 
     def save(self, path: str | Path) -> Path:

@@ -8,13 +8,17 @@ Also here, as data with one rule each: the feasibility test (every constraint �
 own ``_constrained_optimization`` has it), how constraints and the objective value are written
 so that optuna-dashboard shows what Optuna decides, the outcome a person reads for a trial, the
 candidate a trial ran, the key the batch ceilings are stored under, the tuned config stored on
-the study, and why a candidate was rejected.
+the study, and why a candidate was rejected; and the fp32 reference's record
+(:mod:`autotune.references`), re-exported.
 
 =====================  =================================================================
 attribute              meaning
 =====================  =================================================================
 role                   ``reference`` (fp32 at the base batch and lr), ``amp_recipe``
-                       (fp16 with default GradScaler), ``<mode>_at_base``; None otherwise
+                       (fp16 with default GradScaler), ``<mode>_at_base``, ``fp32_islands``
+                       (fp16 with the diagnosed modules in fp32); None otherwise
+fp32_modules           the modules an fp32-islands trial kept in fp32
+compile_seconds        what compiling took in a compiled trial's untimed warm-up
 outcome / reason       how the probe ended and why, in words a person can act on
 throughput             samples/s of the timed steps (the median over timed blocks)
 throughput_low/high    its confidence interval
@@ -40,6 +44,12 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from autotune.config import TunedConfig
+from autotune.references import (
+    ReferenceMeasurement,
+    ReferenceRecord,
+    reference_key,
+    stored_references,
+)
 from autotune.spec import Candidate
 
 __all__ = [
@@ -49,6 +59,7 @@ __all__ = [
     "ReferenceMeasurement",
     "ReferenceRecord",
     "ROLE_AMP",
+    "ROLE_ISLANDS",
     "ROLE_REFERENCE",
     "Rejection",
     "TrialRecord",
@@ -75,13 +86,13 @@ __all__ = [
 
 ROLE_REFERENCE = "reference"
 ROLE_AMP = "amp_recipe"
+ROLE_ISLANDS = "fp32_islands"
 # torch's GradScaler default; a trial without an init_scale parameter ran with it.
 DEFAULT_INIT_SCALE = 2.0**16
 # Optuna 5 keeps each constraint in a system attribute named "constraints:<key>"; optuna-dashboard
 # reads only the older form, a list under "constraints" itself.
 CONSTRAINTS_KEY = "constraints"
 _CEILINGS = "ceilings"
-_REFERENCE = "reference"
 # The study attribute holding the tuned config, as JSON text (see store_config).
 CONFIG_KEY = "tuned_config"
 
@@ -123,6 +134,8 @@ class TrialRecord(BaseModel):
     timed_steps: int | None = None
     truncated: bool | None = None
     probe_seconds: float | None = None
+    compile_seconds: float | None = None
+    fp32_modules: list[str] = []
     losses: list[float | None] = []
     scales: list[tuple[int, float]] = []
     # Parity against the fp32 reference, and the samples seen where it was decided.
@@ -274,7 +287,8 @@ def display_outcome(trial: FrozenTrial) -> str | None:
 
 
 def candidate(trial: FrozenTrial) -> Candidate:
-    """The Candidate a trial ran (its learning rate is the one recorded, after the lr rule).
+    """The Candidate a trial ran (its learning rate is the one recorded, after the lr rule;
+    its fp32 modules too).
 
     Raises:
         ValueError: the trial holds no precision, batch size or learning rate.
@@ -287,16 +301,21 @@ def candidate(trial: FrozenTrial) -> Candidate:
         batch_size=int(p["batch_size"]),
         learning_rate=rec.learning_rate,
         init_scale=float(p.get("init_scale", DEFAULT_INIT_SCALE)),
+        channels_last=p.get("channels_last"),
+        compile=bool(p.get("compile", False)),
+        compile_mode=p.get("compile_mode", "default"),
+        fp32_modules=list(rec.fp32_modules),
     )
 
 
 def label(params: Mapping[str, Any]) -> str:
-    """A trial's sampled parameters in one line: ``fp16 bs=32 lr×1 init_scale=1024``.
+    """A trial's sampled parameters in one line: ``fp16 bs=32 lr×1 init_scale=1024``, then the
+    knobs a trial turned (``compile``, ``channels_last``/``nchw``, ``fp32 islands``).
 
     Example:
         >>> label({"precision": "fp16", "batch_size": 32, "lr_multiplier": 1.0,
-        ...        "init_scale": 1024.0})
-        'fp16 bs=32 lr×1 init_scale=1024'
+        ...        "init_scale": 1024.0, "compile": True})
+        'fp16 bs=32 lr×1 init_scale=1024 compile'
     """
     text = (
         f"{params.get('precision')} bs={params.get('batch_size')} "
@@ -307,6 +326,13 @@ def label(params: Mapping[str, Any]) -> str:
         text += " init_scale=" + (
             f"{scale:.0f}" if scale >= 1 and scale.is_integer() else f"{scale:g}"
         )
+    if params.get("compile"):
+        mode = params.get("compile_mode", "default")
+        text += " compile" if mode == "default" else f" compile={mode}"
+    if "channels_last" in params:
+        text += " channels_last" if params["channels_last"] else " nchw"
+    if params.get("fp32_islands", "none") != "none":
+        text += " fp32 islands"
     return text
 
 
@@ -435,82 +461,3 @@ class Rejection(BaseModel):
             return f"{self.label}: failed validation: {self.detail}"
         text = f"{self.label}: {self.count} {self.kind}"
         return text + (f" (e.g. {self.detail})" if self.detail else "")
-
-
-# ---- the fp32 reference, stored per machine and device -----------------------------------------
-
-
-class ReferenceMeasurement(BaseModel):
-    """One throughput measurement of the fp32 reference: when, and what it measured."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    # Unix time at the end of the measurement.
-    at: float
-    throughput: float
-    low: float
-    high: float
-    blocks: int = 0
-    # Relative spread of the block timings (interquartile range over the median).
-    spread: float = 0.0
-
-
-class ReferenceRecord(BaseModel):
-    """The fp32 reference of one machine and device: its settings, the loss curve the parity
-    check compares against, and every throughput measurement, oldest first.
-
-    It is not a trial: the reference is the baseline every candidate is compared with, not a
-    point of the search space (fp32 is a candidate only when the spec lists it).
-    """
-
-    model_config = ConfigDict(extra="ignore")
-
-    precision: str = "fp32"
-    batch_size: int
-    learning_rate: float
-    seed: int = 0
-    # Loss of every step of the long first run (None where not finite).
-    losses: list[float | None] = []
-    peak_memory_bytes: int | None = None
-    measurements: list[ReferenceMeasurement] = []
-
-    @property
-    def finite_losses(self) -> list[float]:
-        return [v for v in self.losses if v is not None]
-
-    def latest(self) -> ReferenceMeasurement | None:
-        return self.measurements[-1] if self.measurements else None
-
-    def candidate(self) -> Candidate:
-        return Candidate(
-            precision=self.precision,  # type: ignore[arg-type]
-            batch_size=self.batch_size,
-            learning_rate=self.learning_rate,
-        )
-
-
-def reference_key(host: str, device: str) -> str:
-    """The study attribute the fp32 reference of one device of one machine is stored under.
-
-    Example:
-        >>> reference_key("box1", "cpu")
-        'reference:box1:cpu'
-    """
-    return f"{_REFERENCE}:{host}:{device}"
-
-
-def stored_references(attrs: Mapping[str, Any]) -> dict[tuple[str, str], ReferenceRecord]:
-    """Every stored reference of a study, by ``(host, device)``; unreadable ones are skipped."""
-    out: dict[tuple[str, str], ReferenceRecord] = {}
-    prefix = f"{_REFERENCE}:"
-    for key, value in attrs.items():
-        if not key.startswith(prefix) or not isinstance(value, dict):
-            continue
-        host, sep, device = key[len(prefix) :].partition(":")
-        if not sep:
-            continue
-        try:
-            out[(host, device)] = ReferenceRecord.model_validate(value)
-        except ValidationError:
-            continue
-    return out
