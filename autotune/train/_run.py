@@ -56,8 +56,12 @@ def train(
         held_out: batches to score accuracy on; :func:`held_out_batches` when None
             (:func:`compare` makes them once for every run).
 
+    A compiled setup compiles in the untimed warm-up, afresh (torch's in-process compile caches
+    are dropped first): its ``compile_seconds`` are what a new training process pays.
+
     Returns:
-        The TrainResult. Divergence and OOM end the run early as outcomes, not exceptions.
+        The TrainResult. Divergence, OOM and a failed compile end the run early as outcomes,
+        not exceptions.
 
     Raises:
         DeviceError: the device does not exist or cannot run the precision.
