@@ -150,3 +150,40 @@ def test_compile_and_islands_on_the_gpu() -> None:
     )
     assert paired.ok, paired.summary()
     assert paired.candidate.compile_seconds is not None
+
+
+class _FunctionalOverflow(nn.Module):
+    """fp16 overflows in an op between two modules, not inside either."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) * 1e6  # past 65,504 in fp16: no module to keep in fp32
+        return self.head(h / 1e6)
+
+
+def test_an_overflow_between_modules_gets_no_fp32_islands_and_says_why() -> None:
+    import json
+
+    from autotune.diagnose import diagnose
+    from autotune.search._knobs import islands_plan
+    from autotune.workloads import Workload, synthetic_batches
+
+    def make(bs: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(bs, 64, generator=g), torch.randint(0, 10, (bs,), generator=g)
+
+    wl = Workload(
+        name="functional_overflow",
+        build_model=_FunctionalOverflow,
+        make_batches=lambda bs, dev, g: synthetic_batches(make, bs, dev, g, samples=256),
+        build_optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr),
+        base_lr=0.001,
+        base_batch_size=32,
+    )
+    found = json.loads(diagnose(wl, cand("fp16", 32, 0.001), "cpu", steps=1).model_dump_json())
+    modules, said = islands_plan(found)
+    assert modules == []
+    assert said.startswith("not tried: the overflow is in functional code between modules")

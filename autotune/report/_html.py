@@ -329,6 +329,9 @@ def _facts(data: ReportData) -> str:
         )
     if cfg is not None and cfg.evidence.rejected:
         items.append(("main rejections", "; ".join(cfg.evidence.rejected[:8])))
+    if cfg is not None and (found := cfg.evidence.fp16_diagnosis):
+        islands = f"; fp32 islands {found['islands']}" if found.get("islands") else ""
+        items.append(("fp16 diagnosis", f"{found.get('reason', '')}{islands}"))
     if data.config_path is not None:
         items.append(("config", str(data.config_path)))
     for note in data.notes:

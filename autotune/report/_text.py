@@ -116,6 +116,10 @@ def render_text(data: ReportData) -> str:
                 f"{throughput_text(rec.throughput, unit=' samples/s'):>20}  "
                 f"{ratio_text(*data.speedup(t))}"
             )
+    found = cfg.evidence.fp16_diagnosis if cfg is not None else None
+    if found:
+        islands = f"; fp32 islands {found['islands']}" if found.get("islands") else ""
+        lines.append(f"fp16 diagnosis: {found.get('reason', '')}{islands}")
     knobs = knob_lines(data.trials)
     if knobs:
         lines.append("what each knob brought (best with it, vs the same point without):")
