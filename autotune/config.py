@@ -38,7 +38,7 @@ from autotune.errors import (
     short_repr,
 )
 from autotune.inputs import load_text, read_text
-from autotune.spec import Candidate, PrecisionName
+from autotune.spec import Candidate, CompileMode, PrecisionName
 from autotune.version import __version__
 
 __all__ = [
@@ -130,8 +130,15 @@ class Evidence(_Model):
     rejected: list[str] = Field(default_factory=list)
     cut: dict[str, str] = Field(default_factory=dict)
     ceilings: dict[str, int] = Field(default_factory=dict)
-    # When fp16 trials diverged: the per-layer diagnosis of the worst one (autotune diagnose).
+    # When fp16 trials diverged: the per-layer diagnosis of the worst one (autotune diagnose),
+    # the modules it kept in fp32 for the fp32-islands candidate, or why there was none.
     fp16_diagnosis: dict[str, Any] | None = None
+    # A compiled winner: what compiling took in the search (untimed warm-up, charged to the
+    # budget), the same mode and batch measured uncompiled, and the training steps after which
+    # the steady-state gain repays the compile time (None: it never does, or nothing to say).
+    compile_seconds: float | None = Field(default=None, ge=0)
+    uncompiled_throughput: float | None = Field(default=None, ge=0)
+    compile_break_even_steps: int | None = Field(default=None, ge=0)
 
 
 class Environment(_Model):
@@ -160,6 +167,12 @@ class TunedConfig(_Model):
     learning_rate: float = Field(gt=0, le=MAX_LEARNING_RATE, allow_inf_nan=False, strict=True)
     grad_scaler: GradScalerSettings
     channels_last: StrictBool = False
+    # torch.compile the model (in place, batch dimension dynamic) in this mode.
+    compile: StrictBool = False
+    compile_mode: CompileMode = "default"
+    # Modules (as in model.named_modules()) that run in fp32 inside the autocast region: the
+    # fp32 islands that keep fp16 in range. Empty: none.
+    fp32_modules: list[str] = Field(default_factory=list)
     # The class name of the optimizer the learning rate was tuned for ("SGD", "AdamW"); the rule
     # that rescales it with the batch is evidence.lr_scaling. None in configs written before.
     optimizer: str | None = None
@@ -195,6 +208,9 @@ class TunedConfig(_Model):
             init_scale=self.grad_scaler.init_scale,
             growth_interval=self.grad_scaler.growth_interval,
             channels_last=self.channels_last,
+            compile=self.compile,
+            compile_mode=self.compile_mode,
+            fp32_modules=list(self.fp32_modules),
         )
 
     def save(self, path: str | Path) -> Path:

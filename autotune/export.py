@@ -5,7 +5,9 @@ on (or ``device=``): ``kwargs``, exactly the keyword arguments of the library's 
 the real plugin and handler objects in them (the tuned GradScaler included), and ``elsewhere``,
 what that constructor does not take (batch size and lr for your DataLoader and optimizer, the
 optimizer the lr was tuned for and its rescaling rule, the TF32 settings and
-``cudnn.benchmark=True`` the probes measured with)::
+``cudnn.benchmark=True`` the probes measured with, the fp32 modules no library can express,
+torch.compile where the library has no setting for it: Hugging Face's ``torch_compile`` and
+accelerate's dynamo plugin take it, Lightning does not)::
 
     ex = autotune.export(cfg, "lightning")
     ex.elsewhere.set_backend_flags()             # TF32 as tuned, cudnn.benchmark=True
@@ -36,6 +38,7 @@ import torch
 
 from autotune.config import TunedConfig
 from autotune.errors import DeviceError, SpecError
+from autotune.knobs import knob_notes
 from autotune.precision import apply_backend_flags, get_mode
 
 __all__ = ["FORMATS", "TARGETS", "Elsewhere", "Export", "export"]
@@ -55,6 +58,7 @@ _DEFAULT_SCALER = {"init_scale": 2.0**16, "growth_interval": 2000}
 _MIXED_PRECISION = "lightning.pytorch.plugins.precision.MixedPrecision"
 _GRAD_SCALER = "torch.amp.GradScaler"
 _GRAD_SCALER_KWARGS = "accelerate.utils.GradScalerKwargs"
+_DYNAMO = "accelerate.utils.TorchDynamoPlugin"
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,8 @@ class Elsewhere:
         cudnn_tf32: TF32 for cuDNN convolutions and RNNs (``torch.backends.cudnn.allow_tf32``).
         cudnn_benchmark: ``torch.backends.cudnn.benchmark``, which the probes measured with.
         channels_last: call ``model.to(memory_format=torch.channels_last)`` before training.
+        compile_mode: ``model.compile(mode=...)`` before training; None: not compiled.
+        fp32_modules: the modules to keep in fp32 (``autotune.diagnose.keep_in_fp32``).
     """
 
     precision: str
@@ -111,6 +117,8 @@ class Elsewhere:
     cudnn_tf32: bool
     cudnn_benchmark: bool = True
     channels_last: bool = False
+    compile_mode: str | None = None
+    fp32_modules: tuple[str, ...] = ()
 
     def set_backend_flags(self) -> None:
         """Set TF32 (CUDA matmul, cuDNN conv and RNN, in torch's new and legacy settings alike)
@@ -244,6 +252,8 @@ def _elsewhere(cfg: TunedConfig) -> Elsewhere:
         float32_matmul_precision="high" if mode.tf32 else "highest",
         cudnn_tf32=mode.tf32,
         channels_last=cfg.channels_last,
+        compile_mode=cfg.compile_mode if cfg.compile else None,
+        fp32_modules=tuple(cfg.fp32_modules),
     )
 
 
@@ -279,8 +289,12 @@ def _lr_note(cfg: TunedConfig, where: str) -> str:
     return text
 
 
-def _common_notes(cfg: TunedConfig, device: str) -> list[str]:
-    notes = []
+def _common_notes(
+    cfg: TunedConfig, device: str, target: str, *, compiles: bool = False
+) -> list[str]:
+    """Notes every target shares; ``compiles``: the library takes the compile setting itself."""
+    compile_mode = cfg.compile_mode if cfg.compile and not compiles else None
+    notes = knob_notes(cfg.fp32_modules, compile_mode, _LIBRARY[target])
     ex = _elsewhere(cfg)
     if device == "cuda":
         tf32 = str(ex.cudnn_tf32)
@@ -360,7 +374,7 @@ def _lightning(cfg: TunedConfig, device: str) -> Export:
         f"batch_size={cfg.batch_size} goes to your DataLoader (LightningDataModule), "
         "learning_rate to configure_optimizers",
         _lr_note(cfg, "configure_optimizers"),
-        *_common_notes(cfg, device),
+        *_common_notes(cfg, device, "lightning"),
     ]
     file = {"trainer": described}
     return _export("lightning", cfg, device, notes, kwargs, file, _flags("trainer.", described))
@@ -380,6 +394,9 @@ def _hf(cfg: TunedConfig, device: str) -> Export:
         kwargs["use_cpu"] = True
     kwargs["per_device_train_batch_size"] = cfg.batch_size
     kwargs["learning_rate"] = cfg.learning_rate
+    if cfg.compile:
+        kwargs["torch_compile"] = True
+        kwargs["torch_compile_mode"] = cfg.compile_mode
     notes = []
     if cfg.optimizer != "AdamW":
         opt = cfg.optimizer or "the workload's own optimizer"
@@ -401,7 +418,7 @@ def _hf(cfg: TunedConfig, device: str) -> Export:
             "torch.backends.cudnn.allow_tf32 raises: call Export.elsewhere.set_backend_flags() "
             "after TrainingArguments(...)"
         )
-    notes += _common_notes(cfg, device)
+    notes += _common_notes(cfg, device, "hf", compiles=True)
     return _export("hf", cfg, device, notes, kwargs, dict(kwargs), _flags("", kwargs))
 
 
@@ -413,6 +430,8 @@ def _accelerate(cfg: TunedConfig, device: str) -> Export:
     scaler = _tuned_scaler(cfg)
     if scaler is not None:
         kwargs["kwargs_handlers"] = [_Obj(_GRAD_SCALER_KWARGS, dict(scaler))]
+    if cfg.compile:
+        kwargs["dynamo_plugin"] = _Obj(_DYNAMO, {"backend": "inductor", "mode": cfg.compile_mode})
     # What `accelerate config` writes for one process on one machine.
     file = {
         "compute_environment": "LOCAL_MACHINE",
@@ -427,6 +446,9 @@ def _accelerate(cfg: TunedConfig, device: str) -> Export:
     args = ["--mixed_precision", mixed, "--num_processes", "1", "--num_machines", "1"]
     if device == "cpu":
         args.append("--cpu")
+    if cfg.compile:
+        file["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_mode": cfg.compile_mode}
+        args += ["--dynamo_backend", "inductor", "--dynamo_mode", cfg.compile_mode]
     notes = [
         f"batch_size={cfg.batch_size} goes to your DataLoader, learning_rate to your optimizer",
         _lr_note(cfg, "your optimizer's lr"),
@@ -437,7 +459,7 @@ def _accelerate(cfg: TunedConfig, device: str) -> Export:
             f"script pass kwargs_handlers=[GradScalerKwargs({_scaler_text(scaler)})] "
             "(accelerate.utils) to Accelerator, as Export.kwargs does"
         )
-    notes += _common_notes(cfg, device)
+    notes += _common_notes(cfg, device, "accelerate", compiles=True)
     return _export("accelerate", cfg, device, notes, kwargs, file, args)
 
 

@@ -6,8 +6,9 @@ reference, candidate, reference, … in one process, each run on its own model, 
 data — let drift and bursts hit both arms, and the speedup is the median of the per-pair
 ratios, with its interval (:func:`autotune.stats.ratio_estimate`).
 
-1. Both arms build from the same seed and warm up (untimed); each arm's backend flags are set
-   before each of its blocks (TF32 for one, IEEE for the other).
+1. Both arms build from the same seed and warm up (untimed; a compiled candidate compiles
+   here, and the time limit counts from after it); each arm's backend flags are set before
+   each of its blocks (TF32 for one, IEEE for the other).
 2. Blocks alternate until the candidate has run ``min_time`` and ``steps`` steps, at least six
    pairs are measured and the ratio's interval is within ``precision`` (or 4x ``min_time``, or
    the time limit).
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from loguru import logger
 
+from autotune.knobs import compile_failure
 from autotune.memory import PeakMemory
 from autotune.precision import apply_backend_flags, get_mode, resolve_device
 from autotune.probe import leave_no_trace, unsupported_reason
@@ -129,15 +131,23 @@ def _interleave(
     ref_settings = settings.model_copy(update={"steps": 1})
     runs["candidate"] = TimedRun(engines["candidate"], settings, started)
     runs["reference"] = TimedRun(engines["reference"], ref_settings, started)
-    ended: dict[str, str] = {}
+    ended: dict[str, tuple[str, str]] = {}
 
     def arm(name: str, action: Any) -> bool:
-        """Run one arm's action under its own flags; an OOM ends the pair."""
+        """Run one arm's action under its own flags; an OOM or a failed compile ends the pair."""
         apply_backend_flags(modes[name])
         holder: list[bool] = []
-        oom = engines[name].run(lambda e: holder.append(action()))
+        try:
+            oom = engines[name].run(lambda e: holder.append(action()))
+        except Exception as exc:
+            failed = compile_failure(engines[name].candidate, exc)
+            if failed is None:
+                raise
+            ended[name] = ("compile_failed", failed)
+            return False
         if oom is not None:
-            ended[name] = f"out of memory at batch_size={engines[name].candidate.batch_size}: {oom}"
+            bs = engines[name].candidate.batch_size
+            ended[name] = ("oom", f"out of memory at batch_size={bs}: {oom}")
             return False
         return bool(holder and holder[0])
 
@@ -147,6 +157,8 @@ def _interleave(
             torch.manual_seed(settings.seed)
             if not arm(name, runs[name].warm_up):
                 return
+        # The candidate's compiling is charged to the budget, not to the pair's time limit.
+        runs["reference"].started += runs["candidate"].compile_shift
         # Both arms' blocks last about as long, so each pair sees the same stretch of time.
         min_time = runs["candidate"].min_time
         while True:
@@ -170,8 +182,8 @@ def _interleave(
         fields = {name: runs[name].fields() for name in runs}
         for engine in engines.values():
             engine.close()
-    for name, why in ended.items():
-        fields[name].update(outcome="oom", reason=why, throughput=0.0)
+    for name, (outcome, why) in ended.items():
+        fields[name].update(outcome=outcome, reason=why, throughput=0.0)
     results = {name: ProbeResult(**bases[name], **fields[name]) for name in runs}
     out = PairedResult(candidate=results["candidate"], reference=results["reference"])
     rates_c = runs["candidate"].rates()

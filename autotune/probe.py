@@ -11,7 +11,8 @@ step, the loss read-back and the OOM recovery. A probe:
 4. reads the loss (and the fp16 scale) back at the end of each block to catch divergence, so
    the host syncs only once per block;
 5. reports throughput (the median over blocks, with its 95% interval), peak memory, the loss
-   and scale traces and an outcome.
+   and scale traces and an outcome; a compiled candidate also its compile time (untimed, in
+   the warm-up), or ``compile_failed`` with the compiler's reason.
 
 It leaves no trace: RNG states, backend flags and grad mode are restored afterwards, and an
 out-of-memory error is cleaned up so the same process can run the next probe.
@@ -28,7 +29,8 @@ from typing import Any
 import torch
 from loguru import logger
 
-from autotune.memory import PeakMemory
+from autotune.knobs import compile_failure
+from autotune.memory import PeakMemory, release_memory
 from autotune.precision import (
     PrecisionMode,
     apply_backend_flags,
@@ -195,10 +197,22 @@ def _train(
     # Cleared cache, reset peaks: this probe's peak memory is its own, not an earlier one's.
     peak = PeakMemory(dev)
     peak.start()
+    failed: str | None = None
     with StepEngine(workload, candidate, dev, seed=settings.seed) as engine:
         run = TimedRun(engine, settings, started, early_stop)
-        oom = engine.run(lambda e: run.measure())
+        try:
+            oom = engine.run(lambda e: run.measure())
+        except Exception as exc:
+            failed = compile_failure(candidate, exc)
+            if failed is None:
+                raise
+            oom = None
         out = run.fields()
+    if failed is not None:
+        # Outside the except block: its traceback would keep the half-built graphs alive.
+        release_memory(dev)
+        out.update(outcome="compile_failed", reason=failed, throughput=0.0, autocast_dtype=dtype)
+        return out
     if oom is not None:
         return {
             **out,

@@ -82,6 +82,11 @@ def candidate_label(candidate: dict[str, Any]) -> str:
     )
     if candidate.get("precision") == "fp16" and candidate.get("init_scale") is not None:
         text += f" init_scale={scale_text(float(candidate['init_scale']))}"
+    if candidate.get("compile"):
+        mode = candidate.get("compile_mode") or "default"
+        text += " compile" if mode == "default" else f" compile={mode}"
+    if candidate.get("fp32_modules"):
+        text += f" fp32[{','.join(candidate['fp32_modules'])}]"
     return text
 
 

@@ -8,7 +8,27 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.spec import Candidate
 
-__all__ = ["Outcome", "PairedResult", "ProbeResult"]
+__all__ = ["Outcome", "PairedResult", "ProbeResult", "knob_text"]
+
+
+def knob_text(c: Candidate, *, nchw: bool = True) -> str:
+    """A candidate's knobs beside its precision, for logs: `` compile fp32[amplify]``
+    (``nchw=False``: say channels_last only when it is on).
+
+    Example:
+        >>> knob_text(Candidate(precision="fp16", batch_size=8, learning_rate=0.1, compile=True,
+        ...                     channels_last=False, fp32_modules=["amplify"]))
+        ' compile nchw fp32[amplify]'
+    """
+    out = ""
+    if c.compile:
+        out += " compile" if c.compile_mode == "default" else f" compile={c.compile_mode}"
+    if c.channels_last is not None:
+        out += " channels_last" if c.channels_last else " nchw" if nchw else ""
+    if c.fp32_modules:
+        out += f" fp32[{','.join(c.fp32_modules)}]"
+    return out
+
 
 # completed   ran to the end (or to its time limit, then `truncated`); figures are valid
 # diverged    non-finite or blown-up loss, or a failing GradScaler; `reason` names step and value
@@ -17,7 +37,17 @@ __all__ = ["Outcome", "PairedResult", "ProbeResult"]
 # crashed     the worker died or the probe raised; a bug or a broken workload, not a measurement
 # slower      stopped early: its throughput's interval lay clearly below the best candidate's
 # off_parity  stopped early: its loss was clearly off the fp32 reference's at equal samples seen
-Outcome = Literal["completed", "diverged", "oom", "unsupported", "crashed", "slower", "off_parity"]
+# compile_failed  torch.compile could not compile the model; `reason` says what the compiler said
+Outcome = Literal[
+    "completed",
+    "diverged",
+    "oom",
+    "unsupported",
+    "crashed",
+    "slower",
+    "off_parity",
+    "compile_failed",
+]
 
 
 class ProbeResult(BaseModel):
@@ -48,6 +78,9 @@ class ProbeResult(BaseModel):
     planned_steps: int = 0
     timed_seconds: float = 0.0
     wall_seconds: float = 0.0
+    # A compiled candidate: what compiling added to the untimed warm-up (in wall_seconds, never
+    # in timed_seconds). None when the candidate does not compile.
+    compile_seconds: float | None = None
     # Host time spent in divergence checks inside the timed window (includes the sync they cause).
     check_seconds: float = 0.0
     truncated: bool = False
@@ -85,8 +118,11 @@ class ProbeResult(BaseModel):
         head = f"{c.precision} bs={c.batch_size} lr={c.learning_rate:.3g}"
         if c.precision == "fp16":
             head += f" init_scale={c.init_scale:g}"
+        head += knob_text(c)
         if self.outcome == "completed":
             tail = f"{self.throughput:.1f} samples/s"
+            if self.compile_seconds is not None:
+                tail += f" (compiled in {self.compile_seconds:.1f}s, untimed)"
             if self.truncated:
                 tail += f" (time limit, {self.timed_steps} timed steps)"
             return f"{head} → {tail}"
@@ -117,11 +153,13 @@ class PairedResult(BaseModel):
     def summary(self) -> str:
         """One line for logs: ``bf16 bs=256 … → 1.93x (1.85–2.01) over 12 pairs``."""
         c = self.candidate.candidate
-        head = f"{c.precision} bs={c.batch_size} lr={c.learning_rate:.3g}"
+        head = f"{c.precision} bs={c.batch_size} lr={c.learning_rate:.3g}" + knob_text(c)
         if not self.candidate.ok:
             return f"{head} → {self.candidate.outcome}: {self.candidate.reason}"
         if not self.reference.ok:
             return f"{head} → reference arm {self.reference.outcome}: {self.reference.reason}"
+        if self.speedup is None:
+            return f"{head} → no speedup: {self.pairs} pairs of timed blocks measured"
         return (
             f"{head} → {self.speedup:.2f}x ({self.speedup_low:.2f}–{self.speedup_high:.2f}) the "
             f"fp32 reference over {self.pairs} pairs"

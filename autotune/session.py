@@ -4,7 +4,7 @@ The usual AMP loop, with the tuned settings in one object::
 
     cfg = autotune.load_config("studies/resnet18/best.json")
     with autotune.session(cfg, "cuda") as amp:  # backend flags set here, restored at the end
-        model = amp.prepare(model)            # device, channels_last as tuned
+        model = amp.prepare(model)            # device, fp32 modules, channels_last, compile
         opt = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate)
         for x, y in loader:                   # DataLoader(..., batch_size=cfg.batch_size)
             x, y = amp.prepare_batch((x, y))
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from torch import nn
 
 from autotune.config import TunedConfig, warn_if_environment_differs
 from autotune.errors import AutotuneWarning, DeviceError
+from autotune.knobs import apply_knobs, mark_batch_dynamic
 from autotune.precision import (
     PrecisionMode,
     apply_backend_flags,
@@ -137,6 +139,8 @@ class AmpSession:
             means no.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         cudnn_benchmark: let cudnn pick the fastest conv algorithms, as the search did.
+        fresh_compile: drop torch's in-process compile caches before compiling a model, so
+            compiling costs what it costs a new process (``autotune train`` measures it so).
 
     Raises:
         SpecError: the precision is unknown.
@@ -156,6 +160,7 @@ class AmpSession:
         device: str | torch.device = "auto",
         *,
         cudnn_benchmark: bool = True,
+        fresh_compile: bool = False,
     ) -> None:
         # 1. Everything that can fail and changes nothing global.
         self.device: torch.device = check_supported(candidate.precision, device)
@@ -169,6 +174,10 @@ class AmpSession:
             growth_interval=candidate.growth_interval,
         )
         self._cudnn_benchmark = cudnn_benchmark
+        self._fresh_compile = fresh_compile
+        # Undoes the fp32 islands at close; models already prepared are not prepared twice.
+        self._knobs = contextlib.ExitStack()
+        self._prepared: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         # 2. The global part, all or nothing.
         self._saved: dict[str, Any] | None = snapshot_backend_flags()
         try:
@@ -227,29 +236,45 @@ class AmpSession:
         return autocast(self.mode, self.device)
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        """Move a model to the device, channels_last when tuned so, and set the backend flags.
+        """Move a model to the device with the tuned knobs, and set the backend flags.
 
-        The session set the flags when it opened; they are set again here in case code in
-        between (a library, ``torch.set_float32_matmul_precision``) changed them. ``close()``
-        still restores what was there before the session.
+        The knobs, as the search measured them: the config's ``fp32_modules`` run in fp32
+        inside the autocast region (until :meth:`close`), channels_last when tuned so, and
+        ``model.compile(mode=...)`` when tuned compiled (in place; it compiles at the first step
+        and stays compiled). The session set the flags when it opened; they are set again here
+        in case code in between (a library, ``torch.set_float32_matmul_precision``) changed
+        them. ``close()`` still restores what was there before the session.
 
         Args:
             model: the model, on any device.
 
         Returns:
-            The same model, moved.
+            The same model, moved and prepared (a second call only moves it and sets the flags).
+
+        Raises:
+            SpecError: an ``fp32_modules`` name that is not a module of this model.
         """
         if not self.closed:
             apply_backend_flags(self.mode, cudnn_benchmark=self._cudnn_benchmark)
-        model = model.to(self.device)
-        if self.channels_last:
-            model = model.to(memory_format=torch.channels_last)
+        if model in self._prepared:
+            return model.to(self.device)
+        model = apply_knobs(
+            model,
+            self.candidate,
+            self.device,
+            self._knobs,
+            channels_last=self.channels_last,
+            fresh_compile=self._fresh_compile,
+        )
+        self._prepared.add(model)
         return model
 
     def prepare_batch(self, batch: Any) -> Any:
         """Move a tensor, or a tuple/list/dict of them, to the device; 4-d tensors become
-        channels_last when tuned so. Anything else passes through."""
-        return _move(batch, self.device, self.channels_last)
+        channels_last when tuned so, and the batch dimension is marked dynamic for a compiled
+        model (one graph for every batch size, as measured). Anything else passes through."""
+        batch = _move(batch, self.device, self.channels_last)
+        return mark_batch_dynamic(batch) if self.candidate.compile else batch
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``scaler.scale(loss).backward()``: scaled for fp16, a plain backward otherwise."""
@@ -267,7 +292,9 @@ class AmpSession:
     # ---- lifetime -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Put the backend flags back as they were before the session; safe to call twice."""
+        """Put the backend flags back as they were before the session, and the fp32 modules'
+        own forward methods; safe to call twice."""
+        self._knobs.close()
         if self._saved is not None:
             restore_backend_flags(self._saved)
             self._saved = None
@@ -289,6 +316,10 @@ class AmpSession:
             parts.append(f"init_scale={c.init_scale:g}")
         if self.channels_last:
             parts.append("channels_last")
+        if c.compile:
+            parts.append(f"compile={c.compile_mode}")
+        if c.fp32_modules:
+            parts.append(f"fp32_modules={c.fp32_modules}")
         if self.closed:
             parts.append("closed")
         return f"AmpSession({', '.join(parts)})"

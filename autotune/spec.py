@@ -9,7 +9,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -27,11 +27,13 @@ from autotune.errors import SpecError, format_validation_error, short_repr
 from autotune.inputs import check_shape, load_text, read_text
 
 __all__ = [
+    "COMPILE_MODES",
     "MAX_SEED",
     "MIN_BUDGET",
     "PRECISIONS",
     "DEFAULT_MIN_TIME",
     "Candidate",
+    "CompileMode",
     "EarlyStop",
     "Duration",
     "PrecisionName",
@@ -52,6 +54,14 @@ MAX_SEED = 2**32 - 1
 # least a one-second probe, plus their start-up: it would write a config that measured nothing.
 MIN_BUDGET = 4.0
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+# torch.compile's modes; the cudagraph ones ("reduce-overhead", "max-autotune") need CUDA.
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+COMPILE_MODES: tuple[str, ...] = (
+    "default",
+    "reduce-overhead",
+    "max-autotune",
+    "max-autotune-no-cudagraphs",
+)
 
 _DURATION = re.compile(
     r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?$"
@@ -147,6 +157,11 @@ class Candidate(_Model):
     growth_interval: int = Field(default=2000, gt=0)
     # None: follow the workload's preference.
     channels_last: bool | None = None
+    # torch.compile the model (its batch dimension marked dynamic), in this mode.
+    compile: bool = False
+    compile_mode: CompileMode = "default"
+    # Modules (names as in model.named_modules()) run in fp32 inside the autocast region.
+    fp32_modules: list[str] = Field(default_factory=list)
 
 
 def _seconds_or_zero(value: Any, info: Any) -> float | None:
@@ -279,11 +294,31 @@ class SearchSpace(_Model):
     lr_scaling: Literal["auto", "linear", "sqrt", "none"] = "auto"
     # Powers of two in this range are tried for fp16's GradScaler; 2^16 is torch's default.
     init_scale: Range = Field(default_factory=lambda: Range(min=2.0**8, max=2.0**20))
+    # torch.compile off, on, or both searched ([false, true]); compiling happens in the warm-up,
+    # outside the timed window, and its wall time is charged to the budget.
+    compile: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+    # The compile modes searched when compiling (max-autotune compiles for far longer).
+    compile_modes: list[CompileMode] = Field(default_factory=lambda: ["default"], min_length=1)
+    # channels_last for 4-d inputs, searched ([false, true]) or fixed; None: the workload's own
+    # preference (a convnet's channels_last=True), not searched.
+    channels_last: list[bool] | None = Field(default=None, min_length=1)
+    # After an fp16 trial diverges and its diagnosis names the modules that leave fp16's range,
+    # try fp16 with those modules kept in fp32 (a candidate of its own, measured like any).
+    fp32_islands: bool = True
 
-    @field_validator("precisions")
+    # Knobs added after studies were first stored: left out of the space fingerprint at these
+    # defaults, so a study stored before them still resumes.
+    KNOB_DEFAULTS: ClassVar[dict[str, Any]] = {
+        "compile": [False],
+        "compile_modes": ["default"],
+        "channels_last": None,
+        "fp32_islands": True,
+    }
+
+    @field_validator("precisions", "compile", "compile_modes", "channels_last")
     @classmethod
-    def _unique(cls, value: list[str]) -> list[str]:
-        return list(dict.fromkeys(value))
+    def _unique(cls, value: list | None) -> list | None:
+        return None if value is None else list(dict.fromkeys(value))
 
 
 class ValidationSettings(_Model):
@@ -348,9 +383,13 @@ class StudySpec(_Model):
 
     def space_fingerprint(self) -> str:
         """A short hash of everything that shapes the search space, for resume checks."""
+        space = self.space.model_dump(mode="json")
+        for key, default in SearchSpace.KNOB_DEFAULTS.items():
+            if space.get(key) == default:
+                del space[key]
         shape = {
             "workload": self.workload,
-            "space": self.space.model_dump(mode="json"),
+            "space": space,
             # How long a probe measures does not change the space; its step counts do.
             "probe": self.probe.model_dump(
                 mode="json", exclude={"time_limit", "min_time", "precision"}

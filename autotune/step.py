@@ -28,6 +28,7 @@ applied (GradScaler skips a step whose gradients are not finite).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from autotune.errors import WorkloadError
+from autotune.knobs import apply_knobs, mark_batch_dynamic
 from autotune.memory import is_oom, oom_message, release_memory, sync
 from autotune.precision import autocast, get_mode, make_scaler
 from autotune.spec import Candidate
@@ -119,11 +121,14 @@ class StepEngine:
     Args:
         workload: what to train.
         candidate: precision, batch size, learning rate, GradScaler settings, channels_last
-            (None: the workload's own choice).
+            (None: the workload's own choice), fp32 modules, torch.compile.
         device: the resolved device.
         seed: seeds the batch generator; seed torch's global RNG before :meth:`build` for the
             model's initial weights.
         scaler: a GradScaler to use (an AmpSession's); one is made from the candidate if None.
+        prepare: turns the built model into the one trained (an AmpSession's ``prepare``); by
+            default :func:`autotune.knobs.apply_knobs`, compiling afresh (what a new training
+            process pays), undone when the engine closes.
 
     Example:
         >>> from autotune.workloads import tiny_mlp
@@ -142,6 +147,7 @@ class StepEngine:
         *,
         seed: int = 0,
         scaler: torch.amp.GradScaler | None = None,
+        prepare: Callable[[nn.Module], nn.Module] | None = None,
     ) -> None:
         self.workload, self.candidate, self.device, self.seed = workload, candidate, device, seed
         self.mode = get_mode(candidate.precision)
@@ -164,15 +170,28 @@ class StepEngine:
         self.losses: list[float] = []  # every loss read back so far, in step order
         self.pending: list[torch.Tensor] = []  # losses not read back yet, still on the device
         self._hook: Any = None
+        self._prepare = prepare
+        self._knobs = contextlib.ExitStack()  # undoes the fp32 islands
 
     # ---- building and stepping ------------------------------------------------------------
 
     def build(self) -> None:
-        """Build the model on the device, its optimizer at the candidate's lr, and the batches."""
+        """Build the model on the device with the candidate's knobs (fp32 islands, channels_last,
+        torch.compile: compiled at the first step), its optimizer at the candidate's lr, and the
+        batches."""
         gen = torch.Generator().manual_seed(self.seed)
-        model = self.workload.build_model().to(self.device)
-        if self.channels_last:
-            model = model.to(memory_format=torch.channels_last)
+        model = self.workload.build_model()
+        if self._prepare is not None:
+            model = self._prepare(model)
+        else:
+            model = apply_knobs(
+                model,
+                self.candidate,
+                self.device,
+                self._knobs,
+                channels_last=self.channels_last,
+                fresh_compile=True,
+            )
         model.train()
         self.model = model
         self.optimizer = self.workload.build_optimizer(
@@ -187,8 +206,10 @@ class StepEngine:
         self.applied += 1
 
     def next_batch(self) -> Batch:
-        """The next batch, on the device and in the run's memory format."""
-        return prepare_batch(next(self.batches), self.device, self.channels_last)
+        """The next batch, on the device and in the run's memory format (its batch dimension
+        marked dynamic when the model is compiled)."""
+        batch = prepare_batch(next(self.batches), self.device, self.channels_last)
+        return mark_batch_dynamic(batch) if self.candidate.compile else batch
 
     def step(self, batch: Batch | None = None) -> torch.Tensor:
         """One AMP training step on ``batch`` (the next one if None).
@@ -280,10 +301,12 @@ class StepEngine:
         return message
 
     def close(self) -> None:
-        """Drop the model, optimizer, batches and pending losses; remove the step counter."""
+        """Drop the model, optimizer, batches and pending losses; remove the step counter and
+        the fp32 islands."""
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        self._knobs.close()
         self.model = self.optimizer = self.batches = None
         self.pending.clear()
 

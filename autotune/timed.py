@@ -49,6 +49,9 @@ class TimedRun:
     1. Warm-up: ``warmup_steps`` untimed steps (the first one timed apart, to size blocks and
        to score a run its time limit stops inside warm-up), then more untimed blocks while the
        steps still get faster (first-use costs outlast a fixed count); losses checked after.
+       A compiled model compiles in its first step (always untimed, even with no warm-up
+       steps); the time limit counts from after it, and what the warm-up took beyond its
+       steps at the steady rate is the run's ``compile_seconds``.
     2. Blocks: ``k`` steps between two syncs, ``k`` sized so a block lasts about a tenth of
        ``min_time`` (at most ``check_every`` steps); after each block the losses (and the fp16
        scale) are read back, one host sync, and checked for divergence.
@@ -80,6 +83,11 @@ class TimedRun:
         self.scales: list[tuple[int, float]] = []
         self.first_step: float | None = None
         self.warm_seconds = 0.0
+        # Wall time and steps of the whole warm-up, and the first step's time when it compiled
+        # (the time limit counts from after it).
+        self.warm_wall = 0.0
+        self.warm_steps = 0
+        self.compile_shift = 0.0
         self.block_steps = 1
         self.applied_at_start = 0
         self.outcome, self.reason = "completed", ""
@@ -132,11 +140,19 @@ class TimedRun:
         of time inside warm-up)."""
         engine, settings = self.engine, self.settings
         engine.build()
-        if settings.warmup_steps:
+        compiles = engine.candidate.compile
+        # A compiled model compiles in its first step: never inside a timed block.
+        warmup = max(settings.warmup_steps, 1 if compiles else 0)
+        if warmup:
             # The first step apart: it carries first-use costs, and scores a run that its
             # time limit stops inside warm-up.
             self.first_step = engine.run_steps(1).seconds
-            left = settings.warmup_steps - 1
+            self.warm_wall += self.first_step
+            if compiles:
+                # Compiling is charged to the budget, not to the measurement's time limit.
+                self.compile_shift = self.first_step
+                self.started += self.first_step
+            left = warmup - 1
             while True:
                 if (engine.steps % settings.check_every == 0 or not left) and self._diverged(
                     self._check(engine.steps - 1, timed=False)
@@ -149,6 +165,7 @@ class TimedRun:
                     return False
                 chunk = min(left, settings.check_every - engine.steps % settings.check_every)
                 block = engine.run_steps(chunk)
+                self.warm_wall += block.seconds
                 self.warm_seconds = block.step_time
                 left -= chunk
             if self.over_time():
@@ -156,6 +173,7 @@ class TimedRun:
                 return False
         if self.min_time > 0 and not self._settle():
             return False
+        self.warm_steps = engine.steps
         self.applied_at_start = engine.applied
         self.block_steps = self._block_size(self.warm_seconds or self.first_step or 0.0)
         return True
@@ -174,6 +192,7 @@ class TimedRun:
         while step_time > 0 and spent < _SETTLE_SHARE * self.min_time:
             block = engine.run_steps(self._block_size(step_time))
             spent += block.seconds
+            self.warm_wall += block.seconds
             if self._diverged(self._check(engine.steps - 1, timed=False)):
                 return False
             if self.over_time():
@@ -287,6 +306,15 @@ class TimedRun:
 
     # ---- the figures -------------------------------------------------------------------------
 
+    def compile_seconds(self, step_time: float | None) -> float:
+        """What compiling added to the warm-up: its wall time beyond its steps at the steady
+        step time (the warm-up's own, when no block was timed)."""
+        steady = step_time or self.warm_seconds
+        if not steady:
+            return self.warm_wall
+        steps = self.warm_steps or self.engine.steps
+        return max(0.0, self.warm_wall - steps * steady)
+
     def fields(self) -> dict[str, Any]:
         """The ProbeResult fields this run measured."""
         engine, settings = self.engine, self.settings
@@ -323,6 +351,8 @@ class TimedRun:
             out["throughput_high"] = est.high
             out["step_time"] = engine.candidate.batch_size / est.value
             out["spread"] = spread(rates)
+        if engine.candidate.compile:
+            out["compile_seconds"] = self.compile_seconds(out.get("step_time"))
         if timed_steps < settings.steps:
             out["truncated"] = True
             if not out["reason"]:

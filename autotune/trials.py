@@ -8,13 +8,17 @@ Also here, as data with one rule each: the feasibility test (every constraint �
 own ``_constrained_optimization`` has it), how constraints and the objective value are written
 so that optuna-dashboard shows what Optuna decides, the outcome a person reads for a trial, the
 candidate a trial ran, the key the batch ceilings are stored under, the tuned config stored on
-the study, and why a candidate was rejected.
+the study, and why a candidate was rejected. The fp32 reference's record is
+:mod:`autotune.reference`.
 
 =====================  =================================================================
 attribute              meaning
 =====================  =================================================================
 role                   ``reference`` (fp32 at the base batch and lr), ``amp_recipe``
-                       (fp16 with default GradScaler), ``<mode>_at_base``; None otherwise
+                       (fp16 with default GradScaler), ``<mode>_at_base``, ``fp32_islands``
+                       (fp16 with the diagnosed modules in fp32); None otherwise
+fp32_modules           the modules an fp32-islands trial kept in fp32
+compile_seconds        what compiling took in a compiled trial's untimed warm-up
 outcome / reason       how the probe ended and why, in words a person can act on
 throughput             samples/s of the timed steps (the median over timed blocks)
 throughput_low/high    its confidence interval
@@ -47,6 +51,7 @@ __all__ = [
     "CONSTRAINTS_KEY",
     "DEFAULT_INIT_SCALE",
     "ROLE_AMP",
+    "ROLE_ISLANDS",
     "ROLE_REFERENCE",
     "Rejection",
     "TrialRecord",
@@ -71,6 +76,7 @@ __all__ = [
 
 ROLE_REFERENCE = "reference"
 ROLE_AMP = "amp_recipe"
+ROLE_ISLANDS = "fp32_islands"
 # torch's GradScaler default; a trial without an init_scale parameter ran with it.
 DEFAULT_INIT_SCALE = 2.0**16
 # Optuna 5 keeps each constraint in a system attribute named "constraints:<key>"; optuna-dashboard
@@ -118,6 +124,8 @@ class TrialRecord(BaseModel):
     timed_steps: int | None = None
     truncated: bool | None = None
     probe_seconds: float | None = None
+    compile_seconds: float | None = None
+    fp32_modules: list[str] = []
     losses: list[float | None] = []
     scales: list[tuple[int, float]] = []
     # Parity against the fp32 reference, and the samples seen where it was decided.
@@ -269,7 +277,8 @@ def display_outcome(trial: FrozenTrial) -> str | None:
 
 
 def candidate(trial: FrozenTrial) -> Candidate:
-    """The Candidate a trial ran (its learning rate is the one recorded, after the lr rule).
+    """The Candidate a trial ran (its learning rate is the one recorded, after the lr rule;
+    its fp32 modules too).
 
     Raises:
         ValueError: the trial holds no precision, batch size or learning rate.
@@ -282,16 +291,21 @@ def candidate(trial: FrozenTrial) -> Candidate:
         batch_size=int(p["batch_size"]),
         learning_rate=rec.learning_rate,
         init_scale=float(p.get("init_scale", DEFAULT_INIT_SCALE)),
+        channels_last=p.get("channels_last"),
+        compile=bool(p.get("compile", False)),
+        compile_mode=p.get("compile_mode", "default"),
+        fp32_modules=list(rec.fp32_modules),
     )
 
 
 def label(params: Mapping[str, Any]) -> str:
-    """A trial's sampled parameters in one line: ``fp16 bs=32 lr×1 init_scale=1024``.
+    """A trial's sampled parameters in one line: ``fp16 bs=32 lr×1 init_scale=1024``, then the
+    knobs a trial turned (``compile``, ``channels_last``/``nchw``, ``fp32 islands``).
 
     Example:
         >>> label({"precision": "fp16", "batch_size": 32, "lr_multiplier": 1.0,
-        ...        "init_scale": 1024.0})
-        'fp16 bs=32 lr×1 init_scale=1024'
+        ...        "init_scale": 1024.0, "compile": True})
+        'fp16 bs=32 lr×1 init_scale=1024 compile'
     """
     text = (
         f"{params.get('precision')} bs={params.get('batch_size')} "
@@ -302,6 +316,13 @@ def label(params: Mapping[str, Any]) -> str:
         text += " init_scale=" + (
             f"{scale:.0f}" if scale >= 1 and scale.is_integer() else f"{scale:g}"
         )
+    if params.get("compile"):
+        mode = params.get("compile_mode", "default")
+        text += " compile" if mode == "default" else f" compile={mode}"
+    if "channels_last" in params:
+        text += " channels_last" if params["channels_last"] else " nchw"
+    if params.get("fp32_islands", "none") != "none":
+        text += " fp32 islands"
     return text
 
 

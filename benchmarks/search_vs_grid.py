@@ -1,9 +1,11 @@
 """The search against an exhaustive grid, measured the same way, on small discrete spaces.
 
-1. Grid: every point of precision × batch size × lr multiplier is measured *paired* with the
-   fp32 reference (interleaved blocks in one worker, as validation measures), and checked for
-   loss parity against the reference arm at equal samples seen; the grid's optimum is the
-   feasible point with the best paired speedup.
+1. Grid: every point of precision × batch size × lr multiplier (× torch.compile × channels_last
+   with ``--compile`` / ``--channels-last``) is measured *paired* with the fp32 reference
+   (interleaved blocks in one worker, as validation measures), and checked for loss parity
+   against the reference arm at equal samples seen; the grid's optimum is the feasible point
+   with the best paired speedup. A compiled point compiles in its untimed warm-up; the grid
+   records what compiling took.
 2. Search: ``run_search`` over the same space with a budget of a share of the grid's wall time
    (30% and 10% by default), once per seed.
 
@@ -12,9 +14,11 @@ measured it* (so run-to-run noise flatters neither side) as a share of the grid 
 wall time used against the budget, and where the search's time went, phase by phase. Goals:
 >= 95% of the grid optimum in <= 30% of its time and >= 90% in 10% (median over seeds); the
 fixed cost before the first trial <= 3 s on a CPU; wall time within 95-105% of the budget.
+With knobs, it also prints the gain each knob brought: on the grid, the best feasible point with
+it against the same point without it; in each search, the same from its own trials.
 
     python benchmarks/search_vs_grid.py [--workloads tiny_convnet,tiny_gpt] [--seeds 1,2,3]
-        [--shares 0.3,0.1] [--device cpu] [--json out.json]
+        [--shares 0.3,0.1] [--device cpu] [--compile] [--channels-last] [--json out.json]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.parity import parity_gap
+from autotune.report import knob_lines
 from autotune.search import lr_for, run_search
 from autotune.spec import Candidate, StudySpec
 from autotune.worker import ProbeWorker
@@ -40,6 +45,11 @@ TOLERANCE = 0.05
 def spec_for(args: argparse.Namespace, workload: str, facts: Any) -> StudySpec:
     precisions = [p for p in args.precisions.split(",") if p not in facts.unsupported]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
+    knobs: dict[str, Any] = {}
+    if args.compile:
+        knobs["compile"] = [False, True]
+    if args.channels_last:
+        knobs["channels_last"] = [False, True]
     return StudySpec(
         name="search-vs-grid",
         workload=workload,
@@ -50,6 +60,7 @@ def spec_for(args: argparse.Namespace, workload: str, facts: Any) -> StudySpec:
             "batch_sizes": sizes,
             "lr_multipliers": [float(m) for m in args.lr_multipliers.split(",")],
             "batch_size": {"min": min(sizes), "max": max(sizes)},
+            **knobs,
         },
         probe={"warmup_steps": 2, "steps": args.steps, "check_every": 10, "time_limit": 60},
         validation={"steps": 2 * args.steps},
@@ -64,12 +75,30 @@ def grid(spec: StudySpec, worker: ProbeWorker, facts: Any) -> tuple[list[dict], 
     rule = facts.lr_scaling if spec.space.lr_scaling == "auto" else spec.space.lr_scaling
     rows = []
     settings = spec.probe.model_copy(update={"seed": 0})
-    for precision, bs, mult in itertools.product(
-        spec.space.precisions, spec.space.batch_sizes, spec.space.lr_multipliers
+    layouts = spec.space.channels_last or [None]
+    for precision, bs, mult, compiled, layout in itertools.product(
+        spec.space.precisions,
+        spec.space.batch_sizes,
+        spec.space.lr_multipliers,
+        spec.space.compile,
+        layouts,
     ):
         lr = lr_for(rule, facts.base_lr, facts.base_batch_size, bs, mult)
-        cand = Candidate(precision=precision, batch_size=bs, learning_rate=lr)
-        paired = worker.compare(spec.workload, cand, ref, settings)
+        cand = Candidate(
+            precision=precision,
+            batch_size=bs,
+            learning_rate=lr,
+            compile=compiled,
+            channels_last=layout,
+        )
+        # A compiled point may take minutes to compile on a GPU: its limit grows by that much.
+        paired = worker.compare(
+            spec.workload,
+            cand,
+            ref,
+            settings,
+            timeout=settings.time_limit + (600 if compiled else 15),
+        )
         gap = None
         if paired.ok:
             c, r = paired.candidate, paired.reference
@@ -80,6 +109,9 @@ def grid(spec: StudySpec, worker: ProbeWorker, facts: Any) -> tuple[list[dict], 
                 "precision": precision,
                 "batch_size": bs,
                 "lr_multiplier": mult,
+                "compile": compiled,
+                "channels_last": layout,
+                "compile_seconds": paired.candidate.compile_seconds,
                 "outcome": paired.candidate.outcome,
                 "speedup": paired.speedup or 0.0,
                 "speedup_low": paired.speedup_low,
@@ -88,8 +120,11 @@ def grid(spec: StudySpec, worker: ProbeWorker, facts: Any) -> tuple[list[dict], 
                 "feasible": paired.ok and gap is not None and gap <= TOLERANCE,
             }
         )
+        knob = (" compile" if compiled else "") + (
+            "" if layout is None else " channels_last" if layout else " nchw"
+        )
         print(
-            f"  grid {precision:>5} bs={bs:<4} lr×{mult:<4g} "
+            f"  grid {precision:>5} bs={bs:<4} lr×{mult:<4g}{knob} "
             + (
                 f"{paired.speedup:.2f}x ({paired.speedup_low:.2f}–{paired.speedup_high:.2f})"
                 if paired.ok
@@ -101,7 +136,14 @@ def grid(spec: StudySpec, worker: ProbeWorker, facts: Any) -> tuple[list[dict], 
     return rows, time.monotonic() - t0
 
 
-def lookup(rows: list[dict], precision: str, batch_size: int, mult: float) -> dict | None:
+def lookup(
+    rows: list[dict],
+    precision: str,
+    batch_size: int,
+    mult: float,
+    compiled: bool = False,
+    layout: bool | None = None,
+) -> dict | None:
     return next(
         (
             r
@@ -109,9 +151,51 @@ def lookup(rows: list[dict], precision: str, batch_size: int, mult: float) -> di
             if r["precision"] == precision
             and r["batch_size"] == batch_size
             and abs(r["lr_multiplier"] - mult) < 1e-6
+            and r.get("compile", False) == compiled
+            and r.get("channels_last") in (None, layout)
         ),
         None,
     )
+
+
+def grid_knob_gains(rows: list[dict]) -> list[str]:
+    """For each knob the grid turned: the best feasible point with it, against the same point
+    (mode, batch, lr, the other knob) without it."""
+    out = []
+    for knob in ("compile", "channels_last"):
+        on = [r for r in rows if r["feasible"] and r.get(knob)]
+        if not on:
+            continue
+        best = max(on, key=lambda r: r["speedup"])
+        twin = next(
+            (
+                r
+                for r in rows
+                if r.get(knob) is False
+                and all(r.get(k) == best.get(k) for k in best if k in _POINT and k != knob)
+            ),
+            None,
+        )
+        text = (
+            f"{knob}: {best['precision']} bs={best['batch_size']} lr×{best['lr_multiplier']:g} "
+            f"{best['speedup']:.2f}x"
+        )
+        if twin is None:
+            text += "; not measured without it"
+        elif twin["feasible"]:
+            text += (
+                f" vs {twin['speedup']:.2f}x without ({best['speedup'] / twin['speedup'] - 1:+.0%})"
+            )
+        else:
+            text += f"; without it: {twin['outcome']}"
+        if knob == "compile" and best.get("compile_seconds") is not None:
+            text += f"; compiling took {best['compile_seconds']:.1f}s"
+        out.append(text)
+    return out
+
+
+# What names a grid point.
+_POINT = ("precision", "batch_size", "lr_multiplier", "compile", "channels_last")
 
 
 def one_search(
@@ -124,6 +208,8 @@ def one_search(
         t0 = time.monotonic()
         result = run_search(run_spec, out_dir=Path(tmp) / "out")
         seconds = time.monotonic() - t0
+        # Read while the study's storage is still there.
+        gains = knob_lines(result.study.trials)
     cfg = result.config
     rule = facts.lr_scaling if spec.space.lr_scaling == "auto" else spec.space.lr_scaling
     mult = round(
@@ -133,7 +219,7 @@ def one_search(
     if not cfg.evidence.validated:
         chosen = 1.0  # the fp32 reference, by definition 1.0x on the grid
     else:
-        row = lookup(rows, cfg.precision, cfg.batch_size, mult)
+        row = lookup(rows, cfg.precision, cfg.batch_size, mult, cfg.compile, cfg.channels_last)
         chosen = row["speedup"] if row and row["feasible"] else 0.0
     spent = result.spent
     return {
@@ -141,7 +227,10 @@ def one_search(
         "budget": round(budget, 1),
         "wall": round(seconds, 1),
         "wall_share_of_budget": seconds / budget,
-        "choice": f"{cfg.precision} bs={cfg.batch_size} lr×{mult:g}",
+        "choice": f"{cfg.precision} bs={cfg.batch_size} lr×{mult:g}"
+        + (" compile" if cfg.compile else "")
+        + (" channels_last" if cfg.channels_last and spec.space.channels_last else ""),
+        "knob_gains": gains,
         "validated": cfg.evidence.validated,
         "claimed": cfg.evidence.speedup,
         "grid_speedup": chosen,
@@ -165,6 +254,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--shares", default="0.3,0.1", help="search budget / grid time")
+    parser.add_argument(
+        "--compile", action="store_true", help="search and grid torch.compile: [false, true]"
+    )
+    parser.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="search and grid channels_last: [false, true] (4-d inputs)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     report: dict[str, Any] = {"workloads": {}}
@@ -188,6 +285,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "grid_optimum": optimum,
             "searches": {},
         }
+        entry["grid_knob_gains"] = grid_knob_gains(rows)
+        for line in entry["grid_knob_gains"]:
+            print(f"  grid, what the knob brought: {line}", flush=True)
         print(
             f"grid: {len(rows)} points ({len(feasible)} feasible) in {grid_seconds:.1f}s; optimum "
             + (
@@ -212,6 +312,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"spent {r['spent']}",
                     flush=True,
                 )
+                for line in r["knob_gains"]:
+                    print(f"    what the knob brought: {line}", flush=True)
             entry["searches"][str(share)] = {
                 "runs": runs,
                 "median_share_of_optimum": statistics.median(r["share_of_optimum"] for r in runs),

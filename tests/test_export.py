@@ -218,6 +218,36 @@ def test_channels_last_and_a_fallback_config_are_noted() -> None:
     assert any("fp32 fallback" in n for n in autotune.export(fallback, "accelerate").notes)
 
 
+def test_compile_goes_where_a_library_takes_it_and_fp32_modules_are_a_note_everywhere() -> None:
+    cfg = cuda_config(
+        "fp16", compile=True, compile_mode="max-autotune-no-cudagraphs", fp32_modules=["amplify"]
+    )
+    hf = autotune.export(cfg, "hf")
+    assert json.loads(hf.render("json"))["torch_compile"] is True
+    assert "--torch_compile_mode max-autotune-no-cudagraphs" in hf.render("args")
+    acc = autotune.export(cfg, "accelerate")
+    dynamo = json.loads(acc.render("json"))["dynamo_config"]
+    assert dynamo == {"dynamo_backend": "INDUCTOR", "dynamo_mode": "max-autotune-no-cudagraphs"}
+    assert "--dynamo_backend inductor" in acc.render("args")
+    lightning = autotune.export(cfg, "lightning")
+    # Lightning's Trainer has no compile setting: it is a note, with the call to make.
+    assert "compile" not in json.dumps(trainer_section(lightning))
+    assert any("model.compile(mode='max-autotune-no-cudagraphs')" in n for n in lightning.notes)
+    assert not any("takes no compile setting" in n for n in hf.notes + acc.notes)
+    # No library has a per-module precision: every export says so, with the call that does it.
+    for ex in (hf, acc, lightning):
+        assert any("keep_in_fp32(model, ['amplify'])" in n for n in ex.notes), ex.target
+        assert ex.elsewhere.fp32_modules == ("amplify",)
+        assert ex.elsewhere.compile_mode == "max-autotune-no-cudagraphs"
+
+
+def test_accelerate_builds_its_dynamo_plugin_for_a_compiled_config() -> None:
+    pytest.importorskip("accelerate")
+    ex = autotune.export(cuda_config("bf16", compile=True), "accelerate")
+    plugin = ex.kwargs["dynamo_plugin"]
+    assert type(plugin).__name__ == "TorchDynamoPlugin" and plugin.mode == "default"
+
+
 @pytest.mark.parametrize(
     ("target", "device", "expected"),
     [

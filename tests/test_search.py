@@ -135,26 +135,47 @@ def test_oom_workload_never_yields_a_batch_above_its_ceiling(tmp_path: Path) -> 
             assert t.user_attrs["outcome"] in ("oom", "above_ceiling")
 
 
-def test_fp16_overflow_trials_are_pruned_with_the_reason(tmp_path: Path) -> None:
+def test_fp16_overflow_trials_are_pruned_with_the_reason_and_fp32_islands_tried(
+    tmp_path: Path,
+) -> None:
     spec = tiny_spec(
         tmp_path,
         name="overflow",
         workload="autotune.workloads.testing:fp16_overflow",
-        budget="12s",
+        budget="16s",
         space={"precisions": ["fp32", "fp16"], "batch_size": {"min": 64, "max": 64}},
+        # Shorter timed phases: time for the diagnosis and the islands trial after it.
+        probe={"min_time": 0.5},
     )
-    result = run_search(spec, out_dir=tmp_path / "out", runner=InProcessRunner("cpu"))
+    runner = InProcessRunner("cpu")
+    for _ in range(3):
+        result = run_search(spec, out_dir=tmp_path / "out", runner=runner)
+        if any(t.params.get("fp32_islands") and t.state.is_finished() for t in result.study.trials):
+            break
+        # Too busy to reach the islands trial within the search phase: run the same command
+        # again, as a user would; the study resumes with it waiting first.
     amp = next(t for t in result.study.trials if t.user_attrs.get("role") == "amp_recipe")
     assert amp.state == TrialState.PRUNED
     assert amp.user_attrs["outcome"] == "diverged"
     assert "loss=nan at step 0" in amp.user_attrs["reason"]
     assert result.config.precision == "fp32"
-    assert any("fp16" in line and "diverged" in line for line in result.rejected)
+    assert any("fp16" in str(r) and "diverged" in str(r) for r in result.rejected)
     # The evidence says why, layer by layer: the diagnosis of the worst diverged fp16 trial.
     diagnosis = result.config.evidence.fp16_diagnosis
     assert diagnosis is not None and diagnosis["first_nonfinite"] == "amplify"
     assert diagnosis["verdict"] == "fails"
     assert any("amplify" in line for line in diagnosis["recommendations"])
+    # Diagnosed during the search, so fp16 with `amplify` kept in fp32 ran as a candidate of
+    # its own, measured and parity-checked like any other: it trains where plain fp16 did not.
+    assert diagnosis["fp32_modules"] == ["amplify"]
+    assert diagnosis["islands"] == "tried: fp16 with amplify kept in fp32"
+    islands = next(t for t in result.study.trials if t.user_attrs.get("role") == "fp32_islands")
+    diagnosed = next(t for t in result.study.trials if t.number == diagnosis["trial"])
+    assert islands.params == {**diagnosed.params, "fp32_islands": "diagnosed"}
+    assert islands.user_attrs["fp32_modules"] == ["amplify"]
+    assert islands.user_attrs["outcome"] in ("completed", "slower"), islands.user_attrs["reason"]
+    if islands.state == TrialState.COMPLETE:
+        assert abs(islands.user_attrs["parity_gap"]) <= spec.parity_tolerance
 
 
 def test_running_again_resumes_the_same_study(tmp_path: Path) -> None:

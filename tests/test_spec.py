@@ -207,3 +207,31 @@ def test_space_fingerprint_ignores_time_limit_but_not_the_space() -> None:
     other = spec.with_overrides({"space.precisions": ["bf16"]})
     assert spec.space_fingerprint() == same.space_fingerprint()
     assert spec.space_fingerprint() != other.space_fingerprint()
+
+
+def test_the_knobs_are_optional_and_leave_a_stored_studys_fingerprint_alone() -> None:
+    """torch.compile, channels_last and fp32 islands at their defaults change neither the space
+    nor the fingerprint: a study stored before they existed resumes."""
+    spec = load_spec(Path(__file__).resolve().parent.parent / "studies" / "tiny.yaml")
+    # This spec's fingerprint before the knobs existed.
+    assert spec.space_fingerprint() == "e504bedd421adf6f"
+    assert spec.space.compile == [False] and spec.space.channels_last is None
+    defaults = spec.with_overrides(
+        {"space.compile": [False], "space.compile_modes": ["default"], "space.fp32_islands": True}
+    )
+    assert defaults.space_fingerprint() == spec.space_fingerprint()
+    for knob, value in (
+        ("space.compile", [False, True]),
+        ("space.channels_last", [False, True]),
+        ("space.fp32_islands", False),
+    ):
+        assert spec.with_overrides({knob: value}).space_fingerprint() != spec.space_fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("compile", ["yes please"]), ("compile_modes", ["fastest"]), ("channels_last", [])],
+)
+def test_a_bad_knob_is_named_with_its_field(field: str, value: Any) -> None:
+    with pytest.raises(SpecError, match=rf"space\.{field}"):
+        parse_spec({**MINIMAL, "space": {field: value}})

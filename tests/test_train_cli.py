@@ -200,3 +200,24 @@ def test_bad_input_is_one_error_line_and_no_flag_changed(
     assert err.startswith("error: ") and needle in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
     assert snapshot_backend_flags() == before
+
+
+def test_train_compare_measures_a_compiled_config_with_compiling_outside_the_clock(
+    tmp_path: Path,
+) -> None:
+    """`autotune train --compare` on a compiled config: the tuned run compiles in its untimed
+    warm-up (even with no warm-up asked for), and the output says what compiling took."""
+    # The graph the probe tests compile too: torch's compile cache serves it again.
+    cfg = make_config("fp32", batch_size=32, learning_rate=0.05, compile=True)
+    path = write_config(tmp_path / "best.json", cfg)
+    code, out, err = run_cli(
+        "train", "-c", str(path), "--steps", "3", "--warmup-steps", "0", "--compare", "fp32",
+        "--device", "cpu",
+    )  # fmt: skip
+    assert code == 0, out + err
+    assert "tuned: fp32 bs=32 lr=0.05 compile" in out
+    assert "after 1 warmup step(s)" in out
+    text = " ".join(out.split())  # the console wraps long lines
+    said = text.split("compile: tuned compiled (torch.compile mode=default) in ")[1]
+    assert float(said.split()[0]) > 0
+    assert said.split(" s ", 1)[1].startswith("in its untimed warm-up")

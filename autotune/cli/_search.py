@@ -20,7 +20,8 @@ from autotune.logs import JSON_ENV, log_to_file
 from autotune.precision import resolve_device
 from autotune.progress import SearchProgress
 from autotune.reference import ReferenceRecord
-from autotune.report import noise_text, optimism_text, ratio_text, throughput_text
+from autotune.report import knob_lines, noise_text, optimism_text, ratio_text, throughput_text
+from autotune.result import knob_text
 from autotune.storage import mask_url
 from autotune.trials import (
     ROLE_AMP,
@@ -270,6 +271,7 @@ def _print_summary(result: Any) -> None:
     winner = f"{cfg.precision} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}"
     if cfg.grad_scaler.enabled:
         winner += f" init_scale={cfg.grad_scaler.init_scale:g}"
+    winner += knob_text(cfg.candidate(), nchw=False)
     status = "validated" if ev.validated else "NOT validated: fp32 fallback"
     if ev.validated and ev.paired_blocks:
         status += f" over {ev.paired_blocks} paired blocks"
@@ -297,6 +299,29 @@ def _print_summary(result: Any) -> None:
         console.print("[bold]cut from the space:[/]")
         for key, why in ev.cut.items():
             console.print(f"  {key}: {why}", highlight=False)
+    diagnosis = ev.fp16_diagnosis or {}
+    if diagnosis.get("islands"):
+        console.print(
+            f"fp16 diagnosis: {diagnosis.get('reason', '')}; fp32 islands {diagnosis['islands']}",
+            highlight=False,
+            markup=False,
+        )
+    knobs = knob_lines(result.study.get_trials(deepcopy=False))
+    if knobs:
+        console.print("[bold]what each knob brought[/] (best with it, vs the same point without):")
+        for line in knobs:
+            console.print(f"  {escape(line)}", highlight=False)
+    if cfg.compile and ev.compile_seconds is not None:
+        pays = (
+            f"pays off after {ev.compile_break_even_steps:,} training steps"
+            if ev.compile_break_even_steps is not None
+            else "its payoff is unknown (no uncompiled twin measured faster or slower)"
+        )
+        console.print(
+            f"compile: {ev.compile_seconds:.1f}s in the untimed warm-up (charged to the "
+            f"budget); {pays}",
+            highlight=False,
+        )
     if result.rejected:
         console.print("[bold]main rejections:[/]")
         for r in result.rejected[:6]:

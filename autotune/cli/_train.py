@@ -67,6 +67,24 @@ def _x(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}x"
 
 
+def _compile_line(name: str, r: Any, cmp: Any) -> str:
+    """What compiling cost a run (outside its timed blocks), and after how many samples the
+    compiled run is ahead of the baseline, compile time included."""
+    line = (
+        f"compile: {name} compiled (torch.compile mode={r.compile_mode}) in "
+        f"{_seconds(r.compile_seconds)} in its untimed warm-up: a fresh process pays it once"
+    )
+    base = cmp.baseline
+    if r is cmp.tuned and base is not None and base.ok and r.throughput and cmp.speedup:
+        # Seconds saved per sample against the baseline, at the paired speedup.
+        saved = 1 / base.throughput - 1 / (base.throughput * cmp.speedup)
+        if saved > 0:
+            line += f"; ahead of {cmp.against}, compile time included, after {r.compile_seconds / saved:,.0f} samples"
+        else:
+            line += f"; never ahead of {cmp.against}: it is not faster"
+    return line
+
+
 def _print_table(cmp: Any, per_epoch: bool) -> None:
     runs = [r for r in (cmp.tuned, cmp.baseline) if r is not None]
     first = cmp.tuned
@@ -128,6 +146,9 @@ def _print_table(cmp: Any, per_epoch: bool) -> None:
         "ratio: tuned ÷ baseline.",
         highlight=False,
     )
+    for r in runs:
+        if r.compile_seconds is not None:
+            console.print(_compile_line(names[id(r)], r, cmp), highlight=False)
     for r in runs:
         if not r.ok:
             console.print(f"[red]{names[id(r)]}: {r.outcome}:[/] {r.reason}", highlight=False)

@@ -140,7 +140,9 @@ class InstrumentedRun:
         """Run the steps; return why the run could not be made and what to do, or None."""
         crash: str | None = None
         oom: str | None = None
-        self.engine = engine = StepEngine(self.workload, self.candidate, self.dev, seed=seed)
+        # The hooks watch eager modules: compiling changes the speed, not what a dtype can hold.
+        eager = self.candidate.model_copy(update={"compile": False})
+        self.engine = engine = StepEngine(self.workload, eager, self.dev, seed=seed)
         try:
             with engine:
                 oom = engine.run(lambda e: self._loop(e, steps))

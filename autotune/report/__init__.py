@@ -7,7 +7,8 @@ winner's loss against the fp32 reference on a samples-seen axis, the winner's sp
 search measured it against what validation measured (the search's optimism), the fp32
 reference's measurements over time (drift), the GradScaler scale of fp16 trials, the
 optimization history, parameter importances, and a table of every trial with its outcome,
-speedup interval and reason.
+speedup interval and reason; and what each knob (torch.compile, channels_last, fp32 islands)
+brought at the same mode and batch, with what compiling cost.
 
 Example:
     >>> from autotune.report import write_report
@@ -24,12 +25,16 @@ import optuna
 from autotune.report._data import DEFAULT_STORAGE, ReportData, collect, load_study
 from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.report._html import render_html
+from autotune.report._knobs import KnobGain, knob_gains, knob_lines
 from autotune.report._text import render_text
 
 __all__ = [
     "DEFAULT_STORAGE",
+    "KnobGain",
     "ReportData",
     "collect",
+    "knob_gains",
+    "knob_lines",
     "load_study",
     "noise_text",
     "optimism_text",

@@ -304,6 +304,9 @@ def _same_settings(data: ReportData, t: FrozenTrial, cfg: TunedConfig) -> bool:
             cfg.precision != "fp16"
             or t.params.get("init_scale", DEFAULT_INIT_SCALE) == cfg.grad_scaler.init_scale
         )
+        and bool(t.params.get("compile", False)) == cfg.compile
+        and t.params.get("channels_last", cfg.channels_last) == cfg.channels_last
+        and data.rec(t).fp32_modules == cfg.fp32_modules
     )
 
 

@@ -11,6 +11,7 @@ from autotune.progress import scale_text
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._evidence import reference_figure, validation_figure
 from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
+from autotune.report._knobs import knobs_html, trial_knobs
 from autotune.report._plots import (
     Figure,
     history_figure,
@@ -21,6 +22,7 @@ from autotune.report._plots import (
     throughput_figure,
 )
 from autotune.report._svg import esc
+from autotune.result import knob_text
 from autotune.trials import ROLE_AMP, ROLE_REFERENCE, display_outcome
 from autotune.trials import label as params_label
 
@@ -143,6 +145,8 @@ def _winner_card(data: ReportData, cfg: TunedConfig) -> str:
     settings = f"{cfg.precision} · batch {cfg.batch_size} · lr {cfg.learning_rate:.3g}"
     if cfg.grad_scaler.enabled:
         settings += f" · GradScaler init_scale {scale_text(cfg.grad_scaler.init_scale)}"
+    if knobs := knob_text(cfg.candidate(), nchw=False).strip():
+        settings += f" · {knobs}"
     badge = (
         '<span class="badge">validated</span>'
         if ev.validated
@@ -325,6 +329,9 @@ def _facts(data: ReportData) -> str:
         )
     if cfg is not None and cfg.evidence.rejected:
         items.append(("main rejections", "; ".join(cfg.evidence.rejected[:8])))
+    if cfg is not None and (found := cfg.evidence.fp16_diagnosis):
+        islands = f"; fp32 islands {found['islands']}" if found.get("islands") else ""
+        items.append(("fp16 diagnosis", f"{found.get('reason', '')}{islands}"))
     if data.config_path is not None:
         items.append(("config", str(data.config_path)))
     for note in data.notes:
@@ -337,6 +344,7 @@ def _trials_table(data: ReportData) -> str:
     head = (
         "<tr><th class='num'>#</th><th>role</th><th>state</th><th>outcome</th><th>precision</th>"
         "<th class='num'>batch</th><th class='num'>lr</th><th class='num'>init_scale</th>"
+        "<th>knobs</th>"
         "<th class='num'>samples/s</th><th class='num'>vs fp32 (95% interval)</th>"
         "<th class='num'>peak memory</th>"
         "<th class='num'>parity gap</th><th class='num'>probe s</th><th>reason</th></tr>"
@@ -380,6 +388,7 @@ def _trials_table(data: ReportData) -> str:
             f"<td class='num'>{esc(p.get('batch_size', '—'))}</td>",
             f"<td class='num'>{esc(lr_text)}</td>",
             f"<td class='num'>{'—' if init is None else scale_text(float(init))}</td>",
+            f"<td>{esc(trial_knobs(t))}</td>",
             f"<td class='num' title='{esc(tp_tip)}'>{_tp(rec.throughput if done else None)}</td>",
             f"<td class='num' title='{esc(ratio_tip)}'>{esc(_ratio(*data.speedup(t)))}</td>",
             f"<td class='num'>{_mib(rec.peak_memory_bytes)}</td>",
@@ -415,6 +424,7 @@ def render_html(data: ReportData) -> str:
     title = f"autotune report · {data.name}"
     sections = [
         _summary(data),
+        knobs_html(data.trials),
         _figure(
             "throughput",
             "Throughput by batch size",

@@ -7,7 +7,9 @@ from optuna.trial import TrialState
 from autotune.progress import scale_text
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
+from autotune.report._knobs import knob_lines
 from autotune.report._plots import ref_label
+from autotune.result import knob_text
 from autotune.trials import display_outcome, feasible_trials
 from autotune.trials import label as params_label
 
@@ -53,6 +55,7 @@ def render_text(data: ReportData) -> str:
         settings = f"{cfg.precision} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}"
         if cfg.grad_scaler.enabled:
             settings += f" init_scale={scale_text(cfg.grad_scaler.init_scale)}"
+        settings += knob_text(cfg.candidate(), nchw=False)
         status = "validated" if ev.validated else "NOT validated: fp32 fallback"
         blocks = f" over {ev.paired_blocks} paired blocks" if ev.paired_blocks else ""
         lines.append(
@@ -113,6 +116,14 @@ def render_text(data: ReportData) -> str:
                 f"{throughput_text(rec.throughput, unit=' samples/s'):>20}  "
                 f"{ratio_text(*data.speedup(t))}"
             )
+    found = cfg.evidence.fp16_diagnosis if cfg is not None else None
+    if found:
+        islands = f"; fp32 islands {found['islands']}" if found.get("islands") else ""
+        lines.append(f"fp16 diagnosis: {found.get('reason', '')}{islands}")
+    knobs = knob_lines(data.trials)
+    if knobs:
+        lines.append("what each knob brought (best with it, vs the same point without):")
+        lines += [f"  {line}" for line in knobs]
     if cfg is not None and cfg.evidence.rejected:
         lines.append("main rejections:")
         lines += [f"  {r}" for r in cfg.evidence.rejected[:_TOP]]

@@ -1,4 +1,5 @@
-"""The search: an Optuna study over precision × batch size × learning rate × init_scale.
+"""The search: an Optuna study over precision × batch size × learning rate × init_scale, and
+the knobs a spec turns on (torch.compile, channels_last, fp16 with fp32 islands).
 
 The phases, all inside one wall-clock budget:
 
@@ -11,7 +12,10 @@ The phases, all inside one wall-clock budget:
 4. **Search** (``_trial``): the baselines first (each mode at the reference's settings, the
    plain AMP recipe for fp16), then the sampler's candidates. Completed trials report their
    speedup with a convergence-parity constraint; diverged, OOM and unsupported trials are
-   PRUNED with the reason (the sampler learns from them); a crashed worker is FAIL.
+   PRUNED with the reason (the sampler learns from them); a crashed worker is FAIL. Beyond
+   the sampler (``_knobs``): a diverged fp16 trial is diagnosed at once and, where modules
+   leave fp16's range, fp16 with them in fp32 is tried; a new leader is tried again with each
+   searched knob turned the other way.
 5. **Validation** (``_validate``): the best candidates measured again, paired block by block
    with the reference, with a fresh seed; the best lower confidence bound wins.
 6. **Artifact** (``_artifact``): ``best.json``.

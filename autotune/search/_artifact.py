@@ -1,5 +1,6 @@
 """Building the artifact: a TunedConfig from what validation selected, or the fp32 reference
-when nothing cleared it — with evidence that describes what was really measured."""
+when nothing cleared it — with evidence that describes what was really measured (for a
+compiled winner: what compiling cost and after how many steps it pays off)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,20 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Evidence, GradScalerSettings, TrialCounts, TunedConfig
 from autotune.facts import WorkerFacts
+from autotune.knobs import break_even_steps
 from autotune.reference import ReferenceRecord
 from autotune.result import PairedResult
 from autotune.search._validate import Selection
-from autotune.spec import StudySpec
+from autotune.spec import Candidate, StudySpec
 from autotune.trials import (
     Rejection,
     candidate,
+    feasible_trials,
     label,
     record,
 )
 
-__all__ = ["baseline", "build_config", "counts"]
+__all__ = ["baseline", "build_config", "compile_evidence", "counts"]
 
 
 def counts(trials: Iterable[FrozenTrial]) -> TrialCounts:
@@ -49,6 +52,34 @@ def baseline(trial: FrozenTrial | None) -> dict[str, Any]:
         "loss": rec.loss,
         "state": trial.state.name,
     }
+
+
+def compile_evidence(
+    winner: FrozenTrial, cand: Candidate, trials: list[FrozenTrial], validated: float | None
+) -> dict[str, Any]:
+    """A compiled winner's compile cost (the longer of its search and its validation compile),
+    the same mode, batch and knobs measured uncompiled in the search, and the steps after which
+    compiling pays off (each figure None when unknown)."""
+    rec = record(winner)
+    seconds = max((x for x in (rec.compile_seconds, validated) if x is not None), default=None)
+    out: dict[str, Any] = {"compile_seconds": seconds}
+    same = {k: v for k, v in winner.params.items() if k not in ("compile", "compile_mode")}
+    eager = [
+        t
+        for t in feasible_trials(trials)
+        if not t.params.get("compile")
+        and {k: v for k, v in t.params.items() if k not in ("compile", "compile_mode")} == same
+    ]
+    if not eager or seconds is None:
+        return out
+    twin = record(max(eager, key=lambda t: record(t).speedup or 0.0))
+    out["uncompiled_throughput"] = twin.throughput
+    if twin.speedup and rec.speedup and rec.reference_throughput:
+        # Speedups, not raw throughputs: each divides by a reference measured close in time.
+        out["compile_break_even_steps"] = break_even_steps(
+            seconds, cand.batch_size, rec.reference_throughput, twin.speedup, rec.speedup
+        )
+    return out
 
 
 def _saving(peak: int | None, base: int | None) -> float | None:
@@ -117,6 +148,8 @@ def build_config(
         assert paired.speedup is not None
         gap = winner.gap
         amp_speedup = amp.get("speedup")
+        if cand.compile:
+            common.update(compile_evidence(winner.trial, cand, trials, c.compile_seconds))
         evidence = Evidence(
             throughput=c.throughput,
             throughput_low=c.throughput_low,
@@ -194,7 +227,10 @@ def build_config(
             init_scale=cand.init_scale,
             growth_interval=cand.growth_interval,
         ),
-        channels_last=facts.channels_last,
+        channels_last=facts.channels_last if cand.channels_last is None else cand.channels_last,
+        compile=cand.compile,
+        compile_mode=cand.compile_mode,
+        fp32_modules=list(cand.fp32_modules),
         optimizer=facts.optimizer,
         evidence=evidence,
         environment=facts.environment,

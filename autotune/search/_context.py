@@ -21,6 +21,9 @@ __all__ = ["Gate", "SearchContext"]
 
 # Called before each probe with its candidate; may block until the device has room.
 Gate = Callable[[Candidate], None]
+# Seconds a first compilation may take, before any was measured (a CPU compiles a small model
+# in seconds from a warm cache and in tens of seconds from a cold one; a GPU model takes longer).
+_FIRST_COMPILE = {"cuda": 180.0, "cpu": 60.0}
 
 
 def _no_events(event: Event) -> None:
@@ -52,9 +55,11 @@ class SearchContext:
     should_stop: Callable[[], bool] = lambda: False
     cut: dict[str, str] = field(default_factory=dict)
     ceilings: dict[str, int] = field(default_factory=dict)
-    # Wall seconds of every probe, and of the search trials' probes only.
+    # Wall seconds of every probe, and of the search trials' probes only (compiling left out),
+    # and what each compiled probe spent compiling.
     probe_seconds: list[float] = field(default_factory=list)
     trial_seconds: list[float] = field(default_factory=list)
+    compile_seconds: list[float] = field(default_factory=list)
     # Where the job's time went, by phase (seconds); see :meth:`clock`.
     spent: dict[str, float] = field(default_factory=dict)
     _clocks: list[list] = field(default_factory=list, repr=False)
@@ -99,6 +104,22 @@ class SearchContext:
         if self.should_stop():
             raise SearchStopped(f"study {self.spec.name!r} was asked to stop")
 
+    def compile_allowance(self) -> float:
+        """Seconds a compiled candidate may take beyond an uncompiled probe's hard limit: twice
+        the longest compilation seen so far, or a first guess for the device."""
+        seen = max(self.compile_seconds, default=0.0)
+        if seen:
+            return 2 * seen + 5.0
+        return _FIRST_COMPILE["cuda" if self.device.startswith("cuda") else "cpu"]
+
+    def _spent(self, candidate: Candidate, started: float, compiled: float | None) -> None:
+        """Count a finished probe: its wall time without compiling, and the compiling."""
+        seconds = time.monotonic() - started
+        if candidate.compile and compiled is not None:
+            self.compile_seconds.append(compiled)
+            seconds = max(0.0, seconds - compiled)
+        self.probe_seconds.append(seconds)
+
     def typical_probe(self, default: float = 0.0) -> float:
         """The median wall time of the last probes (``default`` before any)."""
         recent = self.probe_seconds[-10:]
@@ -111,11 +132,14 @@ class SearchContext:
         *,
         floor: bool = False,
         early_stop: EarlyStop | None = None,
+        within: float | None = None,
     ) -> ProbeResult:
         """Run one probe in the runner: gated, counted against the budget, hard-limited.
 
-        The hard limit is the soft limit plus a grace, cut to what the budget has left unless
-        ``floor`` (a probe the search cannot do without, like the reference's).
+        The hard limit is the soft limit plus a grace (plus a compile allowance for a compiled
+        candidate, whose compiling the soft limit leaves out), cut to what the budget has left
+        unless ``floor`` (a probe the search cannot do without, like the reference's). The
+        compile allowance stays ``within`` the seconds the caller's phase has left.
         """
         self.stop_if_asked()
         if self.gate is not None:
@@ -123,13 +147,18 @@ class SearchContext:
                 self.gate(candidate)
         left = self.budget.left()
         hard = settings.time_limit + HARD_GRACE
+        if candidate.compile:
+            allowance = self.compile_allowance()
+            if within is not None:
+                allowance = min(allowance, max(0.0, within - hard))
+            hard += allowance
         if not floor:
             hard = min(hard, max(settings.time_limit + 1.0, left))
         t0 = time.monotonic()
         result = self.runner.run(
             self.workload, candidate, settings, timeout=hard, early_stop=early_stop
         )
-        self.probe_seconds.append(time.monotonic() - t0)
+        self._spent(candidate, t0, result.compile_seconds)
         return result
 
     def run_compare(
@@ -140,12 +169,15 @@ class SearchContext:
         *,
         timeout: float,
     ) -> PairedResult:
-        """Measure a candidate paired with the reference in the runner: gated, counted."""
+        """Measure a candidate paired with the reference in the runner: gated, counted (a
+        compiled candidate's ``timeout`` grows by the compile allowance)."""
         self.stop_if_asked()
         if self.gate is not None:
             with self.budget.paused():
                 self.gate(candidate)
+        if candidate.compile:
+            timeout += self.compile_allowance()
         t0 = time.monotonic()
         result = self.runner.compare(self.workload, candidate, reference, settings, timeout=timeout)
-        self.probe_seconds.append(time.monotonic() - t0)
+        self._spent(candidate, t0, result.candidate.compile_seconds)
         return result

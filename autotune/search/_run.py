@@ -34,6 +34,12 @@ from autotune.search._context import Gate, SearchContext
 from autotune.search._coordination import SETTLE_WAIT, claim_validation, settle
 from autotune.search._events import EventSink, PhaseStarted
 from autotune.search._hardware import check_hardware, find_ceilings
+from autotune.search._knobs import (
+    DIAGNOSIS_KEY,
+    after_trial,
+    diagnose_failures,
+    enqueue_diagnosed_islands,
+)
 from autotune.search._reference import ReferenceKeeper, ReferenceUnavailable
 from autotune.search._space import Space
 from autotune.search._trial import TrialStep
@@ -53,10 +59,10 @@ from autotune.trials import (
     TrialRecord,
     at_base_role,
     candidate,
+    record,
     role_trials,
     store_config,
     stored_config,
-    worst_diverged,
 )
 from autotune.worker import ProbeWorker, Runner
 from autotune.workloads import normalize_reference
@@ -138,11 +144,13 @@ def _validation_reserve(ctx: SearchContext, study: optuna.Study) -> float:
     if not typical:
         return VALIDATION_SHARE * ctx.budget.total
     ratio = max(1.0, (probe.warmup_steps + val.steps) / (probe.warmup_steps + probe.steps))
-    # Both arms of a pair run, each about as long as a probe scaled to the longer horizon.
+    # Both arms of a pair run, each about as long as a probe scaled to the longer horizon; a
+    # compiled candidate compiles again.
     per_pair = 2.5 * ratio * typical + 1.0
     # Nothing worth validating yet: keep room for one short pair (a late winner still gets
     # validated), and give the rest to the search.
     need = len(picked) * per_pair if picked else 0.5 * per_pair
+    need += sum(record(t).compile_seconds or 0.0 for t in picked)
     return min(VALIDATION_SHARE * ctx.budget.total, need + 1.0)
 
 
@@ -167,6 +175,8 @@ def _search(
         try:
             with heartbeat(study, trial):
                 step.run(trial, modes, left)
+            # A divergence diagnosed now leaves time for the fp32 islands it suggests.
+            after_trial(ctx, study, trial, spare=end_at - reserve - ctx.budget.elapsed())
         except (KeyboardInterrupt, SearchStopped) as exc:
             TrialRecord(outcome="interrupted", reason="stopped before the trial finished").write(
                 trial
@@ -181,42 +191,6 @@ def _search(
             with contextlib.suppress(StorageIOError):
                 study.tell(trial, state=TrialState.FAIL)
             raise
-
-
-def _diagnose_failures(ctx: SearchContext, study: optuna.Study) -> None:
-    """When fp16 trials diverged, diagnose the worst one layer by layer (in the worker), so
-    the config and the report say *why* next to the rejection. Costs a few steps; skipped when
-    the budget cannot spare them."""
-    if "fp16_diagnosis" in study.user_attrs:
-        return
-    worst = worst_diverged(study.get_trials(deepcopy=False), "fp16")
-    left = ctx.budget.left() - WRITE_RESERVE
-    if worst is None or left < 3 * ctx.typical_probe(default=5.0):
-        return
-    cand = candidate(worst)
-    if ctx.gate is not None:
-        with ctx.budget.paused():
-            ctx.gate(cand)
-    found = ctx.runner.diagnose(ctx.workload, cand, steps=3, timeout=max(2.0, min(60.0, left / 3)))
-    if found is None:
-        return
-    summary = {
-        "trial": worst.number,
-        "candidate": found["candidate"],
-        "verdict": found["verdict"],
-        "reason": found["reason"],
-        "first_nonfinite": found.get("first_nonfinite"),
-        "recommendations": [
-            f"{r['evidence']}: {r['action']}" for r in found.get("recommendations", [])
-        ],
-    }
-    study.set_user_attr("fp16_diagnosis", summary)
-    logger.info(
-        "fp16 diagnosis of trial {}: {} (first non-finite: {})",
-        worst.number,
-        found["verdict"],
-        found.get("first_nonfinite"),
-    )
 
 
 def _validate(
@@ -393,6 +367,7 @@ def run_search(
                 rule=rule,
                 base_lr=facts.base_lr,
                 base_batch=facts.base_batch_size,
+                channels_last=facts.channels_last,
             ),
             emit=on_event or (lambda event: None),
             gate=gate,
@@ -405,7 +380,12 @@ def run_search(
         modes = [m for m in modes if ctx.ceilings.get(m, 0) > 0]
         choices = _fix_choices(study, spec, runnable)
         ctx.space = Space.of(
-            spec, choices, rule=rule, base_lr=facts.base_lr, base_batch=facts.base_batch_size
+            spec,
+            choices,
+            rule=rule,
+            base_lr=facts.base_lr,
+            base_batch=facts.base_batch_size,
+            channels_last=facts.channels_last,
         )
         refs = ReferenceKeeper(ctx, study)
         try:
@@ -419,6 +399,7 @@ def run_search(
                 f"{facts.device})"
             ) from None
         _enqueue_first_trials(ctx, study, [m for m in choices if m in modes])
+        enqueue_diagnosed_islands(ctx, study, modes)
         end_at = budget.total - WRITE_RESERVE
         with ctx.clock("trials"):
             _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at)
@@ -427,8 +408,7 @@ def run_search(
         if won:
             settle(study, wait=min(SETTLE_WAIT, max(0.0, budget.left() - 1.0)), stop=stop_requested)
             ctx.emit(PhaseStarted(phase="validation"))
-            with ctx.clock("diagnosis"):
-                _diagnose_failures(ctx, study)
+            diagnose_failures(ctx, study)
             with ctx.clock("validation"):
                 selection, ref_run, noise = _validate(ctx, study, reference, end_at)
             w0 = time.monotonic()
@@ -447,7 +427,7 @@ def run_search(
                 cut=ctx.cut,
                 ceilings=ctx.ceilings,
                 seed_noise=noise,
-                fp16_diagnosis=study.user_attrs.get("fp16_diagnosis"),
+                fp16_diagnosis=study.user_attrs.get(DIAGNOSIS_KEY),
             )
         else:
             logger.info("validation of study {!r} is done by {}", spec.name, validated_by)

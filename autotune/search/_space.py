@@ -1,9 +1,13 @@
-"""The search space: the batch-size ladder, the learning-rate rule, the init_scale grid, and
-turning an Optuna trial's suggestions into a Candidate.
+"""The search space: the batch-size ladder, the learning-rate rule, the init_scale grid, the
+knobs (torch.compile and its mode, channels_last, fp32 islands), and turning an Optuna trial's
+suggestions into a Candidate.
 
 The sampler's choices are the spec's, the same for every worker and every resumed run of a
 study (Optuna refuses a categorical whose choices change); what a device cannot run is pruned
-at once, with the reason, at no cost.
+at once, with the reason, at no cost. A knob the spec leaves at its default is no parameter
+at all, so a study stored before the knob existed keeps its parameters. The fp32 islands are
+never sampled: only a trial enqueued with the diagnosed modules in its record asks for them
+(``fp32_islands``: ``none`` or ``diagnosed``, a choice that never changes between trials).
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ from dataclasses import dataclass
 import optuna
 
 from autotune.spec import Candidate, StudySpec
-from autotune.trials import DEFAULT_INIT_SCALE
+from autotune.trials import DEFAULT_INIT_SCALE, record
 
-__all__ = ["Space", "batch_ladder", "lr_for", "reference_factor"]
+__all__ = ["ISLANDS_CHOICES", "Space", "batch_ladder", "lr_for", "reference_factor"]
+
+# The fp32_islands parameter's fixed choices: the module list itself lives in the trial record.
+ISLANDS_CHOICES = ["none", "diagnosed"]
 
 # The fp32 reference runs up to this many times the probe length (see reference_factor).
 _MAX_REFERENCE_FACTOR = 8
@@ -76,6 +83,10 @@ class Space:
         rule: the lr scaling rule (``linear``, ``sqrt`` or ``none``).
         base_lr: the workload's lr at ``base_batch``.
         base_batch: the workload's base batch size.
+        compile: torch.compile's choices (``(False,)``: no parameter).
+        compile_modes: the compile modes (``("default",)``: no parameter).
+        channels_last: channels_last's choices; None: no parameter, the workload's preference.
+        channels_last_default: the workload's preference (what baselines run with).
     """
 
     precisions: tuple[str, ...]
@@ -86,6 +97,10 @@ class Space:
     rule: str
     base_lr: float
     base_batch: int
+    compile: tuple[bool, ...] = (False,)
+    compile_modes: tuple[str, ...] = ("default",)
+    channels_last: tuple[bool, ...] | None = None
+    channels_last_default: bool = False
 
     @classmethod
     def of(
@@ -96,8 +111,10 @@ class Space:
         rule: str,
         base_lr: float,
         base_batch: int,
+        channels_last: bool = False,
     ) -> Space:
-        """The space a spec describes for a workload with this base lr, batch and lr rule."""
+        """The space a spec describes for a workload with this base lr, batch, lr rule and
+        memory-format preference."""
         space = spec.space
         if space.batch_sizes:
             ladder = sorted(set(space.batch_sizes) | {base_batch})
@@ -113,6 +130,10 @@ class Space:
             rule=rule,
             base_lr=base_lr,
             base_batch=base_batch,
+            compile=tuple(space.compile),
+            compile_modes=tuple(space.compile_modes),
+            channels_last=tuple(space.channels_last) if space.channels_last else None,
+            channels_last_default=channels_last,
         )
 
     def lr(self, batch_size: int, multiplier: float) -> float:
@@ -120,14 +141,21 @@ class Space:
         return lr_for(self.rule, self.base_lr, self.base_batch, batch_size, multiplier)
 
     def candidate(
-        self, precision: str, batch_size: int, multiplier: float = 1.0, init_scale: float = 0.0
+        self,
+        precision: str,
+        batch_size: int,
+        multiplier: float = 1.0,
+        init_scale: float = 0.0,
+        **knobs: object,
     ) -> Candidate:
-        """The Candidate for a point of the space (``init_scale`` 0: GradScaler's default)."""
+        """The Candidate for a point of the space (``init_scale`` 0: GradScaler's default;
+        ``knobs``: ``compile``, ``compile_mode``, ``channels_last``, ``fp32_modules``)."""
         return Candidate(
             precision=precision,
             batch_size=batch_size,
             learning_rate=self.lr(batch_size, multiplier),
             init_scale=init_scale or DEFAULT_INIT_SCALE,
+            **knobs,
         )
 
     def suggest(self, trial: optuna.Trial) -> Candidate:
@@ -141,10 +169,24 @@ class Space:
         init_scale = DEFAULT_INIT_SCALE
         if precision == "fp16":
             init_scale = trial.suggest_categorical("init_scale", list(self.scales))
-        return self.candidate(precision, batch_size, multiplier, init_scale)
+        knobs: dict[str, object] = {}
+        if self.compile != (False,):
+            knobs["compile"] = trial.suggest_categorical("compile", list(self.compile))
+            if knobs["compile"] and self.compile_modes != ("default",):
+                modes = list(self.compile_modes)
+                knobs["compile_mode"] = trial.suggest_categorical("compile_mode", modes)
+        if self.channels_last is not None:
+            choices = list(self.channels_last)
+            knobs["channels_last"] = trial.suggest_categorical("channels_last", choices)
+        # Only a trial enqueued with the diagnosed modules asks: the sampler never does.
+        modules = record(trial).fp32_modules if precision == "fp16" else []
+        if modules and trial.suggest_categorical("fp32_islands", ISLANDS_CHOICES) == "diagnosed":
+            knobs["fp32_modules"] = list(modules)
+        return self.candidate(precision, batch_size, multiplier, init_scale, **knobs)
 
     def params(self, precision: str, batch_size: int, multiplier: float = 1.0) -> dict[str, object]:
-        """The Optuna params of a point, for ``enqueue_trial`` (fp16 with the default scale)."""
+        """The Optuna params of a point, for ``enqueue_trial``: fp16 with the default scale,
+        uncompiled and in the workload's memory format where the space allows it."""
         out: dict[str, object] = {
             "precision": precision,
             "batch_size": batch_size,
@@ -152,4 +194,26 @@ class Space:
         }
         if precision == "fp16":
             out["init_scale"] = DEFAULT_INIT_SCALE
+        if self.compile != (False,):
+            out["compile"] = False not in self.compile
+            if out["compile"] and self.compile_modes != ("default",):
+                out["compile_mode"] = self.compile_modes[0]
+        if self.channels_last is not None:
+            own = self.channels_last_default
+            out["channels_last"] = own if own in self.channels_last else self.channels_last[0]
+        return out
+
+    def knob_flips(self, params: dict[str, object]) -> list[dict[str, object]]:
+        """The same point with one searched on/off knob turned the other way (compile,
+        channels_last): what the knob brings, measured at the same mode and batch."""
+        out = []
+        if set(self.compile) == {False, True} and "compile" in params:
+            flip = {k: v for k, v in params.items() if k != "compile_mode"}
+            flip["compile"] = not params["compile"]
+            if flip["compile"] and self.compile_modes != ("default",):
+                flip["compile_mode"] = self.compile_modes[0]
+            out.append(flip)
+        both = self.channels_last is not None and set(self.channels_last) == {False, True}
+        if both and "channels_last" in params:
+            out.append({**params, "channels_last": not params["channels_last"]})
         return out

@@ -5,8 +5,10 @@
 3. A mode the device cannot run, or a batch above the mode's ceiling: PRUNED at once.
 4. Otherwise the candidate is probed. Completed: the objective is its speedup over the fp32
    reference measured close in time (or its time to the reference's loss), with a loss-parity
-   constraint. Diverged, OOM, too slow: PRUNED with the reason (the sampler learns from
-   PRUNED). A crashed worker: FAIL, and the trial runs once more.
+   constraint. Diverged, OOM, too slow, a failed compile: PRUNED with the reason (the sampler
+   learns from PRUNED). A crashed worker: FAIL, and the trial runs once more. A compiled
+   candidate's compiling happens in its untimed warm-up: charged to the budget, recorded on the
+   trial, never in its throughput.
 """
 
 from __future__ import annotations
@@ -111,20 +113,25 @@ class TrialStep:
             return
         settings = self._settings(left)
         result = ctx.run_probe(
-            cand, settings, early_stop=self._early_stop(cand, settings, reference)
+            cand, settings, early_stop=self._early_stop(cand, settings, reference), within=left
         )
         if result.outcome == "crashed" and ctx.should_stop():
             # The probe was cut short by the stop itself (Ctrl-C kills the worker's probe).
             raise SearchStopped(f"study {ctx.spec.name!r} was asked to stop")
         logger.info("trial {}: {}", trial.number, result.summary())
         self._record_result(trial, result)
+        # What the trial measured for; its compiling is no measure of how long trials take.
+        measured = result.wall_seconds - (result.compile_seconds or 0.0)
         if result.outcome == "completed":
-            ctx.trial_seconds.append(result.wall_seconds)
+            ctx.trial_seconds.append(measured)
             self._complete(trial, result, reference)
         elif result.outcome == "crashed":
             if result.timed_out:
                 # Far too slow to finish one step in time: a measurement, not a crash.
-                self.prune(trial, "too_slow", result.reason)
+                why = result.reason
+                if cand.compile:
+                    why += " (compiling included: torch.compile's first step is the slow one)"
+                self.prune(trial, "too_slow", why)
                 return
             self.fail(trial, "crashed", result.reason)
             self.retry(trial)
@@ -132,7 +139,7 @@ class TrialStep:
             if result.outcome == "oom":
                 lower_ceiling(ctx, self.study, cand.precision, cand.batch_size)
             elif result.outcome in ("slower", "off_parity"):
-                ctx.trial_seconds.append(result.wall_seconds)
+                ctx.trial_seconds.append(measured)
                 decided = (
                     f"speed after {len(result.blocks)} blocks"
                     if result.outcome == "slower"
@@ -143,11 +150,15 @@ class TrialStep:
 
     def _is_reference(self, cand: Candidate) -> bool:
         ref = self.refs.record
+        own_format = cand.channels_last in (None, self.ctx.facts.channels_last)
         return (
             ref is not None
             and cand.precision == ref.precision
             and cand.batch_size == ref.batch_size
             and math.isclose(cand.learning_rate, ref.learning_rate, rel_tol=1e-9)
+            and not cand.compile
+            and not cand.fp32_modules
+            and own_format
         )
 
     def _settings(self, left: float) -> ProbeSettings:
@@ -178,7 +189,7 @@ class TrialStep:
         if best.best_params is not None and self.ctx.maximize:
             best_trial = self._best_trial()
             low = record(best_trial).speedup_low if best_trial is not None else None
-            if low:
+            if low and low > 0:  # an interval wider than the value has no lower bound
                 below = low * reference.throughput
         horizon = (settings.warmup_steps + settings.steps) * cand.batch_size
         tol = self.ctx.spec.parity_tolerance
@@ -209,6 +220,7 @@ class TrialStep:
             timed_steps=result.timed_steps,
             truncated=result.truncated,
             probe_seconds=round(result.wall_seconds, 3),
+            compile_seconds=result.compile_seconds,
             losses=_finite(result.losses),
             scales=[(s, v) for s, v in result.scales],
             seed=result.seed,
@@ -341,7 +353,9 @@ class TrialStep:
         rec = record(trial)
         if rec.retry_of is not None or not trial.params:
             return
-        attrs = TrialRecord(role=rec.role, retry_of=trial.number).to_attrs()
+        attrs = TrialRecord(
+            role=rec.role, retry_of=trial.number, fp32_modules=rec.fp32_modules
+        ).to_attrs()
         self.study.enqueue_trial(dict(trial.params), user_attrs=attrs)
         logger.info("trial {} will be retried once", trial.number)
 

@@ -92,8 +92,14 @@ class TrainResult(BaseModel):
     learning_rate: float
     init_scale: float | None = None
     channels_last: bool = False
-    # completed, or stopped early: diverged (a loss that poisons the weights, a dead scaler), oom
-    outcome: Literal["completed", "diverged", "oom"] = "completed"
+    # torch.compile's mode when the run compiled its model (None: eager), and what compiling
+    # took in the untimed warm-up; the modules kept in fp32.
+    compile_mode: str | None = None
+    compile_seconds: float | None = None
+    fp32_modules: list[str] = Field(default_factory=list)
+    # completed, or stopped early: diverged (a loss that poisons the weights, a dead scaler), oom,
+    # compile_failed (torch.compile could not compile the model)
+    outcome: Literal["completed", "diverged", "oom", "compile_failed"] = "completed"
     reason: str = ""
     steps: int = 0
     planned_steps: int = 0
@@ -131,10 +137,16 @@ class TrainResult(BaseModel):
         return self.samples / self.throughput if self.throughput else None
 
     def settings(self) -> str:
-        """``bf16 bs=256 lr=0.4`` (and init_scale for fp16)."""
+        """``bf16 bs=256 lr=0.4`` (and init_scale for fp16, compile, fp32 modules)."""
         text = f"{self.precision} bs={self.batch_size} lr={self.learning_rate:.3g}"
         if self.init_scale is not None:
             text += f" init_scale={self.init_scale:g}"
+        if self.compile_mode is not None:
+            text += (
+                " compile" if self.compile_mode == "default" else f" compile={self.compile_mode}"
+            )
+        if self.fp32_modules:
+            text += f" fp32[{','.join(self.fp32_modules)}]"
         return text
 
 

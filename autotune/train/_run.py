@@ -10,6 +10,7 @@ import torch
 from loguru import logger
 
 from autotune.config import TunedConfig, warn_if_environment_differs
+from autotune.knobs import compile_failure
 from autotune.memory import PeakMemory, release_memory
 from autotune.precision import apply_backend_flags, resolve_device
 from autotune.session import AmpSession
@@ -55,8 +56,12 @@ def train(
         held_out: batches to score accuracy on; :func:`held_out_batches` when None
             (:func:`compare` makes them once for every run).
 
+    A compiled setup compiles in the untimed warm-up, afresh (torch's in-process compile caches
+    are dropped first): its ``compile_seconds`` are what a new training process pays.
+
     Returns:
-        The TrainResult. Divergence and OOM end the run early as outcomes, not exceptions.
+        The TrainResult. Divergence, OOM and a failed compile end the run early as outcomes,
+        not exceptions.
 
     Raises:
         DeviceError: the device does not exist or cannot run the precision.
@@ -122,16 +127,27 @@ class TrainRun:
             channels_last=bool(cand.channels_last),
             planned_steps=self.total,
             samples_per_epoch=settings.samples_per_epoch,
-            warmup_steps=min(settings.warmup_steps, self.total - 1),
+            # A compiled run compiles in its first step: never a timed one.
+            warmup_steps=min(max(settings.warmup_steps, int(cand.compile)), self.total - 1),
+            compile_mode=cand.compile_mode if cand.compile else None,
+            fp32_modules=list(cand.fp32_modules),
         )
         # What earlier runs left is freed first, so this run's peak memory is its own.
         release_memory(dev)
-        self.amp = AmpSession(cand, dev)
+        # Compiling afresh: a compiled run pays what a new training process pays, in its warm-up.
+        self.amp = AmpSession(cand, dev, fresh_compile=True)
         if isinstance(setup, TunedConfig):
             warn_if_environment_differs(setup, self.amp.device, stacklevel=3)
         self.peak = PeakMemory(dev) if measure_memory else None
+        # The session prepares the model, as in a training script: fp32 modules, channels_last,
+        # torch.compile, and its backend flags again (the model code may have changed them).
         self.engine = StepEngine(
-            workload, self.amp.candidate, dev, seed=settings.seed, scaler=self.amp.scaler
+            workload,
+            self.amp.candidate,
+            dev,
+            seed=settings.seed,
+            scaler=self.amp.scaler,
+            prepare=self.amp.prepare,
         )
         # This run's own random stream: interleaved runs must not draw from each other's.
         self.rng = torch.Generator().manual_seed(settings.seed)
@@ -150,15 +166,26 @@ class TrainRun:
         self.amp.close()
 
     def _in_own_state(self, action: Callable[[], None]) -> bool:
-        """Run ``action`` under this run's flags, random state and grad mode; an OOM ends the
-        run (False)."""
+        """Run ``action`` under this run's flags, random state and grad mode; an OOM or a failed
+        compile ends the run (False)."""
         fork = [self.amp.device.index or 0] if self.amp.device.type == "cuda" else []
         with torch.random.fork_rng(devices=fork), torch.enable_grad():
             torch.set_rng_state(self.rng.get_state())
             # Two runs interleave: each block runs under its own run's backend flags.
             apply_backend_flags(self.amp.mode)
-            oom = self.engine.run(lambda e: action())
+            failed: str | None = None
+            try:
+                oom = self.engine.run(lambda e: action())
+            except Exception as exc:
+                failed = compile_failure(self.amp.candidate, exc)
+                if failed is None:
+                    raise
+                oom = None
             self.rng.set_state(torch.get_rng_state())
+        if failed is not None:
+            self.result.outcome, self.result.reason = "compile_failed", failed
+            self.done = True
+            return False
         if oom is not None:
             r = self.result
             r.outcome = "oom"
@@ -174,12 +201,15 @@ class TrainRun:
         if self.peak is not None:
             self.peak.start()
         self.engine.build()
-        # The session sets its backend flags again: the model code may have changed them.
-        self.amp.prepare(self.engine.model)
         self._started = time.perf_counter()
         warmup = self.result.warmup_steps
         if warmup:
-            self.engine.run_steps(warmup)
+            first = self.engine.run_steps(1)
+            rest = self.engine.run_steps(warmup - 1) if warmup > 1 else None
+            if self.amp.candidate.compile:
+                # Compiling happens in the first step: what it took beyond a warm step.
+                steady = rest.step_time if rest is not None else 0.0
+                self.result.compile_seconds = max(0.0, first.seconds - steady)
             self._check()
 
     def advance(self) -> bool:

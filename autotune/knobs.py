@@ -1,0 +1,273 @@
+"""The model knobs a candidate turns beside its precision: modules kept in fp32 (fp32 islands),
+channels_last, and torch.compile — applied to a model the same way by the step engine (probes,
+training runs) and by a training loop's session (:meth:`autotune.session.AmpSession.prepare`).
+
+1. **fp32 islands** (:func:`keep_in_fp32`): each named module's forward runs with autocast off
+   and its floating inputs cast to fp32; the ops after it are autocast again. It fixes values
+   that leave a dtype's range *inside a module*; an overflow in functional code between modules
+   (an op in ``forward`` outside any submodule, or the loss) is not in any module it could name.
+2. **channels_last**: the model's 4-d parameters and buffers, and 4-d batch tensors.
+3. **torch.compile**: ``model.compile(mode=...)`` in place (the module keeps its type and its
+   ``state_dict`` keys). The batch dimension of every batch tensor is marked dynamic
+   (:func:`mark_batch_dynamic`), so one compiled graph serves every batch size instead of one
+   compilation per size. Compiling happens at the first step, which callers keep out of any
+   timed window; a failure to compile is :func:`is_compile_error`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from autotune.errors import SpecError
+from autotune.spec import Candidate
+
+__all__ = [
+    "apply_knobs",
+    "break_even_steps",
+    "compile_failure",
+    "is_compile_error",
+    "keep_in_fp32",
+    "knob_notes",
+    "mark_batch_dynamic",
+]
+
+# Where torch's compiler stack raises from: dynamo, AOT autograd, inductor and FX.
+_COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "torch._functorch", "torch.fx")
+
+
+def _to_fp32(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.float() if obj.is_floating_point() else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to_fp32(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _to_fp32(v) for k, v in obj.items()}
+    return obj
+
+
+@contextlib.contextmanager
+def keep_in_fp32(
+    model: nn.Module, names: Iterable[str], *, device_type: str | None = None
+) -> Iterator[nn.Module]:
+    """Run the named submodules in fp32 inside an autocast region, for the block.
+
+    Each named module's forward runs with autocast disabled and its floating inputs cast to
+    fp32, so its output is fp32; the ops after it are autocast again. Restored on exit.
+
+    Args:
+        model: the model; ``names`` are as in ``model.named_modules()`` (``""`` is the model).
+        names: the modules to keep in fp32, e.g. ``fp32_modules(diagnosis)``.
+        device_type: the autocast device type; the model's parameters' device type by default.
+
+    Returns:
+        A context manager yielding the model.
+
+    Raises:
+        SpecError: a name that is not a module of the model, listing some that are.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        >>> with keep_in_fp32(model, ["1"]), torch.autocast("cpu", torch.bfloat16):
+        ...     model[0](torch.ones(1, 4)).dtype, model(torch.ones(1, 4)).dtype
+        (torch.bfloat16, torch.float32)
+    """
+    modules = dict(model.named_modules())
+    names = list(dict.fromkeys(names))
+    for name in names:
+        if name not in modules:
+            known = ", ".join(repr(n) for n in list(modules)[1:9])
+            raise SpecError(
+                f"module {name!r} is not in the model; use names from model.named_modules(), "
+                f"e.g. {known}"
+            )
+    if device_type is None:
+        first = next(model.parameters(), None)
+        device_type = first.device.type if first is not None else "cpu"
+    # (module, its own instance-level forward if it had one): what to put back.
+    patched: list[tuple[nn.Module, Any]] = []
+    try:
+        for name in names:
+            module = modules[name]
+            patched.append((module, vars(module).get("forward")))
+            module.forward = _fp32_forward(module.forward, device_type)  # type: ignore[method-assign]
+        yield model
+    finally:
+        for module, own in reversed(patched):
+            if own is not None:
+                module.forward = own  # type: ignore[method-assign]
+            else:
+                del module.forward
+
+
+def _fp32_forward(inner: Any, device_type: str) -> Any:
+    @functools.wraps(inner)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, enabled=False):
+            return inner(*_to_fp32(args), **_to_fp32(kwargs))
+
+    return forward
+
+
+def apply_knobs(
+    model: nn.Module,
+    candidate: Candidate,
+    device: torch.device,
+    stack: contextlib.ExitStack,
+    *,
+    channels_last: bool,
+    fresh_compile: bool = False,
+) -> nn.Module:
+    """Move a model to the device and turn the candidate's knobs on it, in this order: fp32
+    islands, channels_last, torch.compile (so the compiled graph holds the other two).
+
+    Args:
+        model: the model.
+        candidate: its ``fp32_modules``, ``compile`` and ``compile_mode``.
+        device: where the model goes.
+        stack: what undoes the islands when it closes (the compiled model stays compiled).
+        channels_last: the memory format, resolved by the caller (a candidate's None means the
+            workload's preference, which only the caller knows).
+        fresh_compile: drop torch's in-process compile caches first, so this compilation costs
+            what it costs a fresh training process (the on-disk cache still serves it).
+
+    Returns:
+        The same model, moved and prepared.
+
+    Raises:
+        SpecError: an fp32 module name that is not in the model.
+
+    Example:
+        >>> cand = Candidate(precision="bf16", batch_size=8, learning_rate=0.1,
+        ...                  fp32_modules=["1"])
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        >>> with contextlib.ExitStack() as stack, torch.autocast("cpu", torch.bfloat16):
+        ...     m = apply_knobs(model, cand, torch.device("cpu"), stack, channels_last=False)
+        ...     m(torch.ones(1, 4)).dtype
+        torch.float32
+    """
+    model = model.to(device)
+    if candidate.fp32_modules:
+        stack.enter_context(keep_in_fp32(model, candidate.fp32_modules, device_type=device.type))
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if candidate.compile:
+        if fresh_compile:
+            torch._dynamo.reset()
+        model.compile(mode=candidate.compile_mode)
+    return model
+
+
+def mark_batch_dynamic(batch: Any) -> Any:
+    """Mark dimension 0 of every tensor in a batch (a tensor, or a tuple/list/dict of them) as
+    dynamic for torch.compile, so the next batch size reuses the compiled graph. A graph whose
+    code needs the size fixed still specializes it: this only allows, it never forces.
+
+    Example:
+        >>> x = mark_batch_dynamic(torch.ones(4, 3))
+        >>> x.shape
+        torch.Size([4, 3])
+    """
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() >= 1:
+            torch._dynamo.maybe_mark_dynamic(batch, 0)
+        return batch
+    if isinstance(batch, dict):
+        for value in batch.values():
+            mark_batch_dynamic(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            mark_batch_dynamic(value)
+    return batch
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    """Whether ``exc`` came from torch's compiler stack (tracing, lowering, code generation),
+    not from running the model: a compiled candidate that raises it failed to compile.
+
+    Example:
+        >>> from torch._dynamo.exc import Unsupported
+        >>> is_compile_error(Unsupported("generic_jump"))
+        True
+        >>> is_compile_error(ValueError("label 11 is out of range"))
+        False
+    """
+    # Without looking at torch._dynamo itself: importing it costs a second and a half.
+    dynamo = sys.modules.get("torch._dynamo.exc")
+    if dynamo is not None and isinstance(exc, dynamo.TorchDynamoException):
+        return True
+    return type(exc).__module__.startswith(_COMPILER_MODULES)
+
+
+def compile_failure(candidate: Candidate, exc: BaseException) -> str | None:
+    """The reason a compiled candidate failed to compile, or None when ``exc`` is not a
+    compiler error (or the candidate does not compile): an outcome, not a crash.
+
+    Example:
+        >>> from torch._dynamo.exc import Unsupported
+        >>> cand = Candidate(precision="fp32", batch_size=8, learning_rate=0.1, compile=True)
+        >>> compile_failure(cand, Unsupported("generic_jump"))
+        'torch.compile (mode=default) failed: Unsupported: generic_jump'
+    """
+    if not candidate.compile or not is_compile_error(exc):
+        return None
+    # The compiler's own error is often on the line after its wrapper's ("backend raised:").
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = " ".join(lines[:2])[:300]
+    return f"torch.compile (mode={candidate.compile_mode}) failed: {type(exc).__name__}: {text}"
+
+
+def break_even_steps(
+    compile_seconds: float,
+    batch_size: int,
+    reference_throughput: float,
+    speedup_eager: float,
+    speedup_compiled: float,
+) -> int | None:
+    """Training steps after which compiling has paid for itself: the compile time over the
+    time each step saves (step times from speedups over one reference throughput). None when
+    the compiled run is not faster: it never pays off.
+
+    Example:
+        >>> break_even_steps(30.0, 128, 1000.0, 1.2, 1.5)  # 0.107 s vs 0.085 s a step
+        1407
+    """
+    if speedup_compiled <= speedup_eager or reference_throughput <= 0:
+        return None
+    step = batch_size / reference_throughput
+    saved = step / speedup_eager - step / speedup_compiled
+    return math.ceil(compile_seconds / saved)
+
+
+def knob_notes(fp32_modules: Iterable[str], compile_mode: str | None, library: str) -> list[str]:
+    """What a person must do by hand for the knobs a library cannot express: the fp32 modules
+    (no trainer has a per-module precision setting), and torch.compile (``compile_mode`` None:
+    the library compiles by itself, or nothing is compiled).
+
+    Example:
+        >>> knob_notes(["amplify"], None, "Lightning")[0][:60]
+        'tuned with amplify kept in fp32 inside the autocast region (f'
+    """
+    notes = []
+    modules = list(fp32_modules)
+    if modules:
+        notes.append(
+            f"tuned with {', '.join(modules)} kept in fp32 inside the autocast region "
+            f"(fp32_modules): {library} has no per-module precision setting; wrap the model "
+            f"with autotune.diagnose.keep_in_fp32(model, {modules!r}) for training, or prepare "
+            "it with autotune.session(cfg).prepare(model)"
+        )
+    if compile_mode is not None:
+        notes.append(
+            f"tuned with torch.compile (mode={compile_mode!r}): {library} takes no compile "
+            f"setting; call model.compile(mode={compile_mode!r}) before training (the search "
+            "marked the batch dimension dynamic; autotune.session(cfg).prepare_batch does too)"
+        )
+    return notes

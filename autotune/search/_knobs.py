@@ -1,0 +1,209 @@
+"""What the search tries beyond the sampler's proposals: fp16 with fp32 islands after an fp16
+divergence, and each searched on/off knob turned the other way on the leader.
+
+1. **fp32 islands.** When an fp16 trial diverges, the search diagnoses it layer by layer at once
+   (in the worker, a few instrumented steps, uncompiled), while the search phase still has time
+   for what the diagnosis suggests. When it names modules whose values leave fp16's range,
+   fp16 with those modules kept in fp32 is enqueued — at the diverged trial's own point and at
+   fp16's batch ceiling — measured and parity-checked like any other candidate. Where the
+   overflow is in functional code between modules (an op outside any submodule, or the loss),
+   or is not a precision problem at all, no module list fixes it: the diagnosis says so, and
+   nothing is enqueued. The diagnosis is stored on the study (``fp16_diagnosis``) and becomes
+   the config's evidence.
+2. **Knob flips.** When a trial becomes the best feasible one, the same point with compile or
+   channels_last turned the other way is enqueued (where the spec searches both ways), so the
+   report can say what each knob brought at the same mode and batch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import optuna
+from loguru import logger
+from optuna.trial import TrialState
+
+from autotune.search._budget import TRIAL_SHARE, WRITE_RESERVE
+from autotune.search._context import SearchContext
+from autotune.search._space import ISLANDS_CHOICES
+from autotune.trials import (
+    ROLE_ISLANDS,
+    TrialRecord,
+    candidate,
+    feasible_trials,
+    record,
+    worst_diverged,
+)
+
+__all__ = [
+    "DIAGNOSIS_KEY",
+    "after_trial",
+    "diagnose_failures",
+    "enqueue_diagnosed_islands",
+    "islands_plan",
+]
+
+# The study attribute holding the fp16 diagnosis summary.
+DIAGNOSIS_KEY = "fp16_diagnosis"
+
+
+def islands_plan(found: dict[str, Any]) -> tuple[list[str], str]:
+    """The modules a diagnosis (its JSON) says to keep in fp32, and in words what the search
+    does with them: try them, or why a module list cannot help.
+
+    Example:
+        >>> islands_plan({"layers": [{"name": "amplify"}], "recommendations": [
+        ...     {"kind": "keep_fp32", "layers": ["amplify"]}]})[0]
+        ['amplify']
+        >>> islands_plan({"layers": [], "recommendations": [{"kind": "find_op", "layers": []}]})
+        ([], 'not tried: the overflow is in functional code between modules (an op outside any submodule, or the loss): a module list cannot keep it in fp32; run that code in fp32 by hand or use bf16')
+    """
+    recs = found.get("recommendations") or []
+    kinds = {r.get("kind") for r in recs}
+    if "find_op" in kinds:
+        return [], (
+            "not tried: the overflow is in functional code between modules (an op outside any "
+            "submodule, or the loss): a module list cannot keep it in fp32; run that code in "
+            "fp32 by hand or use bf16"
+        )
+    if "lower_lr" in kinds and found.get("verdict") == "fails":
+        return [], "not tried: the values leave the range in fp32 too: not a precision problem"
+    wanted = {n for r in recs if r.get("kind") == "keep_fp32" for n in r.get("layers") or []}
+    # The root module in fp32 is the whole model in fp32: that is the reference, not an island.
+    modules = [x["name"] for x in found.get("layers") or [] if x["name"] in wanted and x["name"]]
+    if not modules:
+        return [], "not tried: the diagnosis names no module to keep in fp32"
+    return modules, f"tried: fp16 with {', '.join(modules)} kept in fp32"
+
+
+def _trial_estimate(ctx: SearchContext) -> float:
+    """Seconds one more search trial takes: the typical one, at most a trial's time limit."""
+    if ctx.trial_seconds:
+        return statistics.median(ctx.trial_seconds[-10:])
+    return min(ctx.typical_probe(default=5.0), max(3.0, TRIAL_SHARE * ctx.budget.total))
+
+
+def diagnose_failures(
+    ctx: SearchContext,
+    study: optuna.Study,
+    trial: Any = None,
+    *,
+    spare: float | None = None,
+    then: float = 0.0,
+) -> dict[str, Any] | None:
+    """Diagnose a diverged fp16 trial layer by layer, once per study: ``trial``, or the worst
+    diverged one. Its cost is about twice the diverged probe's (two passes a step, hooks);
+    skipped when the budget (or ``spare``) cannot spare that and ``then`` seconds more.
+
+    Returns:
+        The stored summary (with ``fp32_modules`` and the ``islands`` decision), or None when
+        there was nothing to diagnose, no time, or the diagnosis could not run.
+    """
+    if DIAGNOSIS_KEY in study.user_attrs:
+        return None
+    if trial is None:
+        trial = worst_diverged(study.get_trials(deepcopy=False), "fp16")
+    if trial is None:
+        return None
+    left = ctx.budget.left() - WRITE_RESERVE if spare is None else spare
+    cost = max(1.0, 2 * (record(trial).probe_seconds or ctx.typical_probe(default=5.0)))
+    if left < cost + then:
+        return None
+    # The numerics of the precision itself: uncompiled, no islands.
+    cand = candidate(trial).model_copy(update={"compile": False, "fp32_modules": []})
+    if ctx.gate is not None:
+        with ctx.budget.paused():
+            ctx.gate(cand)
+    with ctx.clock("diagnosis"):
+        found = ctx.runner.diagnose(
+            ctx.workload, cand, steps=3, timeout=max(2.0 * cost, min(60.0, left - then))
+        )
+    if found is None:
+        return None
+    modules, islands = islands_plan(found)
+    summary = {
+        "trial": trial.number,
+        "candidate": found["candidate"],
+        "verdict": found["verdict"],
+        "reason": found["reason"],
+        "first_nonfinite": found.get("first_nonfinite"),
+        "recommendations": [
+            f"{r['evidence']}: {r['action']}" for r in found.get("recommendations", [])
+        ],
+        "fp32_modules": modules,
+        "islands": islands,
+    }
+    study.set_user_attr(DIAGNOSIS_KEY, summary)
+    logger.info(
+        "fp16 diagnosis of trial {}: {} (first non-finite: {}); fp32 islands {}",
+        trial.number,
+        found["verdict"],
+        found.get("first_nonfinite"),
+        islands,
+    )
+    return summary
+
+
+def _enqueue_islands(
+    ctx: SearchContext, study: optuna.Study, trial: Any, modules: list[str]
+) -> None:
+    """fp16 with the modules in fp32: at the diverged trial's point, and at fp16's ceiling."""
+    points = [{**trial.params, "fp32_islands": ISLANDS_CHOICES[1]}]
+    fitting = [b for b in ctx.space.ladder if b <= ctx.ceilings.get("fp16", 0)]
+    if fitting and max(fitting) != trial.params.get("batch_size"):
+        points.append(
+            {**ctx.space.params("fp16", max(fitting)), "fp32_islands": ISLANDS_CHOICES[1]}
+        )
+    for i, params in enumerate(points):
+        rec = TrialRecord(fp32_modules=modules, role=ROLE_ISLANDS if i == 0 else None)
+        study.enqueue_trial(params, user_attrs=rec.to_attrs(), skip_if_exists=True)
+    logger.info("enqueued fp16 with {} in fp32 at {} point(s)", ", ".join(modules), len(points))
+
+
+def enqueue_diagnosed_islands(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
+    """A study diagnosed before (a resumed run, another worker, or a diagnosis that came too
+    late for the search phase): its islands are enqueued now, unless they already were."""
+    found = study.user_attrs.get(DIAGNOSIS_KEY)
+    if not isinstance(found, dict) or not ctx.spec.space.fp32_islands or "fp16" not in modes:
+        return
+    modules = found.get("fp32_modules") or []
+    trials = study.get_trials(deepcopy=False)
+    if any("fp32_islands" in t.params or record(t).fp32_modules for t in trials):
+        return
+    trial = next((t for t in trials if t.number == found["trial"]), None)
+    if modules and trial is not None:
+        _enqueue_islands(ctx, study, trial, modules)
+
+
+def _flip_leader(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
+    """When ``trial`` is the best feasible trial now, enqueue it with each knob flipped."""
+    done = feasible_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    if not done:
+        return
+    pick = max if ctx.maximize else min
+    best = pick(done, key=lambda t: t.value)
+    if best.number != trial.number:
+        return
+    modules = record(best).fp32_modules
+    attrs = TrialRecord(fp32_modules=modules).to_attrs() if modules else None
+    for params in ctx.space.knob_flips(dict(best.params)):
+        study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
+
+
+def after_trial(ctx: SearchContext, study: optuna.Study, trial: Any, *, spare: float) -> None:
+    """What a finished trial sets off: the fp16 diagnosis and the islands after a divergence,
+    the knob flips after a new best. ``spare``: seconds the search phase has left."""
+    rec = record(trial)
+    if (
+        rec.outcome == "diverged"
+        and trial.params.get("precision") == "fp16"
+        and not rec.fp32_modules
+        and ctx.spec.space.fp32_islands
+    ):
+        # Only while an islands trial would still fit after it.
+        summary = diagnose_failures(ctx, study, trial, spare=spare, then=_trial_estimate(ctx))
+        if summary is not None and summary["fp32_modules"]:
+            _enqueue_islands(ctx, study, trial, summary["fp32_modules"])
+    elif rec.outcome == "completed" and rec.duplicate_of is None:
+        _flip_leader(ctx, study, trial)

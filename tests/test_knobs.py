@@ -1,0 +1,189 @@
+"""The knobs beside the precision — fp32 islands, channels_last, torch.compile — as a probe
+measures them and a training loop's session applies them. Compiling is slow on a CPU: the
+tests that compile use the smallest models and the fewest steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.errors import SpecError
+from autotune.paired import run_paired
+from autotune.probe import global_state, run_probe
+from autotune.session import AmpSession
+from autotune.spec import Candidate, ProbeSettings
+from autotune.workloads import load_workload, tiny_convnet, tiny_mlp
+
+SHORT = ProbeSettings(warmup_steps=0, steps=4, check_every=2, min_time=0)
+
+
+def cand(precision: str = "fp32", batch_size: int = 16, lr: float = 0.05, **kw: Any) -> Candidate:
+    return Candidate(precision=precision, batch_size=batch_size, learning_rate=lr, **kw)
+
+
+def overflow() -> Any:
+    return load_workload("autotune.workloads.testing:fp16_overflow")
+
+
+def test_fp32_islands_make_an_overflowing_fp16_run_train() -> None:
+    """fp16 overflows in the module `amplify`; kept in fp32, the same candidate trains."""
+    plain = run_probe(overflow(), cand("fp16", 32, 0.001), "cpu", SHORT)
+    assert plain.outcome == "diverged"
+    islands = run_probe(overflow(), cand("fp16", 32, 0.001, fp32_modules=["amplify"]), "cpu", SHORT)
+    assert islands.outcome == "completed", islands.reason
+    assert all(torch.isfinite(torch.tensor(islands.losses)))
+    assert "fp32[amplify]" in islands.summary()
+
+
+def test_a_compiled_probe_compiles_outside_its_timed_blocks() -> None:
+    """Even with no warm-up steps asked for, the compiling step is untimed, and its time is
+    recorded apart; the run leaves the global state as it found it."""
+    before = global_state()
+    r = run_probe(tiny_mlp(), cand(batch_size=32, compile=True), "cpu", SHORT)
+    assert r.outcome == "completed", r.reason
+    assert r.compile_seconds is not None and r.compile_seconds > 0
+    assert r.warmup_steps >= 1 and r.timed_steps >= SHORT.steps
+    # The timed blocks are the whole timed phase; compiling is in the wall time only.
+    assert r.timed_seconds == pytest.approx(sum(s for _, s in r.blocks))
+    assert r.wall_seconds >= r.timed_seconds + r.compile_seconds
+    assert "compiled in" in r.summary()
+    after = global_state()
+    assert before["flags"] == after["flags"] and before["grad_enabled"] == after["grad_enabled"]
+
+
+def test_an_eager_probe_records_no_compile_time() -> None:
+    r = run_probe(tiny_mlp(), cand(batch_size=32), "cpu", SHORT)
+    assert r.outcome == "completed" and r.compile_seconds is None
+
+
+def test_a_compiler_failure_is_an_outcome_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor.compile_fx as compile_fx
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no C++ compiler on this machine")
+
+    monkeypatch.setattr(compile_fx, "compile_fx", refuse)
+    r = run_probe(tiny_mlp(), cand(batch_size=32, compile=True), "cpu", SHORT)
+    assert r.outcome == "compile_failed"
+    assert r.reason.startswith("torch.compile (mode=default) failed")
+    assert "no C++ compiler on this machine" in r.reason
+    assert r.throughput == 0.0
+    # In a paired run, the candidate arm fails the same way; the reference arm is not blamed.
+    settings = SHORT.model_copy(update={"min_time": 0.0, "time_limit": 20.0})
+    paired = run_paired(
+        tiny_mlp(), cand(batch_size=32, compile=True), cand(batch_size=32), "cpu", settings
+    )
+    assert paired.candidate.outcome == "compile_failed" and not paired.ok
+    assert "no C++ compiler" in paired.candidate.reason
+
+
+def test_channels_last_is_the_candidates_when_it_says_so() -> None:
+    from autotune.step import StepEngine
+
+    for wanted in (False, True):
+        # A large batch: the data pool is made of fewer, larger batches, sooner.
+        with StepEngine(
+            tiny_convnet(), cand(batch_size=512, channels_last=wanted), torch.device("cpu")
+        ) as e:
+            e.build()
+            x, _ = e.next_batch()
+            conv = e.model.features[0].weight  # type: ignore[union-attr]
+            assert x.is_contiguous(memory_format=torch.channels_last) is wanted
+            assert conv.is_contiguous(memory_format=torch.channels_last) is wanted
+
+
+class _Traced(nn.Module):
+    """Remembers, call by call, whether its forward ran under torch.compile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+        self.compiled: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.compiled.append(torch.compiler.is_compiling())
+        return self.inner(x)
+
+
+def test_the_session_prepares_the_model_as_tuned_and_undoes_the_islands_at_close() -> None:
+    model = _Traced()
+    tuned = cand("bf16", 8, fp32_modules=["inner"], compile=True)
+    with AmpSession(tuned, "cpu") as amp:
+        prepared = amp.prepare(model)
+        assert prepared is model and amp.prepare(model) is model  # prepared once
+        x = amp.prepare_batch(torch.ones(3, 4))
+        with torch.no_grad(), amp.autocast():
+            out = model(x)
+        # The island: fp32 inside the bf16 autocast region; the forward ran compiled.
+        assert out.dtype == torch.float32
+        assert model.compiled == [True]
+        assert "compile=default" in repr(amp) and "inner" in repr(amp)
+    # Closed: the module's own forward is back.
+    assert "forward" not in vars(model.inner)
+
+
+def test_an_fp32_module_the_model_lacks_is_named() -> None:
+    with (
+        AmpSession(cand("bf16", 8, fp32_modules=["amplfy"]), "cpu") as amp,
+        pytest.raises(SpecError, match="module 'amplfy' is not in the model"),
+    ):
+        amp.prepare(nn.Sequential(nn.Linear(4, 4)))
+
+
+@pytest.mark.gpu
+def test_compile_and_islands_on_the_gpu() -> None:
+    """On CUDA: a compiled fp16 probe with the overflowing module in fp32 completes, compiles
+    outside its timed blocks, and is faster per step than its first (compiling) step."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    settings = ProbeSettings(warmup_steps=1, steps=20, check_every=10, min_time=0.2)
+    r = run_probe(
+        overflow(), cand("fp16", 64, 0.001, fp32_modules=["amplify"], compile=True), dev, settings
+    )
+    assert r.outcome == "completed", r.reason
+    assert r.compile_seconds is not None and r.compile_seconds > 0
+    assert r.timed_seconds == pytest.approx(sum(s for _, s in r.blocks))
+    paired = run_paired(
+        tiny_convnet(), cand("bf16", 64, compile=True, channels_last=True), cand(), dev, settings
+    )
+    assert paired.ok, paired.summary()
+    assert paired.candidate.compile_seconds is not None
+
+
+class _FunctionalOverflow(nn.Module):
+    """fp16 overflows in an op between two modules, not inside either."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) * 1e6  # past 65,504 in fp16: no module to keep in fp32
+        return self.head(h / 1e6)
+
+
+def test_an_overflow_between_modules_gets_no_fp32_islands_and_says_why() -> None:
+    import json
+
+    from autotune.diagnose import diagnose
+    from autotune.search._knobs import islands_plan
+    from autotune.workloads import Workload, synthetic_batches
+
+    def make(bs: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(bs, 64, generator=g), torch.randint(0, 10, (bs,), generator=g)
+
+    wl = Workload(
+        name="functional_overflow",
+        build_model=_FunctionalOverflow,
+        make_batches=lambda bs, dev, g: synthetic_batches(make, bs, dev, g, samples=256),
+        build_optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr),
+        base_lr=0.001,
+        base_batch_size=32,
+    )
+    found = json.loads(diagnose(wl, cand("fp16", 32, 0.001), "cpu", steps=1).model_dump_json())
+    modules, said = islands_plan(found)
+    assert modules == []
+    assert said.startswith("not tried: the overflow is in functional code between modules")
