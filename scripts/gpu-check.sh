@@ -19,7 +19,8 @@ PY="${PYTHON:-python3}"
 TOTAL="${GPU_CHECK_SECONDS:-285}"
 # Every test file with gpu-marked tests (tests/test_gpu_check.py checks that none is missing);
 # they run with -m gpu. The export tests run whole: CPU and GPU, against the real libraries.
-GPU_TESTS=(tests/test_gpu.py tests/test_precision.py tests/test_probe.py tests/test_cuda_context.py tests/test_knobs.py)
+GPU_TESTS=(tests/test_gpu.py tests/test_precision.py tests/test_probe.py tests/test_cuda_context.py
+           tests/test_knobs.py tests/test_session.py tests/test_step.py tests/test_integrations.py)
 EXPORT_TESTS=(tests/test_export.py)
 
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
