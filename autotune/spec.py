@@ -206,6 +206,9 @@ class ProbeSettings(_Model):
     min_time: OptionalDuration = None
     # Target relative half-width of the throughput's 95% interval (0.03: ±3%).
     precision: float = Field(default=0.03, gt=0, le=1)
+    # Let the search stop a probe early once it is clearly slower than the best candidate or
+    # clearly off parity (multi-fidelity); false measures every probe to its end.
+    early_stop: bool = True
     # A loss this many times above its first value is a blow-up, not noise.
     loss_blowup_factor: float = Field(default=10.0, gt=1)
     # Past warmup, GradScaler should rarely skip; more than this share of skips is divergence.
@@ -392,7 +395,7 @@ class StudySpec(_Model):
             "space": space,
             # How long a probe measures does not change the space; its step counts do.
             "probe": self.probe.model_dump(
-                mode="json", exclude={"time_limit", "min_time", "precision"}
+                mode="json", exclude={"time_limit", "min_time", "precision", "early_stop"}
             ),
             "objective": self.objective,
         }

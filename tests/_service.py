@@ -27,7 +27,15 @@ def sleepy(name: str, *, budget: str = "10s", steps: int = 12, **extra: Any) -> 
         "workload": "autotune.workloads.testing:sleepy",
         "budget": budget,
         "space": {"precisions": ["fp32"], "batch_size": {"min": 16, "max": 64}},
-        "probe": {"warmup_steps": 1, "steps": steps, "check_every": 6, "time_limit": "8s"},
+        # Counted, not timed, and never stopped early: a probe's length is known in advance.
+        "probe": {
+            "warmup_steps": 1,
+            "steps": steps,
+            "check_every": 6,
+            "min_time": 0,
+            "early_stop": False,
+            "time_limit": "8s",
+        },
         "validation": {"top_k": 1, "steps": 12},
         **extra,
     }

@@ -26,7 +26,7 @@ space:
   precisions: [fp32]
   batch_sizes: [16, 32, 64]
   lr_multipliers: [0.5, 1.0, 2.0]
-probe: {{warmup_steps: 1, steps: {steps}, check_every: 2, time_limit: 20s}}
+probe: {{warmup_steps: 1, steps: {steps}, check_every: 2, min_time: 0, early_stop: false, time_limit: 20s}}
 validation: {{top_k: 1, steps: 2}}
 parity_tolerance: 10.0
 """

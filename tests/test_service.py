@@ -342,7 +342,11 @@ def test_serve_refuses_a_public_address_without_token() -> None:
         # Callable, but not workload factories: refused before anything runs.
         ("autotune.workloads:load_workload", WorkloadError, "has no workload 'load_workload'"),
         ("autotune.workloads:Workload", WorkloadError, "has no workload 'Workload'"),
-        ("autotune.workloads.testing:make_oom_workload", WorkloadError, "it has cuda_context_lost, diverging"),
+        (
+            "autotune.workloads.testing:make_oom_workload",
+            WorkloadError,
+            "it has cuda_context_lost, diverging",
+        ),
         ("json:loads", WorkloadRefused, "imports only the built-in"),
         ("not a reference", WorkloadError, "must look like package.module:function"),
     ],

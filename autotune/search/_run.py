@@ -313,10 +313,9 @@ def run_search(
                 f"study {spec.name!r} has no running search to join; start one with "
                 f"`autotune search ... --storage <url>` first"
             )
-        window = window_id(study)
     else:
         budget = budget or Budget(spec.budget)
-        window = open_window(study, budget)
+        open_window(study, budget)
     out = Path(out_dir) if out_dir is not None else Path("studies") / spec.name
     interrupted = threading.Event()
 
@@ -403,8 +402,10 @@ def run_search(
         end_at = budget.total - WRITE_RESERVE
         with ctx.clock("trials"):
             _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at)
-        # Validation runs once per budget window, by whichever worker gets there first.
-        won, validated_by = claim_validation(study, window)
+        # Validation runs once per budget window, by whichever worker gets there first; the
+        # window is read now, from the study: workers that started together may each have
+        # opened one, and the last one written is the one they all share.
+        won, validated_by = claim_validation(study, window_id(study))
         if won:
             settle(study, wait=min(SETTLE_WAIT, max(0.0, budget.left() - 1.0)), stop=stop_requested)
             ctx.emit(PhaseStarted(phase="validation"))

@@ -113,7 +113,10 @@ class TrialStep:
             return
         settings = self._settings(left)
         result = ctx.run_probe(
-            cand, settings, early_stop=self._early_stop(cand, settings, reference), within=left
+            cand,
+            settings,
+            early_stop=self._early_stop(cand, settings, reference) if settings.early_stop else None,
+            within=left,
         )
         if result.outcome == "crashed" and ctx.should_stop():
             # The probe was cut short by the stop itself (Ctrl-C kills the worker's probe).
