@@ -97,9 +97,15 @@ def find_ceiling(
         A Ceiling with the size, what limited it and every try in order.
 
     Example:
-        >>> c = find_ceiling(lambda bs: fake_probe(bs), "fp32", start=16, cap=1024)  # doctest: +SKIP
-        >>> c.sizes_tried
-        [16, 32, 64, 128, 96, 80, 72]
+        >>> from autotune.result import ProbeResult
+        >>> from autotune.spec import Candidate
+        >>> def probe(bs):  # a device where anything above 80 runs out of memory
+        ...     cand = Candidate(precision="fp32", batch_size=bs, learning_rate=0.1)
+        ...     return ProbeResult(candidate=cand, workload="w", device="cpu",
+        ...                        outcome="oom" if bs > 80 else "completed")
+        >>> c = find_ceiling(probe, "fp32", start=16, cap=1024)
+        >>> c.sizes_tried, c.batch_size, c.limited_by
+        ([16, 32, 64, 128, 96, 80, 88], 80, 'memory')
     """
     tries: list[CeilingTry] = []
     stopped = [False]

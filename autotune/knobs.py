@@ -253,7 +253,7 @@ def knob_notes(fp32_modules: Iterable[str], compile_mode: str | None, library: s
 
     Example:
         >>> knob_notes(["amplify"], None, "Lightning")[0][:60]
-        'tuned with amplify kept in fp32 inside the autocast region (f'
+        'tuned with amplify kept in fp32 inside the autocast region ('
     """
     notes = []
     modules = list(fp32_modules)

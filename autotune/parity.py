@@ -43,8 +43,8 @@ def parity_gap(
 
     Example:
         >>> gap, loss, ref = parity_gap([2.0, 1.0], 64, [2.0, 1.5, 1.0, 0.9], 32)
-        >>> round(gap, 3), loss, ref
-        (0.053, 1.0, 0.95)
+        >>> round(gap, 3), loss, round(ref, 3)
+        (0.324, 1.5, 1.133)
     """
     if not losses or not ref_losses:
         return None

@@ -101,7 +101,7 @@ class StudyQueue:
 
     Example:
         >>> queue = StudyQueue("sqlite:///studies/autotune.db")  # doctest: +SKIP
-        >>> queue.submit(spec, priority=5).state
+        >>> queue.submit(spec, priority=5).state  # doctest: +SKIP
         'queued'
     """
 
