@@ -86,8 +86,9 @@ def test_three_workers_finish_one_study_with_every_trial_accounted_for_once(
 def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
     storage_url: str, tmp_path: Path
 ) -> None:
-    # Long enough for: the victim's first trial, the grace period (8 s), and the retry.
-    spec = write_spec(tmp_path, "28s", steps=5)
+    # Long enough for: the victim's first trial and the retry (a dead process on this host has
+    # its trial failed at once, without waiting out the heartbeat's grace period).
+    spec = write_spec(tmp_path, "20s", steps=5)
     victim = start_worker(spec, storage_url, tmp_path / "victim", sleep=0.4)
     survivor = None
     killed_trial = None

@@ -253,8 +253,8 @@ def test_killed_worker_fails_the_trial_and_it_is_retried(service: Service) -> No
 def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
     svc = Service(tmp_path).start()
     try:
-        assert svc.submit(sleepy("r", budget="12s", steps=30)).status_code == 201
-        svc.wait_trial_started("r")  # its probe takes ~2 s: the kill lands inside it
+        assert svc.submit(sleepy("r", budget="16s", steps=60)).status_code == 201
+        svc.wait_trial_started("r")  # its probe takes ~3 s: the kill lands inside it
         finished = [t.number for t in svc.trials("r") if t.state.is_finished()]
         assert svc.proc is not None
         svc.proc.kill()
@@ -264,7 +264,7 @@ def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
         # stale and retried, nothing finished is lost, nothing stays RUNNING.
         svc.start()
         done = svc.wait_state("r", ("done",), 90)
-        assert done["progress"]["budget_used_seconds"] <= 12 + 3
+        assert done["progress"]["budget_used_seconds"] <= 16 + 3
         trials = svc.trials("r")
         by_number = {t.number: t for t in trials}
         assert all(by_number[n].state.is_finished() for n in finished)
