@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from autotune.config import TunedConfig, warn_if_environment_differs
+from autotune.devices import prepare_batch
 from autotune.errors import AutotuneWarning, DeviceError
 from autotune.knobs import apply_knobs, mark_batch_dynamic
 from autotune.precision import (
@@ -107,22 +108,6 @@ def check_supported(precision: str, device: str | torch.device) -> torch.device:
             stacklevel=2,
         )
     return dev
-
-
-def _move(batch: Any, device: torch.device, channels_last: bool) -> Any:
-    if isinstance(batch, torch.Tensor):
-        batch = batch.to(device, non_blocking=True)
-        if channels_last and batch.dim() == 4:
-            batch = batch.contiguous(memory_format=torch.channels_last)
-        return batch
-    if isinstance(batch, dict):
-        return {k: _move(v, device, channels_last) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        moved = [_move(v, device, channels_last) for v in batch]
-        if hasattr(batch, "_fields"):  # a namedtuple keeps its type
-            return type(batch)(*moved)
-        return type(batch)(moved)
-    return batch
 
 
 class AmpSession:
@@ -273,7 +258,7 @@ class AmpSession:
         """Move a tensor, or a tuple/list/dict of them, to the device; 4-d tensors become
         channels_last when tuned so, and the batch dimension is marked dynamic for a compiled
         model (one graph for every batch size, as measured). Anything else passes through."""
-        batch = _move(batch, self.device, self.channels_last)
+        batch = prepare_batch(batch, self.device, self.channels_last)
         return mark_batch_dynamic(batch) if self.candidate.compile else batch
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autotune.devices import prepare_batch
 from autotune.errors import WorkloadError
 from autotune.knobs import apply_knobs, mark_batch_dynamic
 from autotune.memory import is_oom, oom_message, release_memory, sync
@@ -70,30 +71,6 @@ def check_loss(loss: Any, workload: Workload) -> None:
             f"workload {workload.reference or workload.name!r}: loss must be a scalar tensor, got "
             f"shape {tuple(loss.shape)}; reduce it with .mean()"
         )
-
-
-def prepare_batch(batch: Any, device: torch.device, channels_last: bool) -> Any:
-    """Move a batch (a tensor, or a tuple/list/dict of them) to the device; 4-d tensors become
-    channels_last when asked. A tensor already there is not copied; anything else passes.
-
-    Example:
-        >>> x, y = prepare_batch((torch.ones(2, 3, 4, 4), torch.zeros(2)), torch.device("cpu"), True)
-        >>> x.is_contiguous(memory_format=torch.channels_last), tuple(y.shape)
-        (True, (2,))
-    """
-    if isinstance(batch, torch.Tensor):
-        batch = batch.to(device, non_blocking=True)
-        if channels_last and batch.dim() == 4:
-            batch = batch.contiguous(memory_format=torch.channels_last)
-        return batch
-    if isinstance(batch, dict):
-        return {k: prepare_batch(v, device, channels_last) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        moved = [prepare_batch(v, device, channels_last) for v in batch]
-        if hasattr(batch, "_fields"):  # a namedtuple keeps its type
-            return type(batch)(*moved)
-        return type(batch)(moved)
-    return batch
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from autotune.errors import SpecError
 from autotune.session import check_supported
 from autotune.spec import Candidate
 from autotune.stats import ratio_estimate
-from autotune.train._models import BASELINES, Comparison, Progress, TrainSettings
+from autotune.train._models import BASELINES, Comparison, Progress, TrainResult, TrainSettings
 from autotune.train._run import TrainRun, as_candidate, held_out_batches, train
 from autotune.workloads import Workload
 
@@ -112,41 +112,30 @@ def compare(
         if cand is not None
     }
     held_out = held_out_batches(workload, dev, settings) if workload.accuracy else []
-    if base_cand is None:
-        tuned = train(
+
+    def run_alone(
+        what: TunedConfig | Candidate, run_settings: TrainSettings, label: str
+    ) -> TrainResult:
+        return train(
             workload,
-            setup,
+            what,
             dev,
-            settings,
-            label="tuned",
+            run_settings,
+            label=label,
             on_progress=on_progress,
             held_out=held_out,
         )
-        return Comparison(tuned=tuned)
+
+    if base_cand is None:
+        return Comparison(tuned=run_alone(setup, settings, "tuned"))
     base_settings = settings
     if settings.steps is not None:
         base_settings = settings.model_copy(
             update={"steps": None, "samples": settings.steps * tuned_cand.batch_size}
         )
     if not paired:
-        tuned = train(
-            workload,
-            setup,
-            dev,
-            settings,
-            label="tuned",
-            on_progress=on_progress,
-            held_out=held_out,
-        )
-        baseline = train(
-            workload,
-            base_cand,
-            dev,
-            base_settings,
-            label=str(against),
-            on_progress=on_progress,
-            held_out=held_out,
-        )
+        tuned = run_alone(setup, settings, "tuned")
+        baseline = run_alone(base_cand, base_settings, str(against))
         return Comparison(tuned=tuned, baseline=baseline, against=against)  # type: ignore[arg-type]
     with contextlib.ExitStack() as stack:
         runs = [
