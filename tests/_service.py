@@ -130,12 +130,13 @@ class Service:
         return optuna.load_study(study_name=name, storage=self.db).get_trials()
 
     def wait_trial_started(self, name: str, timeout: float = 40) -> None:
-        """Until a trial of ``name`` started under 0.5 s ago: its probe is surely in flight."""
+        """Until a trial of ``name`` started under a second ago: with probes of 3 s (60 steps of
+        0.05 s), its probe is surely in flight."""
         self.wait_trial_running(name, timeout)
         wait_for(
             lambda: any(
                 t.state == optuna.trial.TrialState.RUNNING
-                and (datetime.now() - t.datetime_start).total_seconds() < 0.5
+                and (datetime.now() - t.datetime_start).total_seconds() < 1.0
                 for t in self.trials(name)
             ),
             timeout,

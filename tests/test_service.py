@@ -229,10 +229,10 @@ def test_busy_device_priority_and_result(service: Service, tmp_path: Path) -> No
 
 
 def test_killed_worker_fails_the_trial_and_it_is_retried(service: Service) -> None:
-    assert service.submit(sleepy("k", budget="14s", steps=40)).status_code == 201
+    assert service.submit(sleepy("k", budget="18s", steps=60)).status_code == 201
     killed: list[int] = []
     for _ in range(3):
-        service.wait_trial_started("k")  # its probe takes ~2.5 s: the kill lands inside it
+        service.wait_trial_started("k")  # its probe takes ~3 s: the kill lands inside it
         pid = service.http.get("/devices").json()[0]["worker_pid"]
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)

@@ -84,7 +84,7 @@ def reference_figure(data: ReportData) -> Figure:
     median = statistics.median(m.throughput for m in ms)
     if len(ms) > 1:
         plot.hline(median, "#999", label=f"median {median:,.1f}", dash="2 3")
-    plot.line([(x, m.throughput) for x, m in zip(xs, ms, strict=True)], REF_COLOR, width=1.2)
+        plot.line([(x, m.throughput) for x, m in zip(xs, ms, strict=True)], REF_COLOR, width=1.2)
     moved = drifted(ms)
     for x, m, drift in zip(xs, ms, moved, strict=True):
         low, high = measured_interval(m)
