@@ -192,7 +192,11 @@ def build_config(
         if notes:
             why += " (" + "; ".join(notes) + ")"
         # The reference describes itself: one throughput, its own interval, 1.00x.
-        if reference_run is not None and reference_run.reference.ok:
+        if (
+            reference_run is not None
+            and reference_run.reference.ok
+            and reference_run.reference.throughput > 0
+        ):
             r = reference_run.reference
             tp, low, high, peak = r.throughput, r.throughput_low, r.throughput_high, r.peak_memory
             noise = r.spread if r.spread is not None else noise

@@ -242,7 +242,12 @@ def _validate(
         logger.info("validation of {}: {}", trial.number, paired.summary())
         reruns.append(with_gap(Rerun(trial, paired)))
     ref_run = next(
-        (r.paired for r in reruns if r.paired is not None and r.paired.reference.ok), None
+        (
+            r.paired
+            for r in reruns
+            if r.paired is not None and r.paired.reference.ok and r.paired.reference.throughput > 0
+        ),
+        None,
     )
     # A fresh seed moves a loss curve by itself: the reference's two curves (search and
     # validation seeds) measure by how much, and a candidate is allowed that much on top.
