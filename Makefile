@@ -28,8 +28,10 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Two test processes, a test file each at a time: most of the suite waits on budgets and sleeping
+# workloads, not on the cores.
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 format: $(VENV)/.dev
 	$(BIN)/ruff format .
