@@ -26,7 +26,12 @@ def sleepy(name: str, *, budget: str = "10s", steps: int = 12, **extra: Any) -> 
         "name": name,
         "workload": "autotune.workloads.testing:sleepy",
         "budget": budget,
-        "space": {"precisions": ["fp32"], "batch_size": {"min": 16, "max": 64}},
+        # Three batch sizes and three learning rates: trials enough for a short budget.
+        "space": {
+            "precisions": ["fp32"],
+            "batch_sizes": [16, 32, 64],
+            "lr_multipliers": [0.5, 1.0, 2.0],
+        },
         # Counted, not timed, and never stopped early: a probe's length is known in advance.
         "probe": {
             "warmup_steps": 1,

@@ -273,7 +273,13 @@ def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
         stale = [t for t in trials if t.user_attrs.get("outcome") == "stale"]
         assert stale, [(t.number, t.state, t.user_attrs.get("outcome")) for t in trials]
         assert all(t.state == optuna.trial.TrialState.FAIL for t in stale)
-        assert all("killed or crashed" in t.user_attrs["reason"] for t in stale)
+        # Failed at once (its process is gone), or by the heartbeat check if the restart took
+        # longer than the grace period: either way the reason says so.
+        assert all(
+            "killed or crashed" in t.user_attrs["reason"]
+            or "no heartbeat" in t.user_attrs["reason"]
+            for t in stale
+        )
         assert stale[0].number in {t.user_attrs.get("retry_of") for t in trials}
         detail = svc.study("r")["trials"]
         assert any(t["outcome"] == "stale" and t["reason"] for t in detail)
