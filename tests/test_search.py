@@ -54,8 +54,15 @@ def test_end_to_end_search_writes_a_config_that_loads_and_keeps_its_budget(tmp_p
     # On this CPU fp16 autocast is far slower than fp32: the search measures it and never picks it.
     assert cfg.precision != "fp16"
     assert spec.space.batch_size.min <= cfg.batch_size <= spec.space.batch_size.max
-    assert cfg.evidence.trials.complete >= 2
     assert cfg.environment.torch
+    # On a busy machine 20 s may hold a single trial: running again resumes the study, until
+    # two completed (waiting on the state, not on a time).
+    for _ in range(2):
+        if result.config.evidence.trials.complete >= 2:
+            break
+        result = run_search(spec, out_dir=tmp_path / "out")
+    assert result.config.evidence.trials.complete >= 2
+    cfg = result.config
     # The fp32 reference ran as the baseline (not a trial), long enough for the parity curve,
     # and the plain AMP recipe ran as the first fp16 trial.
     ref = result.reference

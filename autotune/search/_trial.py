@@ -379,10 +379,13 @@ class TrialStep:
 
     def _copy(self, trial: optuna.Trial, twin: FrozenTrial) -> None:
         """Same parameters as a finished trial: reuse its measurement, spend no budget."""
-        rec = record(twin)
-        rec.role = None
-        attrs = rec.to_attrs()
-        attrs.pop("role", None)
+        # The twin's measurement, not its bookkeeping: this trial is no baseline and no retry,
+        # and it ran in this worker.
+        attrs = {
+            k: v
+            for k, v in record(twin).to_attrs().items()
+            if k not in ("role", "retry_of", "worker")
+        }
         attrs["duplicate_of"] = twin.number
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
