@@ -201,7 +201,9 @@ def reset_logging() -> None:
 
     global _saved_root
     logger.remove()
-    logger.add(sys.stderr)
+    # Where stderr is at each message, not the stream it was now: a caller that swaps it for a
+    # while (a test's capture) may close the one it swapped in.
+    logger.add(_stderr_sink(None, False))
     logging.captureWarnings(False)
     optuna.logging.disable_propagation()
     optuna.logging.enable_default_handler()

@@ -25,8 +25,10 @@ __all__ = ["ReferenceKeeper", "ReferenceUnavailable"]
 
 # The long first run takes at most this share of the budget ...
 _CURVE_SHARE = 0.15
-# ... and at least this many seconds (or the probe's own time limit, if shorter).
-_REFERENCE_FLOOR = 3.0
+# ... and at least this many seconds (or the probe's own time limit, if shorter): on a busy
+# machine the first-use warm-up of a fresh worker alone can take seconds, and a reference cut
+# inside its warm-up has no loss curve to compare with.
+_REFERENCE_FLOOR = 10.0
 # Re-measure when the last measurement is older than this many typical trials ...
 _REFRESH_TRIALS = 8
 # ... but never more often than this (seconds), and at least this often.
