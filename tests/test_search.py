@@ -266,3 +266,33 @@ def test_the_specs_space_is_the_space(tmp_path: Path) -> None:
     assert searched == {"bf16"}
     assert result.reference is not None and result.reference.measurements
     assert result.config.precision in ("bf16", "fp32")  # bf16, or the reference's fallback
+
+
+def test_first_trials_try_each_mode_at_base_then_the_next_batch_then_its_ceiling(
+    tmp_path: Path,
+) -> None:
+    """A small model's speed is usually one rung above the base (larger batches fail parity):
+    that rung is tried before each mode's ceiling, and nothing twice or above a ceiling."""
+    from types import SimpleNamespace
+
+    from autotune.search._run import _enqueue_first_trials
+    from autotune.search._space import Space
+
+    spec = tiny_spec(tmp_path, space={"precisions": ["fp16", "bf16"], "batch_size": {"min": 16, "max": 256}})
+    space = Space.of(spec, ["fp32", "fp16", "bf16"], rule="linear", base_lr=0.2, base_batch=32)
+    ctx = SimpleNamespace(space=space, ceilings={"fp32": 256, "fp16": 64, "bf16": 128})
+    study = optuna.create_study()
+    _enqueue_first_trials(ctx, study, ["fp32", "fp16", "bf16"])  # type: ignore[arg-type]
+    order = [
+        (t.system_attrs["fixed_params"]["precision"], t.system_attrs["fixed_params"]["batch_size"])
+        for t in study.get_trials(deepcopy=False)
+    ]
+    assert order == [
+        ("fp16", 32),
+        ("bf16", 32),
+        ("fp32", 64),
+        ("fp16", 64),
+        ("bf16", 64),
+        ("fp32", 256),
+        ("bf16", 128),
+    ]

@@ -111,8 +111,11 @@ def _enqueue_first_trials(ctx: SearchContext, study: optuna.Study, modes: list[s
 
     1. each searched mode at the reference's own settings (the plain AMP recipe for fp16:
        GradScaler's defaults): the same curve, only faster or not;
-    2. each mode at the largest batch of the ladder that fits (its ceiling), lr by the rule:
-       on most devices the fastest point of a mode, and what its ceiling tries already hint.
+    2. each mode at the next batch of the ladder above the base, lr by the rule: the nearest
+       larger batch, whose loss curve stays closest to the reference's — on a small model, or
+       on a CPU, where the speed usually is, while larger batches fail the parity check;
+    3. each mode at the largest batch of the ladder that fits (its ceiling), lr by the rule:
+       on most GPUs the fastest point of a mode, and what its ceiling tries already hint.
     """
     base = ctx.space.base_batch
     for mode in modes:
@@ -123,10 +126,14 @@ def _enqueue_first_trials(ctx: SearchContext, study: optuna.Study, modes: list[s
                 user_attrs=TrialRecord(role=role).to_attrs(),
                 skip_if_exists=True,
             )
-    for mode in modes:
-        fitting = [b for b in ctx.space.ladder if b <= ctx.ceilings.get(mode, 0)]
-        if fitting and max(fitting) != base:
-            study.enqueue_trial(ctx.space.params(mode, max(fitting)), skip_if_exists=True)
+    fitting = {m: [b for b in ctx.space.ladder if b <= ctx.ceilings.get(m, 0)] for m in modes}
+    near = {m: next((b for b in fitting[m] if b > base), None) for m in modes}
+    ceiling = {m: max(fitting[m]) if fitting[m] else None for m in modes}
+    for batches in (near, ceiling):
+        for mode in modes:
+            batch = batches[mode]
+            if batch is not None and batch != base:
+                study.enqueue_trial(ctx.space.params(mode, batch), skip_if_exists=True)
 
 
 def _validation_reserve(ctx: SearchContext, study: optuna.Study) -> float:
