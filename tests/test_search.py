@@ -278,7 +278,9 @@ def test_first_trials_try_each_mode_at_base_then_the_next_batch_then_its_ceiling
     from autotune.search._run import _enqueue_first_trials
     from autotune.search._space import Space
 
-    spec = tiny_spec(tmp_path, space={"precisions": ["fp16", "bf16"], "batch_size": {"min": 16, "max": 256}})
+    spec = tiny_spec(
+        tmp_path, space={"precisions": ["fp16", "bf16"], "batch_size": {"min": 16, "max": 256}}
+    )
     space = Space.of(spec, ["fp32", "fp16", "bf16"], rule="linear", base_lr=0.2, base_batch=32)
     ctx = SimpleNamespace(space=space, ceilings={"fp32": 256, "fp16": 64, "bf16": 128})
     study = optuna.create_study()
