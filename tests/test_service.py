@@ -163,15 +163,20 @@ def test_refused_requests_change_nothing(
     assert snapshot(service) == before
 
 
-def test_busy_device_priority_and_result(service: Service, tmp_path: Path) -> None:
+def test_busy_device_priority_and_result(
+    service: Service, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     busy = service.tmp / "busy"
     busy.write_text("a colleague's job")
+    # Whatever happens here, the next test of this service finds the device free.
+    request.addfinalizer(lambda: busy.unlink(missing_ok=True))
     tiny = TINY_YAML.replace("budget: 45s", "budget: 8s").replace("name: tiny", "name: tiny-a")
     r = service.http.post(
         "/studies", content=tiny, headers={**AUTH, "content-type": "application/yaml"}
     )
     assert r.status_code == 201, r.text
-    assert service.submit(sleepy("b"), priority=5).status_code == 201
+    # 20 s: trials enough that the device can be taken between two of them on a busy machine.
+    assert service.submit(sleepy("b", budget="20s"), priority=5).status_code == 201
     # A workload under --workload-dir is accepted; cancelled while still queued.
     r = service.submit({**sleepy("mine"), "workload": "mypkg.train:workload"})
     assert r.status_code == 201, r.text
@@ -204,7 +209,7 @@ def test_busy_device_priority_and_result(service: Service, tmp_path: Path) -> No
     done_b = service.wait_state("b", ("done",), 60)
     done_a = service.wait_state("tiny-a", ("done",), 60)
     assert done_b["started_at"] < done_a["started_at"]
-    assert done_b["progress"]["budget_used_seconds"] <= 10 + 2
+    assert done_b["progress"]["budget_used_seconds"] <= 20 + 2
 
     # The result, over HTTP and through the CLI client.
     config = service.http.get("/studies/tiny-a/config").json()

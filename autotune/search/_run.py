@@ -385,6 +385,9 @@ def run_search(
             should_stop=stop_requested,
         )
         ctx.spent["start"] = started_in
+        # A resumed study first fails what its dead workers left RUNNING (labelled, retried once),
+        # even when no time is left for a trial: nothing stays RUNNING after a run.
+        fail_stale(study)
         modes = check_hardware(ctx, list(spec.space.precisions))
         with ctx.clock("ceilings"):
             find_ceilings(ctx, study, modes)
