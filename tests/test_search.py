@@ -298,3 +298,46 @@ def test_first_trials_try_each_mode_at_base_then_the_next_batch_then_its_ceiling
         ("fp32", 256),
         ("bf16", 128),
     ]
+
+
+def test_a_reference_cut_inside_its_warm_up_is_measured_again(tmp_path: Path) -> None:
+    """On a busy machine a fresh worker's first steps can outlast the reference's time limit:
+    a 2-step curve compares nothing, so the reference runs once more in the warm worker."""
+    from types import SimpleNamespace
+
+    from autotune.result import ProbeResult
+    from autotune.search._reference import ReferenceKeeper
+    from autotune.search._space import Space
+
+    spec = tiny_spec(tmp_path)
+    space = Space.of(spec, ["fp32", "bf16"], rule="linear", base_lr=0.2, base_batch=32)
+    cand = space.candidate("fp32", 32)
+
+    def result(steps: int, truncated: bool) -> ProbeResult:
+        return ProbeResult(
+            candidate=cand,
+            workload="tiny_convnet",
+            device="cpu",
+            outcome="completed",
+            losses=[2.3 - 0.01 * i for i in range(steps)],
+            truncated=truncated,
+            throughput=1000.0,
+        )
+
+    results = [result(2, truncated=True), result(60, truncated=False)]
+    calls = []
+
+    def run_probe(candidate, settings, floor=False):  # noqa: ANN001, ANN202
+        calls.append(settings)
+        return results.pop(0)
+
+    ctx = SimpleNamespace(
+        emit=lambda event: None,
+        space=space,
+        spec=spec,
+        device="cpu",
+        budget=SimpleNamespace(total=60.0, left=lambda: 60.0),
+        run_probe=run_probe,
+    )
+    record = ReferenceKeeper(ctx, optuna.create_study()).establish()  # type: ignore[arg-type]
+    assert len(calls) == 2 and len(record.finite_losses) == 60

@@ -25,10 +25,8 @@ __all__ = ["ReferenceKeeper", "ReferenceUnavailable"]
 
 # The long first run takes at most this share of the budget ...
 _CURVE_SHARE = 0.15
-# ... and at least this many seconds (or the probe's own time limit, if shorter): on a busy
-# machine the first-use warm-up of a fresh worker alone can take seconds, and a reference cut
-# inside its warm-up has no loss curve to compare with.
-_REFERENCE_FLOOR = 10.0
+# ... and at least this many seconds (or the probe's own time limit, if shorter).
+_REFERENCE_FLOOR = 3.0
 # Re-measure when the last measurement is older than this many typical trials ...
 _REFRESH_TRIALS = 8
 # ... but never more often than this (seconds), and at least this often.
@@ -107,6 +105,15 @@ class ReferenceKeeper:
         )
         settings = probe.model_copy(update={"steps": probe.steps * factor, "time_limit": limit})
         result = ctx.run_probe(cand, settings, floor=True)
+        if result.ok and result.truncated and len(result.losses) < probe.steps:
+            # Cut before its curve was a probe long: on a busy machine a fresh worker's
+            # first-use costs alone can outlast the limit. Once more, in the now warm worker.
+            logger.info(
+                "fp32 reference stopped after {} steps, before a probe's {}: measuring it again",
+                len(result.losses),
+                probe.steps,
+            )
+            result = ctx.run_probe(cand, settings, floor=True)
         if not result.ok:
             raise ReferenceUnavailable(result)
         self.record = ReferenceRecord(
