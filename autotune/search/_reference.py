@@ -105,13 +105,12 @@ class ReferenceKeeper:
         )
         settings = probe.model_copy(update={"steps": probe.steps * factor, "time_limit": limit})
         result = ctx.run_probe(cand, settings, floor=True)
-        if result.ok and result.truncated and len(result.losses) < probe.steps:
-            # Cut before its curve was a probe long: on a busy machine a fresh worker's
-            # first-use costs alone can outlast the limit. Once more, in the now warm worker.
+        if result.ok and result.truncated and not result.blocks:
+            # Cut inside its warm-up: on a busy machine a fresh worker's first-use costs alone
+            # can outlast the limit, leaving a curve of a step or two. Once more, warm.
             logger.info(
-                "fp32 reference stopped after {} steps, before a probe's {}: measuring it again",
+                "fp32 reference stopped inside its warm-up after {} steps: measuring it again",
                 len(result.losses),
-                probe.steps,
             )
             result = ctx.run_probe(cand, settings, floor=True)
         if not result.ok:
