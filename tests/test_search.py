@@ -353,3 +353,33 @@ def test_a_reference_cut_inside_its_warm_up_is_measured_again(tmp_path: Path) ->
     assert establish(result(2, 0, True), result(60, 10, False)) == (2, 60)
     # Cut at its time limit after timed blocks: a curve, shorter than wished, and no rerun.
     assert establish(result(40, 6, True)) == (1, 40)
+
+
+class _StaleMarkingRunner(InProcessRunner):
+    """Another worker's view: while a bf16 trial runs, its trial is failed as stale."""
+
+    def __init__(self, storage: str) -> None:
+        super().__init__("cpu")
+        self.storage = storage
+        self.marked = 0
+
+    def run(self, workload, candidate, settings, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        if candidate.precision == "bf16" and not self.marked:
+            study = optuna.load_study(study_name="stale-mid-trial", storage=self.storage)
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+                self.marked += 1
+        return super().run(workload, candidate, settings, **kwargs)
+
+
+def test_a_trial_failed_as_stale_by_another_worker_mid_run_does_not_end_the_search(
+    tmp_path: Path,
+) -> None:
+    """On a busy machine a worker's heartbeats can come late and another worker fail its trial
+    as stale; the worker goes on with the next trial instead of crashing."""
+    spec = tiny_spec(tmp_path, name="stale-mid-trial", budget="12s", space={"precisions": ["bf16"]})
+    runner = _StaleMarkingRunner(spec.storage)
+    result = run_search(spec, out_dir=tmp_path / "out", runner=runner)
+    assert runner.marked == 1
+    assert result.path.is_file()
+    assert not [t for t in result.study.trials if t.state == TrialState.RUNNING]

@@ -184,6 +184,13 @@ def _search(
                 step.run(trial, modes, left)
             # A divergence diagnosed now leaves time for the fp32 islands it suggests.
             after_trial(ctx, study, trial, spare=end_at - reserve - ctx.budget.elapsed())
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Another worker failed this trial as stale while it ran (its heartbeats came late
+            # on a busy machine) and queued its retry: the retry measures it; this one goes on.
+            logger.warning(
+                "trial {} was failed as stale by another worker while it ran", trial.number
+            )
+            continue
         except (KeyboardInterrupt, SearchStopped) as exc:
             TrialRecord(outcome="interrupted", reason="stopped before the trial finished").write(
                 trial
