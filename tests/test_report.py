@@ -211,7 +211,14 @@ def test_every_plot_section_is_there_and_drawn(searched: SimpleNamespace) -> Non
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert history["circle"] >= len(done)
     assert history["polyline"] >= 1
-    fp16 = [t for t in measured if t.params["precision"] == "fp16" and record(t).scales]
+    # Every fp16 trial that ran its own probe, stopped early ones too (drawn dashed).
+    fp16 = [
+        t
+        for t in study.trials
+        if t.params.get("precision") == "fp16"
+        and record(t).duplicate_of is None
+        and record(t).scales
+    ]
     if fp16:
         # A line per fp16 trial with two or more positive check points, a dot at each of them
         # (a scale of 0 has no place on a log axis).
