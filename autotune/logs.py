@@ -29,6 +29,8 @@ from typing import Any
 
 from loguru import logger
 
+from autotune.redact import mask_url
+
 __all__ = [
     "FILE_FORMAT",
     "HUMAN_FORMAT",
@@ -105,6 +107,10 @@ def _json_format(record: dict[str, Any]) -> str:
     return "{extra[_json]}\n"
 
 
+def _redact(record: Any) -> None:
+    record["message"] = mask_url(record["message"])
+
+
 class _ToLoguru(logging.Handler):
     """Sends standard-library log records (Optuna, ``warnings``) to loguru's sinks."""
 
@@ -172,6 +178,8 @@ def setup_logging(
         root = logging.getLogger()
         _saved_root = (list(root.handlers), root.level)
     logger.remove()
+    # Every message, from autotune, Optuna or a driver, loses any storage password it holds.
+    logger.configure(patcher=_redact)
     logger.add(
         _stderr_sink(console, json_lines),
         level=level,
@@ -201,6 +209,7 @@ def reset_logging() -> None:
 
     global _saved_root
     logger.remove()
+    logger.configure(patcher=None)
     # Where stderr is at each message, not the stream it was now: a caller that swaps it for a
     # while (a test's capture) may close the one it swapped in.
     logger.add(_stderr_sink(None, False))

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from autotune.errors import StorageError, StorageIOError
+from autotune.redact import mask_url, userinfo_ats
 from autotune.spec import StudySpec
 from autotune.trials import TrialRecord, record
 
@@ -38,6 +39,7 @@ __all__ = [
     "owner_alive",
     "owner_id",
     "retry_stale_trial",
+    "stored_spec",
 ]
 
 # A running trial's worker records a heartbeat this often (seconds) ...
@@ -104,11 +106,6 @@ def owner_alive(owner: str | None) -> bool | None:
         return None
 
 
-def mask_url(url: str) -> str:
-    """Hide a password in a storage URL: ``postgresql://u:secret@h/db`` → ``postgresql://u:***@h/db``."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
-
-
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """Open an Optuna storage URL, creating the folder of a SQLite file.
 
@@ -129,6 +126,12 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             f"storage {url!r} is an in-memory database: nothing would be saved, and a resumed "
             "run or another worker would find nothing; give a file, e.g. "
             "--storage sqlite:///studies/autotune.db"
+        )
+    if userinfo_ats(url):
+        raise StorageError(
+            f"storage {mask_url(url)!r} has a raw '@' in its user name or password, so the "
+            "database driver would read part of the password as the host; write it as %40 "
+            "(e.g. postgresql://user:p%40ss@host/db)"
         )
     if not re.match(r"^[a-z][a-z0-9+]*://", url):
         raise StorageError(
@@ -156,7 +159,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                 continue
             detail = text.splitlines()[0][:300] if text else type(exc).__name__
             raise StorageError(
-                f"storage {mask_url(url)!r} cannot be opened: {mask_url(detail)}; check the URL, "
+                f"storage {mask_url(url)!r} cannot be opened: {mask_url(detail, url=url)}; check the URL, "
                 "the server and the credentials"
             ) from None
     raise AssertionError("unreachable")
@@ -300,6 +303,11 @@ def open_study(
                 f"{study.user_attrs.get('workload', '?')!r}); its {len(study.trials)} trials are kept. "
                 f"Use --name {spec.name}-2 for a new study, or run with the spec it was made with"
             )
+        kept = study.user_attrs.get("spec")
+        if isinstance(kept, dict) and kept.get("storage") != mask_url(str(kept.get("storage"))):
+            # Made by a version that stored the password: write it again without.
+            with contextlib.suppress(SQLAlchemyError, optuna.exceptions.StorageInternalError):
+                study.set_user_attr("spec", {**kept, "storage": mask_url(kept["storage"])})
         if study.metric_names is None:  # made by a version that did not name it
             # Several workers resuming at once may race to write it: one write is enough.
             with contextlib.suppress(SQLAlchemyError, optuna.exceptions.StorageInternalError):
@@ -322,8 +330,24 @@ def open_study(
     name_objective(study, spec.objective)
     study.set_user_attr("space_fingerprint", fingerprint)
     study.set_user_attr("workload", spec.workload)
-    study.set_user_attr("spec", spec.model_dump(mode="json"))
+    study.set_user_attr("spec", stored_spec(spec))
     return study
+
+
+def stored_spec(spec: StudySpec) -> dict[str, Any]:
+    """The spec as a study stores it: the storage URL without its password.
+
+    Study attributes are shown to whoever can open the storage (optuna-dashboard shows them
+    all); whoever resumes a study gives the storage URL again, so the password is not needed.
+
+    Example:
+        >>> from autotune.spec import parse_spec
+        >>> spec = parse_spec({"name": "s", "workload": "tiny_convnet",
+        ...                    "storage": "postgresql://u:secret@db/autotune"})
+        >>> stored_spec(spec)["storage"]
+        'postgresql://u:***@db/autotune'
+    """
+    return {**spec.model_dump(mode="json"), "storage": mask_url(spec.storage)}
 
 
 # The objective's name where optuna-dashboard (and Optuna's plots) label the axis.

@@ -273,14 +273,14 @@ class ProbeWorker(Runner):
         try:
             reply = self._exchange("probe", workload, candidate, settings, hard, early_stop)
         except (EOFError, OSError, ValueError):
-            code = self._proc.poll() if self._proc is not None else None
+            how = _death(self._proc)
             self._stop(kill=True)
             return crashed_result(
                 workload,
                 candidate,
                 self.device,
                 settings,
-                f"worker process died (exit code {code}) during the probe",
+                f"worker process died ({how}) during the probe",
             )
         if reply is None:
             self._stop(kill=True)
@@ -352,9 +352,9 @@ class ProbeWorker(Runner):
             self._requests.flush()
             reply = self._recv(hard)
         except (EOFError, OSError, ValueError):
-            code = self._proc.poll() if self._proc is not None else None
+            how = _death(self._proc)
             self._stop(kill=True)
-            reply, reason = None, f"worker process died (exit code {code}) during the paired run"
+            reply, reason = None, f"worker process died ({how}) during the paired run"
         timed_out = False
         if reply is None and not reason:
             self._stop(kill=True)
@@ -436,3 +436,22 @@ class ProbeWorker(Runner):
 
 if __name__ == "__main__":
     main()
+
+
+def _death(proc: subprocess.Popen | None) -> str:
+    """How a worker whose pipe just closed ended: ``exit code 1``, ``killed by SIGKILL``.
+
+    The pipe closes a moment before the process can be reaped: wait a little for its code.
+    """
+    if proc is None:
+        return "no process"
+    try:
+        code = proc.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        return "its pipe closed, the process still runs"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

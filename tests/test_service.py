@@ -32,6 +32,7 @@ from autotune.service import (  # noqa: E402
     FAKE_BUSY_ENV,
     MAX_BODY,
     StudyQueue,
+    TuningService,
     WorkloadPolicy,
     is_loopback,
 )
@@ -532,3 +533,44 @@ def test_standing_without_a_reference(tmp_path: Path) -> None:
     study = optuna.create_study(study_name="e", storage=f"sqlite:///{tmp_path / 'e.db'}")
     standing = read_standing(study)
     assert standing.reference_throughput is None and standing.best is None
+
+
+@pytest.mark.parametrize("stop", ["drain", "cancel"])
+def test_a_stop_during_the_reference_never_fails_the_study(tmp_path: Path, stop: str) -> None:
+    """A drain (every restart) or a cancel kills the worker under the fp32 reference: the study
+    goes back to the queue (and the next start finishes it) or ends cancelled, never failed."""
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    spec = json.dumps(sleepy("ref", budget="12s", steps=100)).encode()
+    service = TuningService(db, ["cpu"], out_dir=tmp_path / "out")
+    service.start()
+    try:
+        service.submit(spec, "application/json", 0)
+
+        def measuring_reference() -> bool:
+            run = service.scheduler.run_of("ref")
+            return run is not None and run.phase == "reference" and run.probing
+
+        wait_for(measuring_reference, 90, "the fp32 reference probe in flight")
+        if stop == "drain":
+            service.scheduler.drain(grace=0)  # a drain whose grace ran out
+        else:
+            service.cancel("ref")
+            wait_for(lambda: StudyQueue(db).get("ref").state != "running", 60, "the cancel")
+    finally:
+        service.stop()
+    row = StudyQueue(db).get("ref")
+    assert row is not None
+    if stop == "cancel":
+        assert row.state == "cancelled", (row.state, row.error)
+        return
+    assert row.state == "queued", (row.state, row.error)
+    again = TuningService(db, ["cpu"], out_dir=tmp_path / "out")
+    again.start()
+    try:
+        wait_for(lambda: StudyQueue(db).get("ref").state in ("done", "failed"), 120, "the study")
+    finally:
+        again.stop()
+    row = StudyQueue(db).get("ref")
+    assert row.state == "done", row.error
+    trials = optuna.load_study(study_name="ref", storage=db).get_trials()
+    assert trials and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]

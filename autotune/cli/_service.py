@@ -105,12 +105,15 @@ def serve(
         TuningService,
         check_bind,
         create_app,
+        is_loopback,
         load_token,
         parse_devices,
     )
     from autotune.spec import parse_duration
     from autotune.storage import mask_url
 
+    # An IPv6 address may come bracketed, as in a URL: [::1].
+    host = host.strip().removeprefix("[").removesuffix("]")
     try:
         longest = parse_duration(max_budget, "--max-budget")
         token = load_token(token_file)
@@ -151,7 +154,7 @@ def serve(
             highlight=False,
         )
     config = uvicorn.Config(
-        create_app(service),
+        create_app(service, loopback_only=is_loopback(host)),
         log_config=None,
         access_log=verbose,
         lifespan="on",

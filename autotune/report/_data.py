@@ -388,6 +388,8 @@ def collect(
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
     attrs = study.user_attrs
     spec = dict(attrs.get("spec") or {})
+    if "storage" in spec:  # a study stored by an older version may hold the password
+        spec["storage"] = mask_url(str(spec["storage"]))
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
     data = ReportData(
         name=study.study_name,

@@ -413,6 +413,9 @@ def run_search(
             with ctx.clock("reference"):
                 reference = refs.establish()
         except ReferenceUnavailable as exc:
+            # A drain, a cancel or a preemption stops the worker under the reference: that is
+            # the operator's doing, not the workload's.
+            ctx.stop_if_asked()
             raise DeviceError(
                 f"study {spec.name!r}: {exc} at batch_size={ctx.space.base_batch}; the search "
                 "needs it as the baseline — check the workload runs in fp32 on "

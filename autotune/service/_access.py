@@ -2,10 +2,13 @@
 
 1. **Bind.** Loopback by default. Any other address needs a token: without one, anybody who can
    reach the port could queue work that runs as the service's user.
-2. **Token.** From ``--token-file`` or ``AUTOTUNE_TOKEN``. When one is configured, every
+2. **Same site.** A changing request that a browser sends from another site's page (its
+   ``Origin`` or ``Sec-Fetch-Site`` says so) is refused, token or not; on loopback, so is a
+   ``Host`` that is not a loopback name (DNS rebinding).
+3. **Token.** From ``--token-file`` or ``AUTOTUNE_TOKEN``. When one is configured, every
    changing request (submit, cancel) must carry ``Authorization: Bearer <token>``, on loopback
    too; reading stays open.
-3. **Workloads.** A workload reference is code the service imports and calls. Only the
+4. **Workloads.** A workload reference is code the service imports and calls. Only the
    built-ins (``autotune.workloads:*``, ``autotune.workloads.testing:*``) and packages whose
    top-level folder lies under a configured ``--workload-dir`` are accepted; the check finds
    the package without importing anything.
@@ -29,7 +32,9 @@ __all__ = [
     "TOKEN_ENV",
     "WorkloadPolicy",
     "WorkloadRefused",
+    "SAFE_METHODS",
     "check_bind",
+    "cross_site",
     "is_loopback",
     "load_token",
     "token_matches",
@@ -146,6 +151,67 @@ def check_bind(host: str, token: str | None) -> None:
             f"--token-file FILE or set {TOKEN_ENV} ({_TOKEN_HINT}); or keep the default "
             "--host 127.0.0.1"
         )
+
+
+# Requests that change nothing: a page on another site may cause them, they do no harm.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _host_port(value: str, scheme: str = "http") -> tuple[str, int | None]:
+    """``Example.COM:80`` → ``("example.com", 80)``; the scheme's default port when none."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port_text = value.rpartition(":") if value.count(":") == 1 else (value, "", "")
+    default = {"http": 80, "https": 443}.get(scheme)
+    port = int(port_text) if port_text.isdigit() else default
+    return host, port
+
+
+def cross_site(method: str, headers: dict[str, str], *, loopback_only: bool = False) -> str | None:
+    """Why a request must be refused as cross-site, or None when it may go on.
+
+    A browser sends a "simple" request (a ``text/plain`` POST) to any address without asking
+    first, so any page a user of the box opens could submit or cancel studies on a service
+    that listens on loopback without a token. A changing request is refused when the browser
+    says it comes from another site (``Sec-Fetch-Site``) or its ``Origin`` is not the service's
+    own (``Host``). A client that is not a browser (the CLI, curl) sends neither and passes.
+    With ``loopback_only`` (the service listens on loopback), a ``Host`` that is not a loopback
+    name is refused for every request: a name that resolves to 127.0.0.1 only for a while (DNS
+    rebinding) would otherwise make another site's page the service's "own".
+
+    Args:
+        method: the HTTP method.
+        headers: the request's headers, names lower-case.
+        loopback_only: the service listens on a loopback address.
+
+    Example:
+        >>> cross_site("POST", {"host": "127.0.0.1:8765", "origin": "http://evil.example"})
+        'a cross-site request (Origin http://evil.example, not this service at 127.0.0.1:8765)'
+        >>> cross_site("POST", {"host": "127.0.0.1:8765", "origin": "http://127.0.0.1:8765"})
+        >>> cross_site("POST", {"host": "127.0.0.1:8765"}) is None  # the CLI, curl
+        True
+    """
+    host = headers.get("host", "")
+    if loopback_only and host and not is_loopback(_host_port(host)[0]):
+        return (
+            f"Host {host!r} is not a loopback name, and this service listens on loopback only; "
+            "use http://127.0.0.1:<port> or http://localhost:<port>"
+        )
+    if method.upper() in SAFE_METHODS:
+        return None
+    fetch_site = headers.get("sec-fetch-site", "").strip().lower()
+    if fetch_site and fetch_site not in ("same-origin", "none"):
+        return f"a cross-site request (Sec-Fetch-Site: {fetch_site})"
+    origin = headers.get("origin")
+    if origin is None:
+        return None
+    scheme, sep, rest = origin.strip().partition("://")
+    if not sep or not host or _host_port(rest, scheme.lower()) != _host_port(host, scheme.lower()):
+        return f"a cross-site request (Origin {origin}, not this service at {host or '?'})"
+    return None
 
 
 def token_matches(expected: str | None, authorization: str | None) -> bool:

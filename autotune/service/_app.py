@@ -10,6 +10,9 @@ Endpoints (OpenAPI at ``/docs``)::
     GET  /devices               free/total memory, what runs there, other processes, worker
     GET  /health                up or draining, with counts
 
+A changing request that a browser sends from another site's page is refused (403), and on
+loopback so is a request for a ``Host`` that is not a loopback name.
+
 Every refusal is ``{"detail": "<one message naming what is wrong>"}`` with a 4xx status; a
 storage that cannot be written (a full disk) or a service that is draining answers 503 the same
 way, and even an internal error answers 500 with a ``detail``, never a bare page.
@@ -33,7 +36,7 @@ from loguru import logger
 import autotune
 from autotune.config import TunedConfig
 from autotune.errors import StorageIOError, short_repr
-from autotune.service._access import token_matches
+from autotune.service._access import cross_site, token_matches
 from autotune.service._models import (
     CancelReply,
     DeviceInfo,
@@ -71,6 +74,35 @@ class _BodyLimit:
                 response = JSONResponse(
                     {"detail": _too_large(self.limit, length.decode(errors="replace"))},
                     status_code=413,
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _SameSite:
+    """Refuse (403) what :func:`~autotune.service._access.cross_site` calls cross-site, before
+    the request reaches an endpoint."""
+
+    def __init__(self, app: Any, loopback_only: bool) -> None:
+        self.app = app
+        self.loopback_only = loopback_only
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1")
+                for k, v in scope.get("headers") or []
+            }
+            why = cross_site(scope["method"], headers, loopback_only=self.loopback_only)
+            if why is not None:
+                logger.warning("refused {} {}: {}", scope["method"], scope.get("path"), why)
+                response = JSONResponse(
+                    {
+                        "detail": f"refused {why}: a page of another site may not drive this "
+                        "service; use the autotune CLI, or call the API from its own address"
+                    },
+                    status_code=403,
                 )
                 await response(scope, receive, send)
                 return
@@ -139,8 +171,13 @@ class DrainFirstServer(uvicorn.Server):
         self._drain.start()
 
 
-def create_app(service: TuningService, *, max_body: int = MAX_BODY) -> FastAPI:
+def create_app(
+    service: TuningService, *, max_body: int = MAX_BODY, loopback_only: bool = False
+) -> FastAPI:
     """The FastAPI app serving ``service``; its lifespan starts the scheduler and drains it.
+
+    Changing requests from another site's page are refused (403); with ``loopback_only`` (the
+    service listens on loopback) so is any request whose ``Host`` is not a loopback name.
 
     Example:
         >>> app = create_app(TuningService("sqlite:///studies/autotune.db", ["cpu"]))  # doctest: +SKIP
@@ -165,6 +202,8 @@ def create_app(service: TuningService, *, max_body: int = MAX_BODY) -> FastAPI:
         lifespan=lifespan,
     )
     app.add_middleware(_BodyLimit, limit=max_body)
+    # Added last, so it runs first: a cross-site request is refused before its body is read.
+    app.add_middleware(_SameSite, loopback_only=loopback_only)
 
     @app.exception_handler(RequestError)
     async def _refused(request: Request, exc: RequestError) -> JSONResponse:

@@ -306,27 +306,17 @@ class Scheduler:
                 should_stop=lambda: self._should_stop(run),
             )
         except SearchStopped:
-            self.queue.record_progress(name, run.budget.elapsed())
-            if run.cancel.is_set():
-                logger.info("study {!r} cancelled", name)
-                self.queue.finish(name, "cancelled")
-            else:
-                why = (
-                    "the service is draining"
-                    if self._draining.is_set()
-                    else f"{run.preempted_by!r} (higher priority) takes {run.device}"
-                )
-                logger.info(
-                    "study {!r} back in the queue: {} ({:.1f}s of its budget spent, kept)",
-                    name,
-                    why,
-                    run.budget.elapsed(),
-                )
-                self.queue.requeue(name)
+            self._stopped(run)
             return
         except StorageIOError:
             raise
         except AutotuneError as exc:
+            if run.cancel.is_set() or self._draining.is_set() or run.preempted_by is not None:
+                # The stop killed the worker under a phase that reports a crash as the
+                # workload's fault (the reference): the operator did it, the study goes on.
+                logger.info("study {!r} stopped while {}: {}", name, run.phase, exc)
+                self._stopped(run)
+                return
             logger.error("study {!r} failed: {}", name, exc)
             self.queue.record_progress(name, run.budget.elapsed())
             self.queue.finish(name, "failed", error=str(exc))
@@ -348,6 +338,22 @@ class Scheduler:
             return
         logger.info("study {!r} done in {:.1f}s of budget", name, run.budget.elapsed())
         self.queue.finish(name, "done")
+
+    def _stopped(self, run: StudyRun) -> None:
+        """The search stopped on request: cancelled, or back in the queue (drain, preemption)
+        with the budget it has left."""
+        name = run.name
+        self.queue.record_progress(name, run.budget.elapsed())
+        if run.cancel.is_set():
+            logger.info("study {!r} cancelled", name)
+            self.queue.finish(name, "cancelled")
+            return
+        why = "the service is draining" if self._draining.is_set() else "preempted"
+        if run.preempted_by is not None and not self._draining.is_set():
+            why = f"{run.preempted_by!r} (higher priority) takes {run.device}"
+        spent = run.budget.elapsed()
+        logger.info("study {!r} back in the queue: {} ({:.1f}s spent, kept)", name, why, spent)
+        self.queue.requeue(name)
 
     def _hold(self, run: StudyRun, reason: str) -> bool:
         """The storage refused a write: pause the study, off its budget, until a write succeeds.
