@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from loguru import logger
 
 from autotune.knobs import compile_failure
 from autotune.memory import PeakMemory
-from autotune.precision import apply_backend_flags, get_mode, resolve_device
+from autotune.precision import PrecisionMode, apply_backend_flags, get_mode, resolve_device
 from autotune.probe import leave_no_trace, unsupported_reason
 from autotune.result import PairedResult, ProbeResult
 from autotune.spec import Candidate, ProbeSettings
@@ -37,7 +38,7 @@ from autotune.step import StepEngine
 from autotune.timed import TimedRun
 from autotune.workloads import Workload
 
-__all__ = ["run_paired"]
+__all__ = ["interleave", "run_paired"]
 
 # The ratio's interval needs this many pairs to mean anything.
 _MIN_PAIRS = 6
@@ -106,36 +107,42 @@ def run_paired(
         random.seed(settings.seed)
         peak = PeakMemory(dev)
         peak.start()
-        result = _interleave(workload, candidate, reference, dev, settings, started, bases)
+        engines = {
+            name: StepEngine(workload, cand, dev, seed=settings.seed)
+            for name, cand in (("candidate", candidate), ("reference", reference))
+        }
+        result = interleave(engines, settings, started, bases)
     result.candidate.wall_seconds = result.reference.wall_seconds = time.perf_counter() - started
     logger.debug("paired {}", result.summary())
     return result
 
 
-def _interleave(
-    workload: Workload,
-    candidate: Candidate,
-    reference: Candidate,
-    dev: torch.device,
+def interleave(
+    engines: dict[str, Any],
     settings: ProbeSettings,
     started: float,
     bases: dict[str, dict[str, Any]],
+    *,
+    set_flags: Callable[[PrecisionMode], Any] = apply_backend_flags,
+    seed: Callable[[int], Any] = torch.manual_seed,
+    timer: Callable[[], float] = time.perf_counter,
 ) -> PairedResult:
-    modes = {"candidate": get_mode(candidate.precision), "reference": get_mode(reference.precision)}
+    """The paired policy over two engines (``candidate``, ``reference``): steps 1–3 above.
+
+    A simulated device passes its own engines, a no-op ``set_flags`` and ``seed``, and its
+    virtual clock as ``timer``: the same policy decides when a pair is enough.
+    """
+    modes = {name: get_mode(engines[name].candidate.precision) for name in engines}
     runs: dict[str, TimedRun] = {}
-    engines = {
-        name: StepEngine(workload, cand, dev, seed=settings.seed)
-        for name, cand in (("candidate", candidate), ("reference", reference))
-    }
     # The reference arm is timed by the pairs; its own steps floor is only what parity needs.
     ref_settings = settings.model_copy(update={"steps": 1})
-    runs["candidate"] = TimedRun(engines["candidate"], settings, started)
-    runs["reference"] = TimedRun(engines["reference"], ref_settings, started)
+    runs["candidate"] = TimedRun(engines["candidate"], settings, started, timer=timer)
+    runs["reference"] = TimedRun(engines["reference"], ref_settings, started, timer=timer)
     ended: dict[str, tuple[str, str]] = {}
 
     def arm(name: str, action: Any) -> bool:
         """Run one arm's action under its own flags; an OOM or a failed compile ends the pair."""
-        apply_backend_flags(modes[name])
+        set_flags(modes[name])
         holder: list[bool] = []
         try:
             oom = engines[name].run(lambda e: holder.append(action()))
@@ -154,7 +161,7 @@ def _interleave(
     def policy() -> None:
         for name in ("candidate", "reference"):
             # Same initial weights for both arms: the curves differ by their settings only.
-            torch.manual_seed(settings.seed)
+            seed(settings.seed)
             if not arm(name, runs[name].warm_up):
                 return
         # The candidate's compiling is charged to the budget, not to the pair's time limit.

@@ -19,6 +19,7 @@ import optuna
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from autotune import clock
 from autotune.errors import StorageError, StorageIOError
 from autotune.redact import mask_url, userinfo_ats
 from autotune.spec import StudySpec
@@ -155,7 +156,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             # Workers starting together on a fresh database race to create its tables; the
             # losers see "already exists" / a duplicate key, and the tables are there now.
             if attempt < 3 and any(sign in text for sign in _CREATION_RACE):
-                time.sleep(0.5 + attempt)
+                time.sleep(0.5 + attempt)  # a real race between processes: real time
                 continue
             detail = text.splitlines()[0][:300] if text else type(exc).__name__
             raise StorageError(
@@ -292,7 +293,7 @@ def open_study(
             if stored is not None:
                 break
             # Another worker has just created it and is writing its attributes.
-            time.sleep(0.25)
+            time.sleep(0.25)  # another process writes it: real time
             stored = optuna.load_study(study_name=spec.name, storage=storage).user_attrs.get(
                 "space_fingerprint"
             )
@@ -476,7 +477,7 @@ def claim(study: optuna.Study, what: str, owner: str | None = None) -> str:
         with engine.begin() as conn:
             conn.execute(
                 _CLAIMS.insert().values(
-                    study=study.study_name, what=what, owner=owner, at=time.time()
+                    study=study.study_name, what=what, owner=owner, at=clock.wall()
                 )
             )
         return owner

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -63,7 +64,9 @@ class TimedRun:
     Args:
         engine: the run's engine (built by :meth:`warm_up`).
         settings: lengths, thresholds, time limit.
-        started: ``time.perf_counter()`` at the probe's start (the time limit counts from it).
+        started: ``timer()`` at the probe's start (the time limit counts from it).
+        timer: the clock the time limit reads; ``time.perf_counter`` (a simulated device passes
+            its virtual clock, whose engine's blocks advance it).
     """
 
     def __init__(
@@ -72,8 +75,11 @@ class TimedRun:
         settings: ProbeSettings,
         started: float,
         early_stop: EarlyStop | None = None,
+        *,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.engine = engine
+        self.timer = timer
         self.settings = settings
         self.started = started
         self.early_stop = early_stop
@@ -131,7 +137,7 @@ class TimedRun:
         return reason is not None
 
     def over_time(self) -> bool:
-        return time.perf_counter() - self.started > self.settings.time_limit
+        return self.timer() - self.started > self.settings.time_limit
 
     # ---- the phases ----------------------------------------------------------------------------
 
@@ -220,9 +226,9 @@ class TimedRun:
         if len(self.blocks) <= 2 and block.step_time > 0:
             # The warm-up's step time includes first-use costs: size blocks by the timed ones.
             self.block_steps = self._block_size(block.step_time)
-        c0 = time.perf_counter()
+        c0 = self.timer()
         reason = self._check(self.engine.steps - 1, timed=True)
-        self.check_seconds += time.perf_counter() - c0
+        self.check_seconds += self.timer() - c0
         if self._diverged(reason):
             return False
         if self.early_stop is not None and self._stopped_early(self.early_stop):

@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import optuna
+
 from autotune.search._budget import Budget, SearchInterrupted, SearchStopped
 from autotune.search._context import Gate
 from autotune.search._coordination import settle
@@ -78,6 +80,7 @@ def run_search(
     should_stop: Callable[[], bool] | None = None,
     join: bool = False,
     handle_sigint: bool = False,
+    storage: optuna.storages.BaseStorage | None = None,
 ) -> SearchResult:
     """Search a spec's space within its budget and write the validated config.
 
@@ -96,6 +99,8 @@ def run_search(
         handle_sigint: make Ctrl-C stop cleanly: the probe in flight is stopped, the trial is
             recorded as interrupted (and retried on resume), then SearchInterrupted is raised.
             A second Ctrl-C interrupts at once.
+        storage: an opened Optuna storage to use instead of ``spec.storage`` (a simulation
+            keeps its study in memory).
 
     Returns:
         The SearchResult with the TunedConfig and the path it was written to. When another
@@ -121,4 +126,5 @@ def run_search(
         should_stop=should_stop,
         join=join,
         handle_sigint=handle_sigint,
+        storage=storage,
     )

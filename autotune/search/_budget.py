@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import optuna
 
+from autotune import clock
 from autotune.errors import AutotuneError
 
 __all__ = [
@@ -47,7 +47,7 @@ class SearchStopped(AutotuneError):
 
 @dataclass
 class Budget:
-    """The whole job's wall-clock budget, counted from ``started`` (a ``time.monotonic()``).
+    """The whole job's wall-clock budget, counted from ``started`` (a ``clock.now()``).
 
     Time spent inside :meth:`paused` (waiting for a busy device) does not count: a study's
     budget is probe time, not queue time.
@@ -59,22 +59,22 @@ class Budget:
     """
 
     total: float
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=clock.now)
     paused_seconds: float = 0.0
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.started - self.paused_seconds
+        return clock.now() - self.started - self.paused_seconds
 
     def left(self) -> float:
         return self.total - self.elapsed()
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        t0 = time.monotonic()
+        t0 = clock.now()
         try:
             yield
         finally:
-            self.paused_seconds += time.monotonic() - t0
+            self.paused_seconds += clock.now() - t0
 
     @classmethod
     def shared(cls, study: optuna.Study) -> Budget | None:
@@ -85,8 +85,8 @@ class Budget:
         window = study.user_attrs.get(_WINDOW)
         if not isinstance(window, dict):
             return None
-        ago = time.time() - float(window["started_at"])
-        return cls(total=float(window["seconds"]), started=time.monotonic() - ago)
+        ago = clock.wall() - float(window["started_at"])
+        return cls(total=float(window["seconds"]), started=clock.now() - ago)
 
 
 def open_window(study: optuna.Study, budget: Budget) -> str:
@@ -95,7 +95,7 @@ def open_window(study: optuna.Study, budget: Budget) -> str:
     Returns:
         The window's id: validation runs once per window.
     """
-    started_at = time.time() - budget.elapsed()
+    started_at = clock.wall() - budget.elapsed()
     study.set_user_attr(_WINDOW, {"started_at": started_at, "seconds": budget.total})
     return window_id(study)
 

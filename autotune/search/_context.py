@@ -4,11 +4,11 @@ the space, and what the phases found so far (cut modes, ceilings, probe times)."
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from autotune import clock
 from autotune.facts import WorkerFacts
 from autotune.result import PairedResult, ProbeResult
 from autotune.search._budget import HARD_GRACE, Budget, SearchStopped
@@ -68,7 +68,7 @@ class SearchContext:
     def clock(self, phase: str) -> Iterator[None]:
         """Count the block's wall time to ``phase``; a clock started inside another pauses it,
         so the figures add up to the whole."""
-        now = time.monotonic()
+        now = clock.now()
         if self._clocks:
             outer = self._clocks[-1]
             self.spent[outer[0]] = self.spent.get(outer[0], 0.0) + now - outer[1]
@@ -77,7 +77,7 @@ class SearchContext:
             yield
         finally:
             name, since = self._clocks.pop()
-            now = time.monotonic()
+            now = clock.now()
             self.spent[name] = self.spent.get(name, 0.0) + now - since
             if self._clocks:
                 self._clocks[-1][1] = now
@@ -114,7 +114,7 @@ class SearchContext:
 
     def _spent(self, candidate: Candidate, started: float, compiled: float | None) -> None:
         """Count a finished probe: its wall time without compiling, and the compiling."""
-        seconds = time.monotonic() - started
+        seconds = clock.now() - started
         if candidate.compile and compiled is not None:
             self.compile_seconds.append(compiled)
             seconds = max(0.0, seconds - compiled)
@@ -154,7 +154,7 @@ class SearchContext:
             hard += allowance
         if not floor:
             hard = min(hard, max(settings.time_limit + 1.0, left))
-        t0 = time.monotonic()
+        t0 = clock.now()
         result = self.runner.run(
             self.workload, candidate, settings, timeout=hard, early_stop=early_stop
         )
@@ -177,7 +177,7 @@ class SearchContext:
                 self.gate(candidate)
         if candidate.compile:
             timeout += self.compile_allowance()
-        t0 = time.monotonic()
+        t0 = clock.now()
         result = self.runner.compare(self.workload, candidate, reference, settings, timeout=timeout)
         self._spent(candidate, t0, result.candidate.compile_seconds)
         return result

@@ -7,12 +7,12 @@ validates a budget window.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import optuna
 from optuna.trial import TrialState
 
+from autotune import clock
 from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, claim, fail_stale, owner_id
 
 __all__ = ["SETTLE_WAIT", "claim_validation", "settle"]
@@ -42,15 +42,15 @@ def settle(
     Returns:
         The numbers of the trials still RUNNING when it gave up (empty when none).
     """
-    deadline = time.monotonic() + wait
+    deadline = clock.now() + wait
     while True:
         fail_stale(study)
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if not running or stop() or time.monotonic() >= deadline:
+        if not running or stop() or clock.now() >= deadline:
             return [t.number for t in running]
         if on_wait is not None:
             on_wait(len(running))
-        time.sleep(min(poll, max(0.05, deadline - time.monotonic())))
+        clock.sleep(min(poll, max(0.05, deadline - clock.now())))
 
 
 def claim_validation(study: optuna.Study, window: str) -> tuple[bool, str]:

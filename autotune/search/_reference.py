@@ -10,11 +10,11 @@ typical trials, and sooner after it saw the reference move (drift).
 from __future__ import annotations
 
 import socket
-import time
 
 import optuna
 from loguru import logger
 
+from autotune import clock
 from autotune.reference import ReferenceMeasurement, ReferenceRecord, reference_key
 from autotune.result import ProbeResult
 from autotune.search._context import SearchContext
@@ -46,7 +46,7 @@ class ReferenceUnavailable(Exception):
 
 def _measurement(result: ProbeResult) -> ReferenceMeasurement:
     return ReferenceMeasurement(
-        at=time.time(),
+        at=clock.wall(),
         throughput=result.throughput,
         low=result.throughput_low or result.throughput,
         high=result.throughput_high or result.throughput,
@@ -147,7 +147,7 @@ class ReferenceKeeper:
         """The latest measurement, re-measured first when it is stale."""
         assert self.record is not None, "establish() first"
         latest = self.record.latest()
-        if latest is None or time.time() - latest.at > self.refresh_after():
+        if latest is None or clock.wall() - latest.at > self.refresh_after():
             return self.measure()
         return latest
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
+from autotune import clock
 from autotune.config import TunedConfig
 from autotune.errors import AutotuneError, DeviceError, StorageError, StorageIOError
 from autotune.parity import parity_gap
@@ -22,7 +22,6 @@ from autotune.result import PairedResult
 from autotune.search._artifact import baseline, build_config
 from autotune.search._budget import (
     HARD_GRACE,
-    VALIDATION_SHARE,
     WRITE_RESERVE,
     Budget,
     SearchInterrupted,
@@ -49,6 +48,7 @@ from autotune.search._validate import (
     rejection_summary,
     select,
     shortlist,
+    validation_reserve,
     with_gap,
 )
 from autotune.spec import StudySpec
@@ -59,7 +59,6 @@ from autotune.trials import (
     TrialRecord,
     at_base_role,
     candidate,
-    record,
     role_trials,
     store_config,
     stored_config,
@@ -136,29 +135,9 @@ def _enqueue_first_trials(ctx: SearchContext, study: optuna.Study, modes: list[s
                 study.enqueue_trial(ctx.space.params(mode, batch), skip_if_exists=True)
 
 
-def _validation_reserve(ctx: SearchContext, study: optuna.Study) -> float:
-    """Seconds validation will need: a paired rerun of each shortlisted candidate (or of one,
-    before any), from the search's own probe times, with room to spare."""
-    val, probe = ctx.spec.validation, ctx.spec.probe
-    picked = shortlist(
-        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-        top_k=val.top_k,
-        min_speedup=val.min_speedup,
-        parity_tolerance=ctx.spec.parity_tolerance,
-        maximize=ctx.maximize,
-    )
-    typical = ctx.typical_probe(default=0.0)
-    if not typical:
-        return VALIDATION_SHARE * ctx.budget.total
-    ratio = max(1.0, (probe.warmup_steps + val.steps) / (probe.warmup_steps + probe.steps))
-    # Both arms of a pair run, each about as long as a probe scaled to the longer horizon; a
-    # compiled candidate compiles again.
-    per_pair = 2.5 * ratio * typical + 1.0
-    # Nothing worth validating yet: keep room for one short pair (a late winner still gets
-    # validated), and give the rest to the search.
-    need = len(picked) * per_pair if picked else 0.5 * per_pair
-    need += sum(record(t).compile_seconds or 0.0 for t in picked)
-    return min(VALIDATION_SHARE * ctx.budget.total, need + 1.0)
+# Candidates in a row the sampler proposes that were all measured already: the space is
+# exhausted (TPE keeps proposing near the best; a few repeats alone are normal).
+EXHAUSTED = 12
 
 
 def _search(
@@ -166,14 +145,24 @@ def _search(
 ) -> None:
     """Phase 3: ask, probe, tell, until the search's share of the budget is spent."""
     ctx.emit(PhaseStarted(phase="search"))
-    reserve, reserved_at = _validation_reserve(ctx, study), 0
+    reserve, reserved_at = validation_reserve(ctx, study), 0
     while True:
         if len(ctx.trial_seconds) - reserved_at >= 5:
             # Reading the whole study costs: the reserve is recomputed every few trials.
-            reserve, reserved_at = _validation_reserve(ctx, study), len(ctx.trial_seconds)
+            reserve, reserved_at = validation_reserve(ctx, study), len(ctx.trial_seconds)
         left = end_at - reserve - ctx.budget.elapsed()
         if left < max(1.0, 0.25 * ctx.typical_probe()):
             logger.info("search phase over: {:.0f}s left for it", max(0.0, left))
+            return
+        if step.twins_in_row >= EXHAUSTED:
+            # A small space is measured through: asking on only copies measurements (a one-point
+            # space would write hundreds of copies a minute until the budget ends).
+            logger.info(
+                "search phase over: the last {} candidates proposed were all measured already "
+                "(the space is exhausted); {:.0f}s of the budget left unspent",
+                step.twins_in_row,
+                max(0.0, left),
+            )
             return
         ctx.stop_if_asked()
         # Trials whose worker died (no heartbeat) are failed here and retried once.
@@ -308,18 +297,19 @@ def run_search(
     should_stop: Any = None,
     join: bool = False,
     handle_sigint: bool = False,
+    storage: optuna.storages.BaseStorage | None = None,
 ) -> SearchResult:
     """Search a spec's space within its budget and write the validated config.
 
     See :func:`autotune.search.run_search` for the arguments.
     """
-    t0 = time.monotonic()
+    t0 = clock.now()
     runner, own_runner = _resolve_runner(spec, runner)
     # The worker imports torch while the storage opens: the first trial starts sooner.
     starting = threading.Thread(target=_start_quietly, args=(runner,), daemon=True)
     starting.start()
     try:
-        study = open_study(spec, create=not join)
+        study = open_study(spec, storage, create=not join)
     except BaseException:
         starting.join()
         if own_runner:
@@ -353,12 +343,12 @@ def run_search(
         previous_handler = signal.signal(signal.SIGINT, on_sigint)
     ctx: SearchContext | None = None
     validated_by, config, selection, reference = "", None, None, None
-    w0 = time.monotonic()
+    w0 = clock.now()
     rejected: list[Rejection] = []
     try:
         starting.join()
         facts = runner.facts(normalize_reference(spec.workload))
-        started_in = time.monotonic() - t0
+        started_in = clock.now() - t0
         rule = facts.lr_scaling if spec.space.lr_scaling == "auto" else spec.space.lr_scaling
         logger.info(
             "study {!r}: workload {} on {}, budget {:.0f}s ({:.0f}s left), {} trials stored",
@@ -437,7 +427,7 @@ def run_search(
             diagnose_failures(ctx, study)
             with ctx.clock("validation"):
                 selection, ref_run, noise = _validate(ctx, study, reference, end_at)
-            w0 = time.monotonic()
+            w0 = clock.now()
             trials = study.get_trials(deepcopy=False)
             rejected = rejection_summary(trials) + (selection.rejected if selection else [])
             config = build_config(
@@ -474,7 +464,7 @@ def run_search(
             runner.close()
     path = None
     if config is None:
-        w0 = time.monotonic()
+        w0 = clock.now()
     if config is not None:
         path = config.save(out / "best.json")
         study.set_user_attr("best_config", str(path))
@@ -485,7 +475,7 @@ def run_search(
     else:
         config = stored_config(study)
     spent = dict(ctx.spent) if ctx is not None else {}
-    spent["writing"] = time.monotonic() - w0
+    spent["writing"] = clock.now() - w0
     if ctx is not None:
         study.set_user_attr("time_spent", {k: round(v, 3) for k, v in spent.items()})
         logger.info(

@@ -78,6 +78,8 @@ class TrialStep:
         self.ctx = ctx
         self.study = study
         self.refs = refs
+        # Trials in a row whose candidate was measured already (see EXHAUSTED).
+        self.twins_in_row = 0
 
     # ---- the step ------------------------------------------------------------------------------
 
@@ -92,8 +94,10 @@ class TrialStep:
         ctx.emit(TrialStarted(number=trial.number, candidate=cand))
         twin = self._twin(trial)
         if twin is not None:
+            self.twins_in_row += 1
             self._copy(trial, twin)
             return
+        self.twins_in_row = 0
         if cand.precision not in modes:
             why = ctx.cut.get(cand.precision, f"{cand.precision} was cut on this device")
             self.prune(trial, "unsupported", why)

@@ -20,13 +20,23 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.parity import parity_gap
 from autotune.result import PairedResult
+from autotune.search._budget import VALIDATION_SHARE
+from autotune.search._context import SearchContext
 from autotune.trials import Rejection, display_outcome, feasible_trials, label, record
 
-__all__ = ["Rerun", "Selection", "rejection_summary", "select", "shortlist"]
+__all__ = [
+    "Rerun",
+    "Selection",
+    "rejection_summary",
+    "select",
+    "shortlist",
+    "validation_reserve",
+]
 
 
 def shortlist(
@@ -212,3 +222,28 @@ def rejection_summary(trials: Iterable[FrozenTrial]) -> list[Rejection]:
 
 # A function that measures a candidate paired with the reference inside a slice of seconds.
 PairedRun = Callable[[FrozenTrial, float], PairedResult | None]
+
+
+def validation_reserve(ctx: SearchContext, study: optuna.Study) -> float:
+    """Seconds validation will need: a paired rerun of each shortlisted candidate (or of one,
+    before any), from the search's own probe times, with room to spare."""
+    val, probe = ctx.spec.validation, ctx.spec.probe
+    picked = shortlist(
+        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+        top_k=val.top_k,
+        min_speedup=val.min_speedup,
+        parity_tolerance=ctx.spec.parity_tolerance,
+        maximize=ctx.maximize,
+    )
+    typical = ctx.typical_probe(default=0.0)
+    if not typical:
+        return VALIDATION_SHARE * ctx.budget.total
+    ratio = max(1.0, (probe.warmup_steps + val.steps) / (probe.warmup_steps + probe.steps))
+    # Both arms of a pair run, each about as long as a probe scaled to the longer horizon; a
+    # compiled candidate compiles again.
+    per_pair = 2.5 * ratio * typical + 1.0
+    # Nothing worth validating yet: keep room for one short pair (a late winner still gets
+    # validated), and give the rest to the search.
+    need = len(picked) * per_pair if picked else 0.5 * per_pair
+    need += sum(record(t).compile_seconds or 0.0 for t in picked)
+    return min(VALIDATION_SHARE * ctx.budget.total, need + 1.0)

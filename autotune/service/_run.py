@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import TrialState
 
+from autotune import clock
 from autotune.facts import WorkerFacts
 from autotune.result import PairedResult, ProbeResult
 from autotune.search import Budget
@@ -140,7 +140,7 @@ class DeviceRunner(Runner):
             yield
         finally:
             self.run_state.probing = False
-            self.ended[self.run_state.device] = time.monotonic()
+            self.ended[self.run_state.device] = clock.now()
 
     def run(
         self,

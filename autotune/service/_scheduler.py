@@ -31,13 +31,13 @@ import contextlib
 import math
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import optuna
 from loguru import logger
 
+from autotune import clock
 from autotune.errors import AutotuneError, StorageIOError
 from autotune.logs import log_to_file
 from autotune.search import (
@@ -178,9 +178,9 @@ class Scheduler:
     def _drain(self, grace: float) -> None:
         self._draining.set()
         self.wake()
-        deadline = time.monotonic() + grace
+        deadline = clock.now() + grace
         for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            thread.join(max(0.0, deadline - clock.now()))
         for device, run in list(self.runs.items()):
             if run.phase != "ceilings":
                 logger.info("draining: stopping the probe of study {!r} on {}", run.name, device)
@@ -200,7 +200,7 @@ class Scheduler:
         run = self.runs.get(device)
         if run is not None and run.probing:
             return True
-        return time.monotonic() - self._probe_ended.get(device, -math.inf) < _UTIL_WINDOW
+        return clock.now() - self._probe_ended.get(device, -math.inf) < _UTIL_WINDOW
 
     # ---- the device loop -------------------------------------------------------------------
 
@@ -250,7 +250,7 @@ class Scheduler:
             self._until_written(lambda: self.queue.finish(name, "failed", error=error))
             return
         # Queue time is not budget: the clock starts now, minus what earlier runs spent.
-        budget = Budget(spec.budget, started=time.monotonic() - row.probe_seconds)
+        budget = Budget(spec.budget, started=clock.now() - row.probe_seconds)
         run = StudyRun(name=name, device=device, spec=spec, budget=budget, priority=row.priority)
         with self._runs_lock:
             self.runs[device] = run
@@ -271,7 +271,7 @@ class Scheduler:
                 )
                 if row.runs > 1:
                     self._settle_stale(run)
-                    budget.started = time.monotonic() - row.probe_seconds
+                    budget.started = clock.now() - row.probe_seconds
                 self._search(run, out)
         finally:
             self.runs.pop(device, None)
@@ -418,7 +418,7 @@ class Scheduler:
         :func:`~autotune.service._run.preemptor`); asked of the queue once a second at most."""
         if run.phase != "search":
             return False
-        now = time.monotonic()
+        now = clock.now()
         if now - run.preempt_checked >= _PREEMPT_CHECK:
             run.preempt_checked = now
             with contextlib.suppress(StorageIOError):

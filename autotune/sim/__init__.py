@@ -1,0 +1,106 @@
+"""The simulated device: the real search on a landscape and a virtual clock.
+
+- :class:`Landscape` / :func:`load_landscape` — what one device does with one workload, as data
+  (recorded on a real device, or modelled from published figures and marked so).
+- :class:`SimulatedRunner` — answers probes from a landscape behind the Runner interface and
+  advances a virtual clock by the time each would have taken.
+- :func:`simulate` — one whole search on a landscape, in memory, in milliseconds of real time.
+
+Example:
+    >>> from autotune.spec import parse_spec
+    >>> spec = parse_spec({"name": "sim", "workload": "resnet18", "budget": "10m"})
+    >>> run = simulate(spec, "a100-resnet18", seed=1)
+    >>> run.config.precision, run.config.batch_size, run.seconds <= 600
+    ('fp16', 1024, True)
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from autotune import clock
+from autotune.config import TunedConfig
+from autotune.sim._landscape import LANDSCAPE_DIR, Landscape, load_landscape, shipped_landscapes
+from autotune.sim._runner import SimulatedRunner
+from autotune.spec import StudySpec
+
+__all__ = [
+    "LANDSCAPE_DIR",
+    "Landscape",
+    "SimulatedRun",
+    "SimulatedRunner",
+    "load_landscape",
+    "shipped_landscapes",
+    "simulate",
+]
+
+
+@dataclass
+class SimulatedRun:
+    """What a simulated search did."""
+
+    config: TunedConfig | None
+    study: optuna.Study
+    # Virtual seconds from the start to the config written, and before the first trial.
+    seconds: float
+    fixed_cost: float
+    runner: SimulatedRunner
+
+
+def simulate(
+    spec: StudySpec,
+    landscape: Landscape | str | Path,
+    *,
+    seed: int = 0,
+    out_dir: str | Path | None = None,
+    storage: optuna.storages.BaseStorage | None = None,
+) -> SimulatedRun:
+    """Run the real search for ``spec`` on a simulated device, on a virtual clock.
+
+    Args:
+        spec: the study spec; its workload must be the landscape's.
+        landscape: a Landscape, a shipped name (``a100-resnet18``) or a file.
+        seed: seeds the timing noise and the sampler (with ``spec.seed``).
+        out_dir: where ``best.json`` goes; a temporary folder by default.
+        storage: where the study is kept; in memory by default.
+
+    Raises:
+        SpecError: a bad landscape reference or file.
+        DeviceError: the spec's workload is not the landscape's.
+    """
+    from autotune.search import Budget, PhaseStarted, TrialStarted, run_search
+
+    land = landscape if isinstance(landscape, Landscape) else load_landscape(landscape)
+    runner = SimulatedRunner(land, seed=seed)
+    spec = spec.with_overrides({"seed": spec.seed + seed}) if seed else spec
+    first_trial: list[float] = []
+
+    def on_event(event: object) -> None:
+        if isinstance(event, PhaseStarted) and event.phase == "search" and not first_trial:
+            first_trial.append(runner.clock.monotonic())
+        if isinstance(event, TrialStarted):
+            # The tuner's own decision (ask, tell, storage writes) costs time too.
+            runner.clock.advance(land.timing.trial_overhead_seconds)
+
+    with clock.use(runner.clock), tempfile.TemporaryDirectory() as tmp:
+        budget = Budget(spec.budget)
+        result = run_search(
+            spec,
+            out_dir=out_dir if out_dir is not None else tmp,
+            runner=runner,
+            budget=budget,
+            on_event=on_event,
+            storage=storage or optuna.storages.InMemoryStorage(),
+        )
+        seconds = budget.elapsed()
+    return SimulatedRun(
+        config=result.config,
+        study=result.study,
+        seconds=seconds,
+        fixed_cost=first_trial[0] if first_trial else seconds,
+        runner=runner,
+    )

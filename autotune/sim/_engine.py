@@ -1,0 +1,169 @@
+"""A simulated step engine: the probe's real policy (:class:`~autotune.timed.TimedRun`, the
+paired interleave) runs over it, and it answers each step from a landscape.
+
+It has what the policy reads of a :class:`~autotune.step.StepEngine` — ``build``,
+``run_steps``, ``read_losses``, ``scale``, ``steps``, ``applied``, ``skipped``, ``losses``,
+``candidate``, ``device``, ``mode``, ``run`` and ``close`` — and advances a virtual clock by the
+time each block would have taken.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from autotune.clock import VirtualClock
+from autotune.precision import get_mode
+from autotune.sim._landscape import Landscape
+from autotune.spec import Candidate
+from autotune.step import Block
+
+__all__ = ["HardTimeout", "SimEngine", "SimOOM", "curve_rng"]
+
+
+class SimOOM(RuntimeError):
+    """The candidate's peak memory is past the device's."""
+
+
+class HardTimeout(Exception):
+    """The probe ran past its hard limit (the worker would have been killed)."""
+
+
+def curve_rng(landscape: Landscape, cand: Candidate, seed: int) -> random.Random:
+    """The randomness of a loss curve: fixed by the seed and the candidate, as a real run's is
+    by its seed (the same probe twice gives the same curve)."""
+    return random.Random(f"{landscape.name}|{seed}|{cand.model_dump_json()}")
+
+
+class SimEngine:
+    """One simulated training run of ``cand`` on the landscape's device.
+
+    Args:
+        landscape: the device and workload.
+        cand: what the run trains with.
+        clock: the virtual clock its steps advance.
+        seed: the probe's seed (fixes the loss curve, as a real seed does).
+        noise: the randomness of the timings (each run's own).
+        deadline: a clock reading past which the run is killed (HardTimeout); None: never.
+    """
+
+    def __init__(
+        self,
+        landscape: Landscape,
+        cand: Candidate,
+        clock: VirtualClock,
+        *,
+        seed: int,
+        noise: random.Random,
+        deadline: float | None = None,
+    ) -> None:
+        self.landscape, self.candidate, self.clock = landscape, cand, clock
+        self.device = torch.device("cuda:0" if landscape.device_type == "cuda" else "cpu")
+        self.mode = get_mode(cand.precision)
+        self.noise = noise
+        self.deadline = deadline
+        self.steps = 0
+        self.applied = 0
+        self.losses: list[float] = []
+        self.pending: list[float] = []
+        self.built = False
+        self.compile_paid = False
+        self.step_seconds = cand.batch_size / landscape.throughput(cand)
+        curve = curve_rng(landscape, cand, seed)
+        loss = landscape.loss
+        # This run's curve: the candidate's gap plus the seed's own offset.
+        self.gap = landscape.parity_gap(cand) + curve.gauss(0.0, loss.seed_spread)
+        self.curve = curve
+        self.diverges = landscape.diverges(cand)
+        fp16 = landscape.fp16
+        # fp16: steps skipped while the scale backs off from an init_scale above the safe one.
+        self.backoff = 0
+        if self.mode.scales_loss and cand.init_scale > fp16.safe_init_scale:
+            self.backoff = math.ceil(math.log2(cand.init_scale / fp16.safe_init_scale))
+        self.diverge_step = fp16.diverges_at_step if self.diverges else None
+        if self.diverges and self.diverge_step is None:  # an lr that blows the loss up
+            self.diverge_step = 3
+
+    # ---- what the policy drives -------------------------------------------------------------
+
+    def build(self) -> None:
+        self.clock.advance(self.landscape.timing.build_seconds)
+        if self.landscape.peak_bytes(self.candidate) > self.landscape.memory_total_bytes:
+            raise SimOOM(
+                f"CUDA out of memory (simulated): batch_size={self.candidate.batch_size} needs "
+                f"{self.landscape.peak_bytes(self.candidate) / 2**30:.1f} GiB of "
+                f"{self.landscape.memory_total_bytes / 2**30:.1f} GiB"
+            )
+        self.built = True
+
+    def _step_time(self) -> float:
+        t = self.landscape.timing
+        factor = 1 + t.warmup_extra * math.exp(-self.steps / t.warmup_steps)
+        seconds = self.step_seconds * factor
+        if self.steps == 0:
+            seconds += t.first_step_seconds
+            if self.candidate.compile:
+                seconds += self.landscape.knobs.compile_seconds
+        return seconds
+
+    def _loss(self, step: int) -> float:
+        if self.diverge_step is not None and step >= self.diverge_step:
+            return math.inf
+        m = self.landscape.loss
+        samples = (step + 1) * self.candidate.batch_size
+        level = m.final + (m.initial - m.final) * math.exp(-samples / m.samples_scale)
+        ramp = 1 - math.exp(-samples / (0.25 * m.samples_scale))
+        return level * (1 + self.gap * ramp) * (1 + self.curve.gauss(0.0, m.step_noise))
+
+    def run_steps(self, n: int) -> Block:
+        """``n`` steps: their time (with the block's noise) advances the clock."""
+        noise = self.landscape.noise
+        block = 0.0
+        for _ in range(n):
+            block += self._step_time()
+            self.pending.append(self._loss(self.steps))
+            if self.steps >= self.backoff:
+                self.applied += 1
+            self.steps += 1
+        factor = math.exp(self.noise.gauss(0.0, noise.block_cv))
+        if noise.drift_amplitude:
+            phase = 2 * math.pi * self.clock.monotonic() / noise.drift_period_s
+            factor *= 1 + noise.drift_amplitude * math.sin(phase)
+        if noise.burst_probability and self.noise.random() < noise.burst_probability:
+            factor *= noise.burst_slowdown
+        seconds = block * factor
+        self.clock.advance(seconds)
+        if self.deadline is not None and self.clock.monotonic() > self.deadline:
+            raise HardTimeout
+        return Block(self.steps - n, n, seconds, n - max(0, min(n, self.steps - self.backoff)))
+
+    def read_losses(self) -> list[float]:
+        values, self.pending = self.pending, []
+        self.losses.extend(values)
+        return values
+
+    def scale(self) -> float:
+        if not self.mode.scales_loss:
+            return 1.0
+        skipped = min(self.steps, self.backoff)
+        return self.candidate.init_scale / 2**skipped
+
+    @property
+    def skipped(self) -> int:
+        return self.steps - self.applied
+
+    def run(self, policy: Callable[[SimEngine], Any]) -> str | None:
+        """Run ``policy(self)``; a simulated OOM comes back as its message, as a real one does."""
+        try:
+            policy(self)
+        except SimOOM as exc:
+            self.close()
+            return str(exc)
+        return None
+
+    def close(self) -> None:
+        self.pending = []

@@ -1,0 +1,227 @@
+"""The simulated device behind the Runner interface.
+
+Every probe runs the real probe policy (:class:`~autotune.timed.TimedRun`) and every paired run
+the real interleave (:func:`~autotune.paired.interleave`) over a :class:`SimEngine`; only the
+steps are answered from the landscape, and the virtual clock moves by what they would have
+taken. So the search, validation, artifact and report code above it runs unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+import autotune
+from autotune.clock import VirtualClock
+from autotune.config import Environment
+from autotune.errors import DeviceError
+from autotune.facts import WorkerFacts
+from autotune.paired import interleave
+from autotune.result import PairedResult, ProbeResult
+from autotune.runner import Runner, crashed_result
+from autotune.sim._engine import HardTimeout, SimEngine
+from autotune.sim._landscape import Landscape
+from autotune.spec import Candidate, EarlyStop, ProbeSettings
+from autotune.timed import TimedRun
+
+__all__ = ["SimulatedRunner"]
+
+
+class SimulatedRunner(Runner):
+    """Answers probes from a landscape on a virtual clock.
+
+    Args:
+        landscape: the device and workload to simulate.
+        seed: seeds the timing noise (loss curves follow each probe's own seed, as real runs'
+            do); the same seed gives the same search.
+        clock: the virtual clock to advance; a new one by default. Make it the current clock
+            (``autotune.clock.use(runner.clock)``) for the search to read it.
+
+    Example:
+        >>> from autotune.sim import load_landscape
+        >>> runner = SimulatedRunner(load_landscape("a100-resnet18"))
+        >>> runner.facts("autotune.workloads:resnet18").environment.device
+        'NVIDIA A100-SXM4-80GB'
+    """
+
+    def __init__(
+        self, landscape: Landscape, *, seed: int = 0, clock: VirtualClock | None = None
+    ) -> None:
+        self.landscape = landscape
+        self.clock = clock or VirtualClock()
+        self.device = "cuda:0" if landscape.device_type == "cuda" else "cpu"
+        self.seed = seed
+        self.started = False
+        self.probes = 0
+
+    # ---- the interface ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if not self.started:
+            self.started = True
+            self.clock.advance(self.landscape.timing.worker_start_seconds)
+
+    def facts(self, workload: str) -> WorkerFacts:
+        self._check_workload(workload)
+        self.start()
+        land = self.landscape
+        free = int(land.memory_total_bytes * 0.98)  # the CUDA context's own share
+        return WorkerFacts(
+            workload=land.workload,
+            name=land.workload.rsplit(":", 1)[-1],
+            base_lr=land.facts.base_lr,
+            base_batch_size=land.facts.base_batch_size,
+            lr_scaling=land.facts.lr_scaling,
+            channels_last=land.facts.channels_last,
+            optimizer=land.facts.optimizer,
+            device=self.device,
+            unsupported=dict(land.unsupported),
+            memory_free=free,
+            memory_total=land.memory_total_bytes,
+            environment=Environment(
+                device=land.device,
+                capability=land.capability,
+                torch=torch.__version__.split("+")[0],
+                cuda="13.0" if land.device_type == "cuda" else None,
+                autotune=autotune.__version__,
+                python="simulated",
+            ),
+        )
+
+    def run(
+        self,
+        workload: str,
+        candidate: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float | None = None,
+        early_stop: EarlyStop | None = None,
+    ) -> ProbeResult:
+        self._check_workload(workload)
+        self.start()
+        base = self._base(candidate, settings)
+        why = self.landscape.unsupported.get(candidate.precision)
+        if why is not None:
+            return ProbeResult(**base, outcome="unsupported", reason=why)
+        started = self.clock.monotonic()
+        engine = self._engine(candidate, settings, started, timeout)
+        run = TimedRun(engine, settings, started, early_stop, timer=self.clock.monotonic)
+        try:
+            oom = engine.run(lambda e: run.measure())
+        except HardTimeout:
+            return self._timed_out(candidate, settings, timeout)
+        fields = run.fields()
+        fields["wall_seconds"] = self.clock.monotonic() - started
+        if oom is not None:
+            reason = (
+                f"out of memory at batch_size={candidate.batch_size}, step {engine.steps}: {oom}"
+            )
+            return ProbeResult(
+                **base, **{**fields, "outcome": "oom", "throughput": 0.0, "reason": reason}
+            )
+        peak = self.landscape.peak_bytes(candidate)
+        return ProbeResult(
+            **base,
+            **fields,
+            peak_memory_allocated=int(peak * 0.9),
+            peak_memory_reserved=peak,
+            autocast_dtype=_dtype(candidate),
+        )
+
+    def compare(
+        self,
+        workload: str,
+        candidate: Candidate,
+        reference: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float | None = None,
+    ) -> PairedResult:
+        self._check_workload(workload)
+        self.start()
+        bases = {
+            "candidate": self._base(candidate, settings),
+            "reference": self._base(reference, settings),
+        }
+        for cand in (candidate, reference):
+            why = self.landscape.unsupported.get(cand.precision)
+            if why is not None:
+                return PairedResult(
+                    candidate=ProbeResult(**bases["candidate"], outcome="unsupported", reason=why),
+                    reference=ProbeResult(**bases["reference"], outcome="unsupported", reason=why),
+                )
+        started = self.clock.monotonic()
+        engines = {
+            "candidate": self._engine(candidate, settings, started, timeout),
+            "reference": self._engine(reference, settings, started, timeout),
+        }
+        try:
+            result = interleave(
+                engines,
+                settings,
+                started,
+                bases,
+                set_flags=lambda mode: None,
+                seed=lambda seed: None,
+                timer=self.clock.monotonic,
+            )
+        except HardTimeout:
+            why = self._timed_out(candidate, settings, timeout)
+            return PairedResult(
+                candidate=why, reference=self._timed_out(reference, settings, timeout)
+            )
+        wall = self.clock.monotonic() - started
+        for arm, cand in ((result.candidate, candidate), (result.reference, reference)):
+            arm.wall_seconds = wall
+            if arm.outcome == "completed":
+                arm.peak_memory_reserved = self.landscape.peak_bytes(cand)
+                arm.autocast_dtype = _dtype(cand)
+        return result
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _check_workload(self, workload: str) -> None:
+        if workload != self.landscape.workload:
+            raise DeviceError(
+                f"the simulated device {self.landscape.name!r} knows workload "
+                f"{self.landscape.workload!r}, not {workload!r}; use that workload in the spec "
+                "or another landscape"
+            )
+
+    def _engine(
+        self, cand: Candidate, settings: ProbeSettings, started: float, timeout: float | None
+    ) -> SimEngine:
+        self.probes += 1
+        noise = random.Random(f"{self.seed}|{self.probes}")
+        deadline = None if timeout is None else started + timeout
+        return SimEngine(
+            self.landscape, cand, self.clock, seed=settings.seed, noise=noise, deadline=deadline
+        )
+
+    def _base(self, cand: Candidate, settings: ProbeSettings) -> dict[str, Any]:
+        return {
+            "candidate": cand,
+            "workload": self.landscape.workload,
+            "device": self.device,
+            "seed": settings.seed,
+            "planned_steps": settings.steps,
+            "batch_size": cand.batch_size,
+        }
+
+    def _timed_out(
+        self, cand: Candidate, settings: ProbeSettings, timeout: float | None
+    ) -> ProbeResult:
+        return crashed_result(
+            self.landscape.workload,
+            cand,
+            self.device,
+            settings,
+            f"no result within its hard limit of {timeout or 0:.0f}s: the worker was stopped",
+            timed_out=True,
+        )
+
+
+def _dtype(cand: Candidate) -> str | None:
+    return {"fp16": "float16", "bf16": "bfloat16"}.get(cand.precision)
