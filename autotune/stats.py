@@ -8,6 +8,8 @@ and a standard deviation that one slow block would drag along.
 
 from __future__ import annotations
 
+import fractions
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,9 +50,27 @@ class Estimate:
         return Estimate(self.value * factor, self.low * factor, self.high * factor, self.n)
 
 
-def _binom_cdf(k: int, n: int) -> float:
-    """P(X ≤ k) for X ~ Binomial(n, 1/2)."""
-    return sum(math.comb(n, i) for i in range(0, k + 1)) / 2**n
+@functools.lru_cache(maxsize=4096)
+def _lower_rank(n: int, alpha: float) -> int:
+    """The 0-based index of the lower order statistic of the median's interval: the largest
+    ``l - 1`` with ``2 P(X ≤ l - 1) ≤ alpha`` for X ~ Binomial(n, 1/2), or 0 when none.
+
+    One pass over the cumulative sum (a paired run asks after every block, with hundreds of
+    pairs: recomputing each tail would cost the measurement its own time).
+    """
+    total = 2**n
+    # Exact in integers: 2**n is past what a float holds once n passes about a thousand.
+    share = fractions.Fraction(alpha).limit_denominator(10**9)
+    cumulative = 0
+    lo = 0
+    for l in range(1, n // 2 + 1):  # noqa: E741 - l as in the order-statistic formula
+        cumulative += math.comb(n, l - 1)
+        # Coverage of [x_(l), x_(n+1-l)] is 1 - 2 P(X ≤ l-1).
+        if 2 * cumulative * share.denominator <= share.numerator * total:
+            lo = l - 1
+        else:
+            break
+    return lo
 
 
 def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Estimate:
@@ -74,14 +94,7 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
         raise ValueError("median_interval needs at least one value, got none")
     mid = n // 2
     median = float(xs[mid]) if n % 2 else (xs[mid - 1] + xs[mid]) / 2
-    alpha = 1 - confidence
-    lo = 0  # 0-based index of the lower order statistic
-    for l in range(1, mid + 1):  # noqa: E741 - l as in the order-statistic formula
-        # Coverage of [x_(l), x_(n+1-l)] is 1 - 2 P(X ≤ l-1).
-        if 2 * _binom_cdf(l - 1, n) <= alpha:
-            lo = l - 1
-        else:
-            break
+    lo = _lower_rank(n, 1 - confidence)
     return Estimate(median, float(xs[lo]), float(xs[n - 1 - lo]), n)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -71,10 +72,20 @@ def search(
             help="Logs as one JSON object per line, on stderr and in search.log.",
         ),
     ] = False,
+    simulate: Annotated[
+        str | None,
+        typer.Option(
+            help="Run on a simulated device instead: a shipped landscape (a100-resnet18, "
+            "h100-resnet18, t4-resnet18, ...) or a landscape file. The search is the real one; "
+            "the device and its clock are simulated, so a long budget takes seconds.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Search precision × batch size × lr × init_scale within a budget; write best.json and
     report.html, with live progress on a terminal and a log in search.log."""
     setup_logging(verbose, quiet, json_lines=log_json)
+    from autotune import clock as clocks
     from autotune.search import Budget, SearchInterrupted, run_search
     from autotune.spec import load_spec
 
@@ -96,7 +107,13 @@ def search(
         }
         overrides.update(parse_sets(set_))
         spec = spec.with_overrides(overrides)
-        where = str(resolve_device(spec.device))
+        runner, virtual = None, None
+        if simulate is not None:
+            spec, runner = _simulated(spec, simulate, storage_given=storage is not None)
+            virtual = runner.clock
+            where = f"{runner.landscape.device} (simulated: {runner.landscape.name})"
+        else:
+            where = str(resolve_device(spec.device))
     except AutotuneError as exc:
         fail(str(exc))
         return
@@ -111,19 +128,29 @@ def search(
         return
     try:
         logger.info("autotune {}", " ".join(mask_url(a) for a in sys.argv[1:]))
-        clock = Budget(spec.budget, started=autotune.STARTED)
+        with clocks.use(virtual or clocks.current()):
+            # A simulated search's budget starts on its own clock, now.
+            clock = (
+                Budget(spec.budget) if virtual else Budget(spec.budget, started=autotune.STARTED)
+            )
         progress = SearchProgress(
             clock,
             console=err_console,
-            # JSON logs are for machines, and --quiet asked for no chatter: no live view.
-            live=False if (log_json or quiet) else None,
+            # JSON logs are for machines, and --quiet asked for no chatter: no live view (nor
+            # for a simulation, which is over in seconds).
+            live=False if (log_json or quiet or virtual) else None,
             title=f"{spec.name} · {spec.workload} on {where}",
             parity_tolerance=spec.parity_tolerance,
         )
         try:
-            with progress:
+            with progress, clocks.use(virtual or clocks.current()):
                 result = run_search(
-                    spec, out_dir=out_dir, budget=clock, on_event=progress, handle_sigint=True
+                    spec,
+                    out_dir=out_dir,
+                    budget=clock,
+                    on_event=progress,
+                    handle_sigint=True,
+                    runner=runner,
                 )
         except SearchInterrupted as exc:
             warn(str(exc))
@@ -142,6 +169,14 @@ def search(
             )
             return
         _log_outcome(result)
+        if runner is not None:
+            land = runner.landscape
+            console.print(
+                f"simulated: {land.device} from landscape {land.name!r} ({land.kind}"
+                f"{', modelled from published figures, not measured' if land.kind == 'modelled' else ''}"
+                f"); {clock.elapsed():.0f}s of simulated time",
+                highlight=False,
+            )
         if result.config is None:
             console.print(
                 f"validation of study {spec.name!r} is done by {result.validated_by}; its "
@@ -150,9 +185,51 @@ def search(
             )
         else:
             _print_summary(result)
-        _write_report(spec, out_dir)
+        if runner is not None:
+            # Its environment is the simulated device's: that it is not this machine's is known.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _write_report(spec, out_dir)
+        else:
+            _write_report(spec, out_dir)
     finally:
         logger.remove(log_file)
+
+
+# Simulated studies live apart from real ones: a what-if never mixes into a real study.
+SIMULATED_STORAGE = "sqlite:///studies/simulated.db"
+
+
+def _simulated(spec: Any, landscape: str, *, storage_given: bool) -> tuple[Any, Any]:
+    """The spec and the simulated runner of ``--simulate``: the study named after the landscape,
+    in its own storage, started afresh (a simulation is a new what-if each time).
+
+    Raises:
+        SpecError: no such landscape, or the spec's workload is not the landscape's.
+    """
+    import optuna
+
+    from autotune.sim import SimulatedRunner, load_landscape
+    from autotune.storage import open_storage
+    from autotune.workloads import normalize_reference
+
+    land = load_landscape(landscape)
+    if normalize_reference(spec.workload) != land.workload:
+        raise SpecError(
+            f"--simulate {landscape}: the landscape is of workload {land.workload!r}, the spec's "
+            f"is {spec.workload!r}; pass --workload {land.workload} or another landscape"
+        )
+    spec = spec.with_overrides(
+        {
+            "name": f"{spec.name}.sim-{land.name}",
+            "storage": spec.storage if storage_given else SIMULATED_STORAGE,
+            "device": "cpu" if land.device_type == "cpu" else "cuda",
+        }
+    )
+    opened = open_storage(spec.storage)
+    if spec.name in {s.study_name for s in optuna.get_all_study_summaries(opened)}:
+        optuna.delete_study(study_name=spec.name, storage=opened)
+    return spec, SimulatedRunner(land, seed=spec.seed)
 
 
 def _report_args(spec: Any, out: Path | None) -> str:

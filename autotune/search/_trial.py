@@ -33,6 +33,7 @@ from autotune.storage import owner_id
 from autotune.trials import (
     TrialRecord,
     feasible_trials,
+    is_feasible,
     objective_value,
     record,
     set_constraints,
@@ -209,8 +210,14 @@ class TrialStep:
         )
 
     def _best_trial(self) -> FrozenTrial | None:
-        done = feasible_trials(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-        return max(done, key=lambda t: t.value) if done else None
+        """The bar for "slower": the best feasible trial whose settings no probe found off
+        parity. A candidate on the parity boundary passes on one seed and fails on the next
+        (and then in validation); as the bar it would stop the safe candidates just below it
+        before their parity is known, leaving nothing good to fall back to."""
+        done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        contested = {_settings(t) for t in done if not is_feasible(t)}
+        bars = [t for t in feasible_trials(done) if _settings(t) not in contested]
+        return max(bars, key=lambda t: t.value) if bars else None
 
     # ---- telling ---------------------------------------------------------------------------------
 
@@ -406,6 +413,13 @@ class TrialStep:
                 standing=standing(self.study, self._latest()),
             )
         )
+
+
+def _settings(trial: FrozenTrial) -> tuple[object, ...]:
+    """What decides a trial's loss curve, apart from the seed: precision, batch and lr (the
+    GradScaler's init_scale only shifts its first steps)."""
+    p = trial.params
+    return (p.get("precision"), p.get("batch_size"), p.get("lr_multiplier"))
 
 
 def _ratio_interval(ratio: float, a: float, b: float) -> tuple[float, float]:

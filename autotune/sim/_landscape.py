@@ -95,8 +95,11 @@ class LossModel(_M):
 class ParityModel(_M):
     """How far a candidate's curve lies above the reference's, beyond its mode's own gap."""
 
-    # Per doubling of the batch above the workload's base (at the lr its rule gives).
+    # Per doubling of the batch above the workload's base (at the lr its rule gives) ...
     gap_per_batch_doubling: float = 0.0
+    # ... and per unit of (batch / base - 1) above the base: the large-batch gap grows with
+    # the batch itself, so a ladder's steps cross the tolerance cleanly.
+    gap_per_batch_ratio: float = 0.0
     # Per unit of |log2(lr multiplier)|: an lr off the rule learns worse.
     gap_per_lr_log2: float = 0.05
     # An lr multiplier above this blows the loss up (None: never).
@@ -234,11 +237,12 @@ class Landscape(_M):
 
     def parity_gap(self, cand: Candidate) -> float:
         """Noise-free relative gap of the candidate's loss to fp32's at the base batch."""
-        doublings = max(0.0, math.log2(cand.batch_size / self.facts.base_batch_size))
+        ratio = max(1.0, cand.batch_size / self.facts.base_batch_size)
         lr_off = abs(math.log2(self.lr_multiplier(cand)))
         return (
             self.modes[cand.precision].parity_gap
-            + self.parity.gap_per_batch_doubling * doublings
+            + self.parity.gap_per_batch_doubling * math.log2(ratio)
+            + self.parity.gap_per_batch_ratio * (ratio - 1)
             + self.parity.gap_per_lr_log2 * lr_off
         )
 
