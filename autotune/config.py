@@ -37,7 +37,8 @@ from autotune.errors import (
     format_validation_error,
     short_repr,
 )
-from autotune.inputs import load_text, read_text
+from autotune.files import make_dirs, write_text
+from autotune.inputs import file_problem, load_text, read_text
 from autotune.spec import Candidate, CompileMode, PrecisionName
 from autotune.version import __version__
 
@@ -216,8 +217,9 @@ class TunedConfig(_Model):
     def save(self, path: str | Path) -> Path:
         """Write the config as indented JSON; returns the path."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.model_dump_json(indent=2) + "\n")
+        # The owner's only, unless AUTOTUNE_UMASK says otherwise (autotune.files).
+        make_dirs(path.parent)
+        write_text(path, self.model_dump_json(indent=2) + "\n")
         return path
 
 
@@ -366,10 +368,14 @@ def load_config(path: str | Path, *, device: str | torch.device = "auto") -> Tun
             f"config file {str(path)!r} is a folder; pass the JSON file in it, e.g. "
             f"{str(path / 'best.json')!r}"
         )
-    if not path.is_file():
-        raise ConfigError(
-            f"config file {str(path)!r} does not exist; run `autotune search` to write one"
+    problem = file_problem(path)
+    if problem is not None:
+        fix = (
+            "run `autotune search` to write one"
+            if problem == "does not exist"
+            else "pass the best.json `autotune search` wrote"
         )
+        raise ConfigError(f"config file {str(path)!r} {problem}; {fix}")
     source = f"config file {str(path)!r}"
     # Bounded before anything walks it: a config is a few kilobytes, nested a few levels.
     text = read_text(path, source, max_bytes=_MAX_CONFIG_BYTES, error=ConfigError)

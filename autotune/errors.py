@@ -147,6 +147,13 @@ def format_validation_error(exc: object, source: str) -> str:
         shown = short_repr(err.get("input"))
         if err.get("type") == "missing":
             lines.append(f"  {loc}: required field is missing")
+        elif err.get("type") == "finite_number":
+            # inf or nan where a number bounds a check: the check would never fire.
+            lines.append(
+                f"  {loc}: must be a finite number, got {loc.rsplit('.', 1)[-1]}={shown}; inf "
+                "and nan would switch its check off: write a number, or leave the field out for "
+                "its default"
+            )
         elif err.get("type") == "value_error":
             # Our own validators already name the field, the value and the fix.
             lines.append(f"  {loc}: {msg.removeprefix('Value error, ')}")

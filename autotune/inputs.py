@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,6 +38,7 @@ __all__ = [
     "MAX_NODES",
     "MAX_SPEC_BYTES",
     "check_shape",
+    "file_problem",
     "load_text",
     "read_text",
 ]
@@ -53,6 +56,42 @@ Format = Literal["yaml", "json"]
 _FEW = "a study spec or a config holds a few dozen values, a few levels deep"
 
 
+# What a path is when it is not a regular file, as a message says it.
+_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file, as the end of a sentence; None for a regular file.
+
+    Told apart without opening anything: opening a named pipe would wait for a writer forever.
+
+    Example:
+        >>> file_problem(Path("/dev/null"))
+        'is not a regular file (it is a character device)'
+        >>> file_problem(Path("/"))
+        'is a folder'
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except NotADirectoryError:
+        return "does not exist (a part of its path is a file)"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISDIR(mode):
+        return "is a folder"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "something else")
+    return f"is not a regular file (it is {kind})"
+
+
 def read_text(
     path: Path,
     source: str,
@@ -63,8 +102,12 @@ def read_text(
     """A file's text, refused when it is larger than ``max_bytes`` or not UTF-8.
 
     Raises:
-        ``error``: the file is too large, unreadable or not UTF-8 text.
+        ``error``: the file is missing, a folder, a device, too large, unreadable or not
+            UTF-8 text.
     """
+    problem = file_problem(path)
+    if problem is not None:
+        raise error(f"{source} {problem}; pass a file")
     try:
         with open(path, "rb") as f:
             raw = f.read(max_bytes + 1)

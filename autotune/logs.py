@@ -29,6 +29,7 @@ from typing import Any
 
 from loguru import logger
 
+from autotune.files import make_dirs, open_for_writing
 from autotune.redact import mask_url
 
 __all__ = [
@@ -229,7 +230,8 @@ class _LogFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by stop())
+        # The owner's only, unless AUTOTUNE_UMASK says otherwise (autotune.files).
+        self._file = open_for_writing(path, "a")
         self._failing = False
 
     def write(self, message: str) -> None:
@@ -280,7 +282,7 @@ def log_to_file(
         >>> logger.remove(handler)  # doctest: +SKIP
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     return logger.add(
         _LogFile(path),
         level=level,

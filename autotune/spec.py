@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from autotune.errors import SpecError, format_validation_error, short_repr
-from autotune.inputs import check_shape, load_text, read_text
+from autotune.inputs import check_shape, file_problem, load_text, read_text
 
 __all__ = [
     "COMPILE_MODES",
@@ -32,6 +32,7 @@ __all__ = [
     "MIN_BUDGET",
     "PRECISIONS",
     "DEFAULT_MIN_TIME",
+    "MAX_BUDGET",
     "Candidate",
     "CompileMode",
     "EarlyStop",
@@ -53,6 +54,9 @@ MAX_SEED = 2**32 - 1
 # Below this a search cannot run the fp32 reference, one candidate and validation, each at
 # least a one-second probe, plus their start-up: it would write a config that measured nothing.
 MIN_BUDGET = 4.0
+# A search answers in minutes to hours; a week is already generous. A budget past it is a typo
+# (--budget 1e9 is 31 years) that would hold a device until someone notices.
+MAX_BUDGET = 7 * 24 * 3600.0
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
 # torch.compile's modes; the cudagraph ones ("reduce-overhead", "max-autotune") need CUDA.
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -107,7 +111,11 @@ def parse_duration(value: Any, field: str = "budget") -> float:
             seconds = (
                 float(match["h"] or 0) * 3600 + float(match["m"] or 0) * 60 + float(match["s"] or 0)
             )
-    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+    if seconds != seconds or seconds == float("inf"):
+        raise ValueError(
+            f"{field} must be a finite duration, got {field}={short_repr(value)}; try 30m"
+        )
+    if not seconds > 0:
         raise ValueError(f"{field} must be positive, got {field}={short_repr(value)}; try 30m")
     return seconds
 
@@ -205,14 +213,14 @@ class ProbeSettings(_Model):
     # Seconds the timed phase lasts at least; None: 1s on a GPU, 2s on a CPU; 0: count steps.
     min_time: OptionalDuration = None
     # Target relative half-width of the throughput's 95% interval (0.03: ±3%).
-    precision: float = Field(default=0.03, gt=0, le=1)
+    precision: float = Field(default=0.03, gt=0, le=1, allow_inf_nan=False)
     # Let the search stop a probe early once it is clearly slower than the best candidate or
     # clearly off parity (multi-fidelity); false measures every probe to its end.
     early_stop: bool = True
     # A loss this many times above its first value is a blow-up, not noise.
-    loss_blowup_factor: float = Field(default=10.0, gt=1)
+    loss_blowup_factor: float = Field(default=10.0, gt=1, allow_inf_nan=False)
     # Past warmup, GradScaler should rarely skip; more than this share of skips is divergence.
-    max_skip_rate: float = Field(default=0.25, ge=0, le=1)
+    max_skip_rate: float = Field(default=0.25, ge=0, le=1, allow_inf_nan=False)
     # Soft limit: the probe stops and is scored on the steps it finished.
     time_limit: Duration = 120.0
     seed: Seed = 0
@@ -333,7 +341,7 @@ class ValidationSettings(_Model):
     steps: int = Field(default=40, gt=0)
     # A winner's validated speedup must have its *lower bound* at least this high: a few
     # percent is measurement noise, and then the reference itself is the config.
-    min_speedup: float = Field(default=1.05, ge=1.0)
+    min_speedup: float = Field(default=1.05, ge=1.0, allow_inf_nan=False)
 
 
 class StudySpec(_Model):
@@ -353,9 +361,9 @@ class StudySpec(_Model):
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     # Relative: the candidate's smoothed loss may be at most 5% above the fp32 reference's.
-    parity_tolerance: float = Field(default=0.05, ge=0)
+    parity_tolerance: float = Field(default=0.05, ge=0, allow_inf_nan=False)
     # Share of device memory a chosen batch must leave free: the box is shared.
-    memory_margin: float = Field(default=0.10, ge=0, lt=1)
+    memory_margin: float = Field(default=0.10, ge=0, lt=1, allow_inf_nan=False)
     # Default objective; time_to_loss estimates the wall time to reach the reference's loss.
     objective: Literal["throughput", "time_to_loss"] = "throughput"
     # SQLite beside the specs: embedded, no set-up. Use PostgreSQL for many workers.
@@ -370,6 +378,12 @@ class StudySpec(_Model):
             raise ValueError(
                 f"budget must be at least {MIN_BUDGET:g}s, enough to measure the fp32 reference, "
                 f"one candidate and validation; got budget={format_duration(value)!r}; "
+                "try --budget 30m"
+            )
+        if value > MAX_BUDGET:
+            raise ValueError(
+                f"budget must be at most {format_duration(MAX_BUDGET)} (7 days), got "
+                f"budget={format_duration(value)!r}; a search answers in minutes to hours: "
                 "try --budget 30m"
             )
         return value
@@ -456,10 +470,9 @@ def load_spec(path: str | Path) -> StudySpec:
             aliases too far, or has invalid fields.
     """
     path = Path(path)
-    if not path.is_file():
-        raise SpecError(
-            f"study spec {str(path)!r} does not exist; pass a file like studies/tiny.yaml"
-        )
+    problem = file_problem(path)
+    if problem is not None:
+        raise SpecError(f"study spec {str(path)!r} {problem}; pass a file like studies/tiny.yaml")
     source = f"study spec {str(path)!r}"
     data = load_text(read_text(path, source), "yaml", source)
     return parse_spec(data, source=source)

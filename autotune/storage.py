@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from autotune import clock
 from autotune.errors import StorageError, StorageIOError
+from autotune.files import create_file, make_dirs
 from autotune.redact import mask_url, userinfo_ats
 from autotune.spec import StudySpec
 from autotune.trials import TrialRecord, record
@@ -113,15 +114,20 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     Raises:
         StorageError: the URL cannot be opened, naming it (password hidden) and the fix.
     """
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///") :])
+    file = url[len("sqlite:///") :].split("?")[0] if url.startswith("sqlite:///") else ""
+    if file not in ("", ":memory:"):
+        path = Path(file)
         if path.parent and not path.parent.exists():
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                make_dirs(path.parent)
             except OSError as exc:
                 raise StorageError(
                     f"storage {url!r}: cannot create folder {str(path.parent)!r}: {exc}"
                 ) from None
+        # SQLite would create the file 0644: created here first, it is the owner's only
+        # (autotune.files; AUTOTUNE_UMASK to share it).
+        with contextlib.suppress(OSError):  # unwritable: SQLite says why, below
+            create_file(path)
     if re.fullmatch(r"sqlite(\+\w+)?:///?(:memory:)?(\?.*)?", url.strip()):
         raise StorageError(
             f"storage {url!r} is an in-memory database: nothing would be saved, and a resumed "

@@ -25,6 +25,8 @@ from loguru import logger
 
 from autotune.errors import AutotuneError, WorkloadError
 from autotune.facts import WorkerFacts
+from autotune.limits import apply_memory_limit, limit_note, worker_memory_limit
+from autotune.memory import OOM_MESSAGES
 from autotune.result import PairedResult, ProbeResult
 from autotune.runner import (
     RESTARTED,
@@ -39,6 +41,8 @@ __all__ = ["InProcessRunner", "ProbeWorker", "Runner", "WorkerMemory", "poisons_
 
 # Seconds a probe may run past its own soft time limit before the worker is killed.
 _GRACE = 15.0
+# How a failed allocation reads in a reason, beside torch's own OOM messages.
+_NO_MEMORY = (*OOM_MESSAGES, "MemoryError", "Cannot allocate memory")
 
 
 @dataclass(frozen=True)
@@ -142,8 +146,11 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
 
 
 def main() -> None:
-    """Entry point of a worker process: ``python -m autotune.worker DEVICE REQ_FD REPLY_FD``."""
+    """Entry point of a worker process:
+    ``python -m autotune.worker DEVICE REQ_FD REPLY_FD [MEMORY_LIMIT_BYTES]``."""
     device, req_fd, reply_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    # First thing: what the probes allocate from here on counts against it (autotune.limits).
+    apply_memory_limit(int(sys.argv[4]) if len(sys.argv) > 4 else None)
     # The parent logs every decision; the worker only says what goes wrong.
     logger.remove()
     logger.add(sys.stderr, level=os.environ.get("AUTOTUNE_WORKER_LOG_LEVEL", "WARNING"))
@@ -161,6 +168,9 @@ class ProbeWorker(Runner):
     Args:
         device: the device probes run on, e.g. ``cpu`` or ``cuda:1``.
 
+    Raises:
+        SpecError: ``AUTOTUNE_WORKER_MEMORY`` is not a size (:mod:`autotune.limits`).
+
     Example:
         >>> with ProbeWorker("cpu") as worker:  # doctest: +SKIP
         ...     result = worker.run("tiny_mlp", candidate, ProbeSettings(steps=5), timeout=30)
@@ -174,6 +184,8 @@ class ProbeWorker(Runner):
         self.starts = 0
         # The device's memory as the worker last reported it (CUDA only; None until then).
         self.memory: WorkerMemory | None = None
+        # The worker's address-space limit in bytes (a CPU worker only; None: none).
+        self.memory_limit = worker_memory_limit(device)
 
     def interrupt(self) -> None:
         # Safe from a signal handler: only sends a signal; run() sees the pipe close.
@@ -192,7 +204,8 @@ class ProbeWorker(Runner):
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.worker", self.device, str(req_r), str(rep_w)],
+            [sys.executable, "-m", "autotune.worker", self.device, str(req_r), str(rep_w)]
+            + [str(self.memory_limit or 0)],
             pass_fds=(req_r, rep_w),
             stdin=subprocess.DEVNULL,
             env={
@@ -240,6 +253,18 @@ class ProbeWorker(Runner):
         self._proc = self._requests = self._replies = None
         # A new worker holds nothing yet: the old one's report no longer says anything.
         self.memory = None
+
+    def _noted(self, reason: str) -> str:
+        """``reason``, plus the worker's memory limit when the reason is a failed allocation
+        under one: the limit, not the machine, may be what ran out."""
+        if self.memory_limit and any(sign in reason for sign in _NO_MEMORY):
+            return f"{reason}; {limit_note(self.memory_limit)}"
+        return reason
+
+    def _noted_result(self, result: ProbeResult) -> ProbeResult:
+        if result.reason and (result.outcome == "oom" or result.outcome == "crashed"):
+            return result.model_copy(update={"reason": self._noted(result.reason)})
+        return result
 
     @property
     def pid(self) -> int | None:
@@ -295,11 +320,11 @@ class ProbeWorker(Runner):
             )
         kind = reply[0]
         if kind == "result":
-            return ProbeResult.model_validate_json(reply[1])
+            return self._noted_result(ProbeResult.model_validate_json(reply[1]))
         if kind == "user_error":
             from autotune import errors
 
-            raise getattr(errors, reply[1], WorkloadError)(reply[2])
+            raise getattr(errors, reply[1], WorkloadError)(self._noted(reply[2]))
         if kind == "poisoned":
             # The worker has exited; the next request starts a fresh one.
             logger.warning("{}: {}\n{}", RESTARTED, reply[1], reply[2])
@@ -308,7 +333,7 @@ class ProbeWorker(Runner):
                 workload, candidate, self.device, settings, f"{reply[1]}; {RESTARTED}"
             )
         logger.debug("probe crashed in worker:\n{}", reply[2])
-        return crashed_result(workload, candidate, self.device, settings, reply[1])
+        return crashed_result(workload, candidate, self.device, settings, self._noted(reply[1]))
 
     def _exchange(
         self,
@@ -364,13 +389,19 @@ class ProbeWorker(Runner):
                 f"{time.perf_counter() - started:.0f}s"
             )
         elif reply is not None and reply[0] == "paired":
-            return PairedResult.model_validate_json(reply[1])
+            paired = PairedResult.model_validate_json(reply[1])
+            return paired.model_copy(
+                update={
+                    "candidate": self._noted_result(paired.candidate),
+                    "reference": self._noted_result(paired.reference),
+                }
+            )
         elif reply is not None and reply[0] == "user_error":
             from autotune import errors
 
-            raise getattr(errors, reply[1], WorkloadError)(reply[2])
+            raise getattr(errors, reply[1], WorkloadError)(self._noted(reply[2]))
         elif reply is not None:
-            reason = reply[1]
+            reason = self._noted(reply[1])
         return PairedResult(
             candidate=crashed_result(
                 workload, candidate, self.device, settings, reason, timed_out=timed_out

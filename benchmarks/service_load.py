@@ -14,11 +14,17 @@ Prints two sets of figures with their goals:
    after a first untimed probe. Goal: under 1 s on CPU. Beside it, from the polled study: each
    trial's wall time minus its probe's (sampling, the device gate, storage writes, the round
    trip), as the service really runs trials.
+3. ``--submits N`` instead: health under a burst of submits. N clients each POST a study spec at
+   once (each parses a spec and writes the database in the service's thread pool) while one
+   client times ``GET /health`` back to back until the last submit is answered: the /health
+   latency's max and p95, and how the submits fared. Goal: /health max under 1 s with 200
+   submits (it answers from memory, on the event loop).
 
 Usage:
     python benchmarks/service_load.py                       # 50 clients every 0.5 s, 10 s
     python benchmarks/service_load.py --interval 0          # back to back: the throughput
     python benchmarks/service_load.py --clients 20 --seconds 5 --json load.json
+    python benchmarks/service_load.py --submits 200         # /health during 200 submits
 
 Time: about 10 s to start the service and its worker, then ``--seconds``, then ``--probes``
 short probes (defaults: about 30 s in all). Loopback only; clients are capped at 200 and the
@@ -44,6 +50,7 @@ from typing import Any
 import httpx
 
 P99_GOAL = 0.100
+HEALTH_GOAL = 1.0
 OVERHEAD_GOAL = 1.0
 ROOT = Path(__file__).resolve().parent.parent
 _MAX_CLIENTS = 200
@@ -61,8 +68,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="seconds each client waits between its polls (default 0.5; 0 = back to back)",
     )
     p.add_argument("--probes", type=int, default=20, help="probes for the overhead (default 20)")
+    p.add_argument(
+        "--submits",
+        type=int,
+        default=0,
+        help="instead: time /health while this many submits arrive at once (e.g. 200)",
+    )
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write here")
     args = p.parse_args(argv)
+    if not 0 <= args.submits <= 1000:
+        p.error(f"--submits must be 0..1000, got --submits {args.submits}")
     if not 1 <= args.clients <= _MAX_CLIENTS:
         p.error(f"--clients must be 1..{_MAX_CLIENTS}, got --clients {args.clients}")
     if not 0 < args.seconds <= _MAX_SECONDS:
@@ -117,6 +132,103 @@ async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path:
     )
     await reader.readexactly(length)
     return int(lines[0].split()[1])
+
+
+async def _post(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, body: bytes
+) -> int:
+    """One HTTP/1.1 POST of a JSON body on an open connection; returns the status code."""
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(
+        int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:")
+    )
+    await reader.readexactly(length)
+    return int(lines[0].split()[1])
+
+
+def _burst_spec(i: int) -> bytes:
+    """A valid study (so each submit parses, checks and writes the queue) that stays queued
+    behind the first: sleepy probes, one device."""
+    spec = {
+        "name": f"burst-{i:04d}",
+        "workload": "autotune.workloads.testing:sleepy",
+        "budget": "30s",
+        "space": {"precisions": ["fp32"], "batch_sizes": [16]},
+        "probe": {"warmup_steps": 1, "steps": 6, "check_every": 6, "time_limit": "8s"},
+    }
+    return json.dumps(spec).encode()
+
+
+async def _burst(url: str, submits: int) -> dict[str, Any]:
+    """``submits`` POSTs at once, each on its own connection, while /health is timed."""
+    port = int(url.rsplit(":", 1)[1])
+    statuses: list[int | str] = []
+    health: list[float] = []
+    done = asyncio.Event()
+    connections = [await asyncio.open_connection("127.0.0.1", port) for _ in range(submits)]
+    go = asyncio.Event()
+
+    async def submit(i: int) -> None:
+        reader, writer = connections[i]
+        await go.wait()
+        try:
+            statuses.append(await _post(reader, writer, "/studies", _burst_spec(i)))
+        except (OSError, asyncio.IncompleteReadError, ValueError, StopIteration) as exc:
+            statuses.append(type(exc).__name__)
+        finally:
+            writer.close()
+
+    async def watch() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await go.wait()
+        try:
+            while not done.is_set():
+                t0 = time.perf_counter()
+                status = await _get(reader, writer, "/health")
+                health.append(time.perf_counter() - t0)
+                if status != 200:
+                    statuses.append(f"health HTTP {status}")
+        finally:
+            writer.close()
+
+    watcher = asyncio.create_task(watch())
+    tasks = [asyncio.create_task(submit(i)) for i in range(submits)]
+    await asyncio.sleep(0.2)  # every connection open and waiting: then all at once
+    t0 = time.perf_counter()
+    go.set()
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
+    done.set()
+    await watcher
+    ordered = sorted(health)
+    return {
+        "submits": submits,
+        "seconds": wall,
+        "created": sum(s == 201 for s in statuses),
+        "other": sorted({str(s) for s in statuses if s != 201}),
+        "health_requests": len(health),
+        "health_max": ordered[-1],
+        "health_p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+        "health_p50": ordered[len(ordered) // 2],
+    }
+
+
+def _submits(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="autotune-burst-") as tmp_name:
+        proc, url = _start_service(Path(tmp_name))
+        try:
+            figures = asyncio.run(_burst(url, args.submits))
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    return figures
 
 
 async def _poll(
@@ -262,6 +374,24 @@ def _overhead(probes: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _parse(argv)
+    if args.submits:
+        print(f"{args.submits} submits at once while /health is timed back to back ...")
+        burst = _submits(args)
+        met = burst["health_max"] <= HEALTH_GOAL
+        print(
+            f"/health under {burst['submits']} submits  max {burst['health_max'] * 1e3:.0f} ms, "
+            f"p95 {burst['health_p95'] * 1e3:.0f} ms, p50 {burst['health_p50'] * 1e3:.0f} ms "
+            f"over {burst['health_requests']} requests   goal max <= {HEALTH_GOAL:g} s  "
+            f"{'met' if met else 'MISSED'}"
+        )
+        print(
+            f"  submits: {burst['created']} created in {burst['seconds']:.1f}s"
+            + (f"; other answers: {', '.join(burst['other'])}" if burst["other"] else "")
+        )
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"burst": burst}, indent=2) + "\n")
+        return {"burst": burst}
     every = f"every {args.interval:g}s" if args.interval else "back to back"
     print(
         f"{args.clients} clients polling a running study {every} for {args.seconds:g}s on "

@@ -8,8 +8,11 @@ shows as a timed-out test, never as a timing assertion.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,20 @@ def run_cli(*args: str) -> tuple[int, str]:
         ("name: x\nworkload: tiny_mlp\nbudget: 0.0001\n", "budget must be at least 4s"),
         ("name: x\nworkload: tiny_mlp\nbudget: [1, 2]\n", "budget must be a duration"),
         ("# " + "x" * MAX_SPEC_BYTES + "\n", "is larger than 1,048,576 bytes"),
+        (
+            "name: x\nworkload: tiny_mlp\nparity_tolerance: .inf\n",
+            "parity_tolerance: must be a finite number, got parity_tolerance=inf",
+        ),
+        (
+            "name: x\nworkload: tiny_mlp\nvalidation:\n  min_speedup: .nan\n",
+            "validation.min_speedup: must be a finite number, got min_speedup=nan",
+        ),
+        (
+            "name: x\nworkload: tiny_mlp\nprobe:\n  loss_blowup_factor: 1e400\n",
+            "probe.loss_blowup_factor: must be a finite number, got loss_blowup_factor='1e400'",
+        ),
+        ("name: x\nworkload: tiny_mlp\nbudget: 1e9\n", "budget must be at most 168h (7 days)"),
+        ("name: x\nworkload: tiny_mlp\nbudget: .inf\n", "budget must be a finite duration"),
     ],
     ids=[
         "alias-bomb",
@@ -77,6 +94,11 @@ def run_cli(*args: str) -> tuple[int, str]:
         "budget-too-small",
         "budget-a-list",
         "huge-file",
+        "parity-inf",
+        "min-speedup-nan",
+        "blowup-1e400",
+        "budget-31-years",
+        "budget-inf",
     ],
 )
 def test_spec_loader_refuses_in_one_line(tmp_path: Path, body: str, needle: str) -> None:
@@ -87,6 +109,54 @@ def test_spec_loader_refuses_in_one_line(tmp_path: Path, body: str, needle: str)
     message = str(info.value)
     assert needle in message
     assert len(message) < 600  # a message, not a rendering of the input
+
+
+def _fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "spec.fifo"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda tmp: tmp, "is a folder"),
+        (lambda tmp: Path("/dev/null"), "is not a regular file (it is a character device)"),
+        (_fifo, "is not a regular file (it is a named pipe)"),
+        (lambda tmp: tmp / "missing.yaml", "does not exist"),
+    ],
+    ids=["folder", "dev-null", "named-pipe", "missing"],
+)
+def test_a_spec_path_that_is_not_a_file_says_what_it_is(
+    tmp_path: Path, make: Callable[[Path], Path], needle: str
+) -> None:
+    """A folder or /dev/null is not reported as missing; a named pipe is refused, not waited
+    on."""
+    path = make(tmp_path)
+    with pytest.raises(SpecError, match=re.escape(f"study spec {str(path)!r} {needle}")):
+        load_spec(path)
+    code, out = run_cli("search", str(path), "--out", str(tmp_path / "out"))
+    assert code == 2 and needle in out and "Traceback" not in out
+    code, out = run_cli("submit", str(path), "--server", "http://127.0.0.1:9")
+    assert code == 2 and needle in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda tmp: Path("/dev/null"), "is not a regular file (it is a character device)"),
+        (_fifo, "is not a regular file (it is a named pipe)"),
+    ],
+    ids=["dev-null", "named-pipe"],
+)
+@pytest.mark.timeout(30)
+def test_a_config_path_that_is_not_a_file_says_what_it_is(
+    tmp_path: Path, make: Callable[[Path], Path], needle: str
+) -> None:
+    path = make(tmp_path)
+    code, out = run_cli("train", "--config", str(path), "--steps", "2", "--device", "cpu")
+    assert code == 2 and needle in out and "Traceback" not in out
 
 
 def test_aliases_within_bounds_still_work(tmp_path: Path) -> None:
@@ -122,12 +192,24 @@ def test_cli_alias_bomb_is_one_line(tmp_path: Path) -> None:
         (["--seed", "99999999999"], "seed must be between 0 and 4294967295"),
         (["--seed", "-1"], "got seed=-1"),
         (["--budget", "0.0001"], "budget must be at least 4s"),
+        (["--budget", "1e9"], "budget must be at most 168h (7 days)"),
+        (["--set", "parity_tolerance=.inf"], "parity_tolerance: must be a finite number"),
         (["--storage", "sqlite:///"], "is an in-memory database"),
         (["--storage", "sqlite:///:memory:"], "is an in-memory database"),
         (["--set", "space=" + "[" * 40 + "]" * 40], "--set space: nests deeper than 32"),
         (["--set", "seed=" + "1" * 5000], "an integer of 5,000 digits"),
     ],
-    ids=["seed-large", "seed-negative", "budget", "memory", "memory-2", "set-deep", "set-digits"],
+    ids=[
+        "seed-large",
+        "seed-negative",
+        "budget",
+        "budget-1e9",
+        "parity-inf",
+        "memory",
+        "memory-2",
+        "set-deep",
+        "set-digits",
+    ],
 )
 def test_search_flags_refuse_in_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
     code, out = run_cli("search", str(TINY), "--out", str(tmp_path / "out"), *args)

@@ -7,9 +7,13 @@ by a timing assertion.
 
 from __future__ import annotations
 
+import asyncio
 import resource
+import select
 import signal
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +26,7 @@ from _service import AUTH, TOKEN, Service, sleepy, wait_for
 
 from autotune.errors import StorageIOError
 from autotune.search import Budget
-from autotune.service import StudyQueue, TuningService
+from autotune.service import REQUEST_TIMEOUT, StudyQueue, TuningService, create_app
 from autotune.service._run import StudyRun
 from autotune.spec import StudySpec
 
@@ -220,6 +224,28 @@ def test_a_full_disk_pauses_the_study_and_it_resumes_when_space_returns(
 
 
 @pytest.mark.timeout(120)
+def test_a_client_sending_its_request_slowly_is_disconnected(service: Service) -> None:
+    """A "slowloris" client sends its headers a byte at a time and never finishes: the service
+    closes the connection (its request deadline), and goes on answering everyone else."""
+    sock = socket.create_connection(("127.0.0.1", service.port))
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+    closed = False
+    deadline = time.monotonic() + 4 * REQUEST_TIMEOUT
+    try:
+        while not closed and time.monotonic() < deadline:
+            try:
+                sock.sendall(b"x")
+                ready, _, _ = select.select([sock], [], [], 0.5)
+                closed = bool(ready) and sock.recv(1024) == b""
+            except OSError:  # reset by the service
+                closed = True
+    finally:
+        sock.close()
+    assert closed, "the service kept a connection whose headers never ended"
+    assert service.http.get("/health").status_code == 200
+
+
+@pytest.mark.timeout(120)
 def test_health_says_draining_during_a_drain(service: Service) -> None:
     """Last: it drains the module's service."""
     assert service.submit(sleepy("d", budget="30s", steps=40)).status_code == 201
@@ -294,6 +320,51 @@ def test_a_cancel_while_paused_is_recorded_when_writes_work_again(
     thread.join(10)
     assert result == [False] and queue.finished == ["cancelled"]
     assert run.paused is None
+
+
+@pytest.mark.timeout(60)
+def test_health_answers_while_every_submit_waits_on_the_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 submits at once used to hold /health for seconds: each takes a thread of the pool
+    (parsing, database writes) and /health queued behind them. Here every submit blocks in the
+    pool until /health has answered: it answers from memory, on the event loop."""
+    service = TuningService(f"sqlite:///{tmp_path / 's.db'}", ["cpu"], out_dir=tmp_path)
+    service.queue.submit("earlier", {"name": "earlier"}, 0)
+    answered = threading.Event()
+    inside = []
+    real_submit = service.submit
+
+    def blocked_submit(*args: Any) -> Any:
+        inside.append(1)
+        answered.wait(30)
+        return real_submit(*args)
+
+    monkeypatch.setattr(service, "submit", blocked_submit)
+    app = create_app(service)
+
+    async def scenario() -> tuple[httpx.Response, list[httpx.Response]]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            submits = [
+                asyncio.create_task(client.post("/studies", json=sleepy(f"s{i}")))
+                for i in range(60)  # more than the thread pool's 40 threads
+            ]
+            while len(inside) < 40:  # the pool is full of blocked submits
+                await asyncio.sleep(0.05)
+            try:
+                health = await asyncio.wait_for(client.get("/health"), 20)
+            finally:
+                answered.set()
+            return health, await asyncio.gather(*submits)
+
+    health, submits = asyncio.run(scenario())
+    assert health.status_code == 200 and health.json()["queued"] == 1
+    assert [r.status_code for r in submits] == [201] * 60
+    # The counts follow the writes, without /health reading the database.
+    assert service.health().queued == 61
+    service.cancel("earlier")
+    assert service.health().queued == 60
 
 
 def test_a_cancel_between_taking_and_starting_a_study_is_not_lost(tmp_path: Path) -> None:

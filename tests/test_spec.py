@@ -9,6 +9,7 @@ import pytest
 
 from autotune.errors import SpecError
 from autotune.spec import (
+    MAX_BUDGET,
     Candidate,
     ProbeSettings,
     StudySpec,
@@ -44,6 +45,45 @@ def test_parse_duration_rejects_bad_values_naming_the_field(bad: Any) -> None:
     with pytest.raises(ValueError, match=r"^budget must be") as info:
         parse_duration(bad, field="budget")
     assert f"budget={bad!r}" in str(info.value)
+
+
+@pytest.mark.parametrize("budget", ["1e9", 1e9, "169h", "10081m"])
+def test_a_budget_above_a_week_is_refused_naming_the_cap(budget: Any) -> None:
+    """``--budget 1e9`` would hold a device for 31 years."""
+    with pytest.raises(SpecError, match=r"budget must be at most 168h \(7 days\), got budget="):
+        parse_spec({**MINIMAL, "budget": budget})
+    assert parse_spec({**MINIMAL, "budget": "168h"}).budget == MAX_BUDGET
+
+
+@pytest.mark.parametrize("budget", ["1e400", float("inf"), float("nan"), "nan"])
+def test_a_budget_that_is_not_finite_is_refused(budget: Any) -> None:
+    with pytest.raises(SpecError, match="budget must be a finite duration"):
+        parse_spec({**MINIMAL, "budget": budget})
+
+
+# Every float of the spec that bounds a check: inf or nan there would switch the check off
+# (parity_tolerance: inf accepts any loss) or fail at run time.
+BOUNDS = [
+    "parity_tolerance",
+    "memory_margin",
+    "validation.min_speedup",
+    "probe.loss_blowup_factor",
+    "probe.max_skip_rate",
+    "probe.precision",
+    "space.lr_multiplier.max",
+    "space.init_scale.max",
+]
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), "1e400"])
+@pytest.mark.parametrize("field", BOUNDS)
+def test_a_bound_that_is_not_finite_is_refused_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec(MINIMAL).with_overrides({field: value})
+    message = str(info.value)
+    name = field.rsplit(".", 1)[-1]
+    assert f"{field}: must be a finite number, got {name}=" in message
+    assert "leave the field out for its default" in message
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(5400, "1h30m"), (95, "1m35s"), (2.5, "2.5s")])

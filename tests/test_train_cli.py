@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -221,3 +224,99 @@ def test_train_compare_measures_a_compiled_config_with_compiling_outside_the_clo
     said = text.split("compile: tuned compiled (torch.compile mode=default) in ")[1]
     assert float(said.split()[0]) > 0
     assert said.split(" s ", 1)[1].startswith("in its untimed warm-up")
+
+
+# ---- what a config's workload may name ------------------------------------------------------
+
+USER_PACKAGE = {
+    "__init__.py": "",
+    "train.py": (
+        "from json import dumps\n"
+        "from os import abort\n\n"
+        "from _configs import fast_mlp\n\n"
+        "from autotune.workloads import Workload\n\n\n"
+        "def workload() -> Workload:\n"
+        "    return fast_mlp()\n\n\n"
+        "def sized(batch_size):\n"
+        "    return fast_mlp()\n\n\n"
+        "def count() -> int:\n"
+        "    return 3\n\n\n"
+        "class Model:\n"
+        "    pass\n"
+    ),
+}
+
+
+@pytest.fixture
+def user_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``trainpkg.train`` in the working directory, as a user's own package lives."""
+    package = tmp_path / "trainpkg"
+    package.mkdir()
+    for name, text in USER_PACKAGE.items():
+        (package / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in ("trainpkg", "trainpkg.train"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.timeout(120)
+def test_a_config_naming_os_abort_is_refused_before_anything_is_called(tmp_path: Path) -> None:
+    """It used to import os and call abort(): exit 134, no message."""
+    path = write_config(tmp_path / "best.json", make_config("fp32", workload="os:abort"))
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "train", "--config", str(path), "--steps", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "workload 'os:abort': module 'os' is part of Python itself" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("workload", "needle"),
+    [
+        ("subprocess:run", "module 'subprocess' is part of Python itself"),
+        ("autotune.cli:main", "autotune's workloads live in autotune.workloads"),
+        ("autotune.workloads:load_workload", "has no workload 'load_workload'; it has resnet18"),
+        ("trainpkg.train:abort", "'abort' is a builtin_function_or_method, not a function"),
+        ("trainpkg.train:dumps", "'dumps' is json.dumps, defined outside package 'trainpkg'"),
+        ("trainpkg.train:fast_mlp", "defined outside package 'trainpkg'"),
+        ("trainpkg.train:sized", "'sized' needs arguments (batch_size)"),
+        ("trainpkg.train:count", "'count' is declared to return int, not a Workload"),
+        ("trainpkg.train:Model", "'Model' is a class, not a function"),
+        ("trainpkg.train:nope", "has no attribute 'nope'; it has count, sized, workload"),
+    ],
+    ids=[
+        "stdlib",
+        "autotune-internals",
+        "builtin-non-factory",
+        "imported-builtin",
+        "imported-stdlib-function",
+        "imported-from-elsewhere",
+        "needs-arguments",
+        "returns-int",
+        "a-class",
+        "missing",
+    ],
+)
+def test_a_config_workload_that_is_not_a_factory_is_one_error_line(
+    user_package: Path, workload: str, needle: str
+) -> None:
+    path = write_config(user_package / "best.json", make_config("fp32", workload=workload))
+    code, out, err = run_cli("train", "--config", str(path), "--steps", "2", "--device", "cpu")
+    assert code == 2, out + err
+    assert err.startswith("error: ") and needle in " ".join(err.split())
+    assert "Traceback" not in out + err
+
+
+def test_a_users_own_package_in_the_working_directory_still_trains(user_package: Path) -> None:
+    cfg = make_config("fp32", workload="trainpkg.train:workload", batch_size=64)
+    path = write_config(user_package / "best.json", cfg)
+    code, out, err = run_cli("train", "--config", str(path), "--steps", "2", "--device", "cpu")
+    assert code == 0, out + err
+    assert "trainpkg.train:workload on cpu" in " ".join(out.split())

@@ -13,12 +13,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from autotune.errors import WorkloadError
+from autotune.errors import SpecError, WorkloadError
+from autotune.limits import MEMORY_ENV, machine_memory
 from autotune.probe import run_probe
 from autotune.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
 from autotune.worker import InProcessRunner, ProbeWorker, poisons_context
 from autotune.workloads import load_workload
+from autotune.workloads.testing import HUNGRY_ENV
 
 SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2, min_time=0)
 CRASHING = "autotune_test_crashing_workload:crashes"
@@ -185,3 +187,56 @@ def test_close_ends_the_worker_process(worker: ProbeWorker) -> None:
     assert worker.pid is None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+# ---- the worker's memory limit ------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_a_workload_past_the_workers_memory_limit_is_an_oom_naming_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A workload that allocates 8 GiB reached 16.8 GB resident on a 24 GB machine: under
+    AUTOTUNE_WORKER_MEMORY=6G its allocation fails in the worker, which lives on."""
+    monkeypatch.setenv(MEMORY_ENV, "6G")
+    monkeypatch.setenv(HUNGRY_ENV, str(8 * 2**30))
+    with ProbeWorker("cpu") as limited:
+        r = limited.run("autotune.workloads.testing:hungry", cand(), SHORT, timeout=120)
+        assert r.outcome == "oom", r.reason
+        assert "the worker may map at most 6.0 GiB (AUTOTUNE_WORKER_MEMORY" in r.reason
+        pid = limited.pid
+        assert limited.run("tiny_mlp", cand(), SHORT, timeout=60).outcome == "completed"
+        assert limited.pid == pid
+
+
+@pytest.mark.parametrize(
+    ("device", "value", "limit"),
+    [
+        ("cpu", None, "default"),
+        ("cpu", "8G", 8 * 2**30),
+        ("cpu", "512MiB", 512 * 2**20),
+        ("cpu", "0", None),
+        # CUDA reserves address space far beyond its use: an address-space limit breaks it.
+        ("cuda:0", None, None),
+        ("cuda:0", "8G", None),
+    ],
+    ids=["cpu-default", "cpu-8G", "cpu-512MiB", "cpu-none", "cuda", "cuda-set"],
+)
+def test_the_worker_memory_limit_is_three_quarters_of_the_machine_or_the_variable(
+    monkeypatch: pytest.MonkeyPatch, device: str, value: str | None, limit: int | str | None
+) -> None:
+    if value is None:
+        monkeypatch.delenv(MEMORY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(MEMORY_ENV, value)
+    total = machine_memory()
+    assert total is not None
+    expected = int(total * 0.75) if limit == "default" else limit
+    assert ProbeWorker(device).memory_limit == expected  # no process is started
+
+
+@pytest.mark.parametrize("value", ["lots", "8X", "-1G"])
+def test_a_bad_worker_memory_variable_is_named(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(MEMORY_ENV, value)
+    with pytest.raises(SpecError, match=f"AUTOTUNE_WORKER_MEMORY must be a size like 8G.*{value}"):
+        ProbeWorker("cpu")

@@ -91,8 +91,17 @@ def parse_sets(values: list[str] | None) -> dict[str, Any]:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     if version:
         console.print(autotune.__version__)
         raise typer.Exit(0)
+    from autotune.files import umask_applied
+
+    # What the command creates (the study database, best.json, report.html, logs, and what its
+    # workers write) is the owner's only, unless AUTOTUNE_UMASK says otherwise; restored after.
+    try:
+        ctx.with_resource(umask_applied())
+    except SpecError as exc:
+        fail(str(exc))

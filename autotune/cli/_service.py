@@ -101,7 +101,10 @@ def serve(
     import uvicorn
 
     from autotune.service import (
+        KEEP_ALIVE,
+        MAX_HEAD,
         DrainFirstServer,
+        SlowClientGuard,
         TuningService,
         check_bind,
         create_app,
@@ -159,6 +162,10 @@ def serve(
         access_log=verbose,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # A client that sends its request slowly, or too large a head, cannot hold a connection.
+        http=SlowClientGuard,
+        timeout_keep_alive=KEEP_ALIVE,
+        h11_max_incomplete_event_size=MAX_HEAD,
     )
     DrainFirstServer(config, service).run(sockets=[sock])
 

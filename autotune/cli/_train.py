@@ -256,7 +256,7 @@ def train(
     setup_logging(verbose, quiet=not verbose)
     from autotune.train import compare as run_compare
     from autotune.train import parse_train_settings
-    from autotune.workloads import load_workload
+    from autotune.workloads import check_factory, load_workload
 
     try:
         settings = parse_train_settings(
@@ -274,7 +274,9 @@ def train(
                 highlight=False,
                 markup=False,
             )
-        workload = load_workload(cfg.workload)
+        # A config file names code to import and call: check it names a workload factory
+        # (never os:abort) before calling anything.
+        workload = load_workload(check_factory(cfg.workload))
         with autotune_warnings_as_lines(), _Progress() as progress:
             result = run_compare(
                 workload, cfg, device, settings, against=compare, on_progress=progress

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import optuna
 
+from autotune.files import make_dirs, write_text
 from autotune.report._data import DEFAULT_STORAGE, ReportData, collect, load_study
 from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.report._html import render_html
@@ -71,10 +72,11 @@ def write_report(
         study = load_study(study, storage)
     out = Path(out_dir) if out_dir is not None else Path("studies") / study.study_name
     data = collect(study, out_dir=out, storage=storage)
-    out.mkdir(parents=True, exist_ok=True)
+    # The owner's only, unless AUTOTUNE_UMASK says otherwise (autotune.files).
+    make_dirs(out)
     path = out / "report.html"
     # Write beside, then rename: a reader never opens a half-written page.
     tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(render_html(data), encoding="utf-8")
+    write_text(tmp, render_html(data))
     tmp.replace(path)
     return path

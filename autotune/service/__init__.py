@@ -7,7 +7,15 @@
 """
 
 from autotune.service._access import TOKEN_ENV, WorkloadPolicy, check_bind, is_loopback, load_token
-from autotune.service._app import MAX_BODY, DrainFirstServer, create_app
+from autotune.service._app import (
+    KEEP_ALIVE,
+    MAX_BODY,
+    MAX_HEAD,
+    REQUEST_TIMEOUT,
+    DrainFirstServer,
+    SlowClientGuard,
+    create_app,
+)
 from autotune.service._client import DEFAULT_SERVER, SERVER_ENV, ServiceClient
 from autotune.service._devices import FAKE_BUSY_ENV, DeviceMonitor, parse_devices
 from autotune.service._models import (
@@ -25,8 +33,11 @@ from autotune.service._service import MAX_BUDGET, RequestError, TuningService
 __all__ = [
     "DEFAULT_SERVER",
     "FAKE_BUSY_ENV",
+    "KEEP_ALIVE",
     "MAX_BODY",
     "MAX_BUDGET",
+    "MAX_HEAD",
+    "REQUEST_TIMEOUT",
     "SERVER_ENV",
     "TOKEN_ENV",
     "CancelReply",
@@ -36,6 +47,7 @@ __all__ = [
     "Health",
     "RequestError",
     "ServiceClient",
+    "SlowClientGuard",
     "StudyDetail",
     "StudyQueue",
     "StudyStatus",

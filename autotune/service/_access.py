@@ -24,7 +24,13 @@ import sys
 from pathlib import Path
 
 from autotune.errors import SpecError, WorkloadError
-from autotune.workloads import is_reference, normalize_reference
+from autotune.workloads import (
+    BUILTIN_MODULES,
+    builtin_factories,
+    is_reference,
+    is_stdlib,
+    normalize_reference,
+)
 
 __all__ = [
     "BUILTIN_MODULES",
@@ -43,49 +49,11 @@ __all__ = [
 TOKEN_ENV = "AUTOTUNE_TOKEN"
 # Long enough that guessing it over HTTP is hopeless.
 _MIN_TOKEN = 16
-BUILTIN_MODULES = ("autotune.workloads", "autotune.workloads.testing")
 _TOKEN_HINT = "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))' > token.txt"
 
 
 class WorkloadRefused(WorkloadError):
     """A well-formed workload reference the service will not import (HTTP 403)."""
-
-
-def builtin_factories(module: str) -> list[str]:
-    """The workload factories a built-in module offers: its public functions that take no
-    argument and are declared to return a :class:`~autotune.workloads.Workload`.
-
-    Anything else there (``load_workload``, the ``Workload`` class, ``make_oom_workload(limit)``)
-    is callable, but not a workload: the service refuses it before anything runs.
-
-    Example:
-        >>> builtin_factories("autotune.workloads")
-        ['resnet18', 'tiny_convnet', 'tiny_gpt', 'tiny_mlp']
-    """
-    import importlib
-    import inspect
-    import typing
-
-    from autotune.workloads import Workload
-
-    mod = importlib.import_module(module)
-    out = []
-    for name in getattr(mod, "__all__", ()):
-        fn = getattr(mod, name, None)
-        if not inspect.isfunction(fn):
-            continue
-        try:
-            returns = typing.get_type_hints(fn).get("return")
-            required = [
-                p
-                for p in inspect.signature(fn).parameters.values()
-                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-            ]
-        except (NameError, TypeError, ValueError):
-            continue
-        if returns is Workload and not required:
-            out.append(name)
-    return sorted(out)
 
 
 def is_loopback(host: str) -> bool:
@@ -294,7 +262,7 @@ class WorkloadPolicy:
         The worker imports with the working directory first, then the workload dirs; a name the
         standard library or an already imported package owns would resolve to that instead.
         """
-        if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+        if is_stdlib(top):
             return None
         search = [os.getcwd(), *map(str, self.dirs)]
         spec = importlib.machinery.PathFinder.find_spec(top, search)

@@ -26,12 +26,15 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import anyio
+import h11
 import uvicorn
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from loguru import logger
+from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import autotune
 from autotune.config import TunedConfig
@@ -48,10 +51,75 @@ from autotune.service._models import (
 )
 from autotune.service._service import RequestError, TuningService
 
-__all__ = ["MAX_BODY", "DrainFirstServer", "create_app"]
+__all__ = [
+    "KEEP_ALIVE",
+    "MAX_BODY",
+    "MAX_HEAD",
+    "REQUEST_TIMEOUT",
+    "DrainFirstServer",
+    "SlowClientGuard",
+    "create_app",
+]
 
 # A study spec is a few hundred bytes; 64 KiB leaves room for comments and stops abuse.
 MAX_BODY = 64 * 1024
+# A request's line and headers: a client sends a few hundred bytes; 16 KiB is h11's own bound.
+MAX_HEAD = 16 * 1024
+# Seconds an idle keep-alive connection stays open (pollers reconnect for free on loopback).
+KEEP_ALIVE = 5
+# Seconds a client has to send a whole request (head and body): the CLI takes milliseconds.
+REQUEST_TIMEOUT = 10.0
+
+
+class SlowClientGuard(H11Protocol):
+    """uvicorn's h11 protocol, plus a deadline for receiving each request.
+
+    uvicorn has no read timeout: its keep-alive timer runs only between requests and stops at
+    the first byte, so a client that sends its headers a byte every few seconds ("slowloris")
+    would hold its connection open forever, and enough of them every file descriptor the
+    service has. Here a request must arrive whole within ``REQUEST_TIMEOUT`` of the connection
+    opening or of the previous response; a client still sending then is disconnected. A
+    request that arrived and is being answered is never cut.
+
+    Pass the class as ``uvicorn.Config(http=SlowClientGuard)``.
+    """
+
+    request_timeout = REQUEST_TIMEOUT
+
+    def connection_made(self, transport: Any) -> None:
+        self._deadline: Any = None
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(self.request_timeout, self._too_slow)
+
+    def _disarm(self) -> None:
+        if getattr(self, "_deadline", None) is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        # IDLE: its request line and headers are not all here; SEND_BODY: its body is not.
+        if self.transport.is_closing() or self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
+            return
+        logger.warning(
+            "closed a connection from {}: its request was not all sent within {:g}s",
+            ":".join(map(str, self.client)) if self.client else "?",
+            self.request_timeout,
+        )
+        self.transport.close()
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -117,11 +185,15 @@ async def _read_body(request: Request, limit: int) -> bytes:
     """The body, refused with 413 as soon as it passes ``limit`` (chunked bodies too)."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, _too_large(limit, f"more than {limit}"))
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(413, _too_large(limit, f"more than {limit}"))
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # Gone (or cut off by SlowClientGuard) mid-body: nobody reads the answer.
+        raise RequestError(400, "the client went away before its body was sent") from None
     return b"".join(chunks)
 
 
@@ -251,7 +323,9 @@ def create_app(
     @app.get("/health", response_model=Health)
     async def health() -> Response:
         """Whether the service is up (``ok``) or draining, with queue counts."""
-        return await _answer(service.health)
+        # On the event loop, from memory: never queued behind submits in the thread pool.
+        body = service.health().model_dump_json().encode()
+        return Response(body, media_type="application/json")
 
     @app.post(
         "/studies",

@@ -447,13 +447,15 @@ class TuningService:
         return out
 
     def health(self) -> Health:
-        rows = self.queue.rows()
+        """Up or draining, with queue counts: from memory only (no database, no thread), so
+        the API answers it on its event loop however busy the rest is."""
+        counts = self.queue.counts()
         return Health(
             status="draining" if self.scheduler.draining else "ok",
             version=autotune.__version__,
             devices=list(self.monitor.devices),
-            queued=sum(r.state == "queued" for r in rows),
-            running=sum(r.state == "running" for r in rows),
+            queued=counts.get("queued", 0),
+            running=counts.get("running", 0),
             storage=mask_url(self.storage_url),
             token_required=self.token is not None,
         )

@@ -12,8 +12,14 @@ from typing import Any
 from autotune.errors import WorkloadError
 from autotune.workloads._base import Workload
 from autotune.workloads._builtin import BUILTINS
+from autotune.workloads._factory import (
+    BUILTIN_MODULES,
+    builtin_factories,
+    factory_problem,
+    is_stdlib,
+)
 
-__all__ = ["is_reference", "load_workload", "normalize_reference"]
+__all__ = ["check_factory", "is_reference", "load_workload", "normalize_reference"]
 
 _REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
@@ -55,6 +61,99 @@ def _candidates(module: Any) -> list[str]:
     )
 
 
+def _shape(reference: str) -> tuple[str, str, str]:
+    """``(normalized reference, module, attribute)``; WorkloadError for a malformed one."""
+    ref = normalize_reference(reference)
+    if not _REF.match(ref):
+        raise WorkloadError(
+            f"workload reference {reference!r} must look like package.module:function "
+            f"or be a built-in ({', '.join(BUILTINS)})"
+        )
+    module_name, attr = ref.split(":")
+    return ref, module_name, attr
+
+
+def _import(reference: str, module_name: str) -> Any:
+    # A console script's sys.path lacks the working directory; user packages live there.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise WorkloadError(
+            f"workload {reference!r}: cannot import module {module_name!r} ({exc}); check the "
+            "spelling and that its package is installed or on PYTHONPATH"
+        ) from None
+    except Exception as exc:  # the user's module raised while importing
+        raise WorkloadError(
+            f"workload {reference!r}: importing module {module_name!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _no_attribute(reference: str, module: Any, attr: str) -> WorkloadError:
+    public = _candidates(module)
+    hint = f"; it has {', '.join(public)}" if public else ""
+    return WorkloadError(
+        f"workload {reference!r}: module {module.__name__!r} has no attribute {attr!r}{hint}"
+    )
+
+
+def check_factory(reference: str) -> str:
+    """Check that a reference names a workload factory, calling nothing (see
+    :mod:`autotune.workloads._factory` for the rules). Its module is imported: a user's
+    package can only be checked that way; a standard-library one is refused before that.
+
+    Args:
+        reference: a built-in name or ``package.module:function``, e.g. from a config file.
+
+    Returns:
+        The normalized reference.
+
+    Raises:
+        WorkloadError: naming the reference and why it is not a workload factory.
+
+    Example:
+        >>> check_factory("tiny_mlp")
+        'autotune.workloads:tiny_mlp'
+        >>> check_factory("os:abort")
+        Traceback (most recent call last):
+        ...
+        autotune.errors.WorkloadError: workload 'os:abort': module 'os' is part of Python itself, not a workload; name a function of your own package (e.g. mypkg.train:workload) or a built-in (resnet18, tiny_gpt, tiny_convnet, tiny_mlp)
+    """
+    ref, module_name, attr = _shape(reference)
+    builtins = f"a built-in ({', '.join(BUILTINS)})"
+    if is_stdlib(module_name):
+        raise WorkloadError(
+            f"workload {reference!r}: module {module_name!r} is part of Python itself, not a "
+            f"workload; name a function of your own package (e.g. mypkg.train:workload) or "
+            f"{builtins}"
+        )
+    if module_name.split(".")[0] == "autotune" and module_name not in BUILTIN_MODULES:
+        raise WorkloadError(
+            f"workload {reference!r}: autotune's workloads live in "
+            f"{' and '.join(BUILTIN_MODULES)}; name {builtins} or a function of your own package"
+        )
+    module = _import(reference, module_name)
+    if module_name in BUILTIN_MODULES:
+        names = builtin_factories(module_name)
+        if attr not in names:
+            raise WorkloadError(
+                f"workload {reference!r}: {module_name} has no workload {attr!r}; it has "
+                f"{', '.join(names)}"
+            )
+        return ref
+    if not hasattr(module, attr):
+        raise _no_attribute(reference, module, attr)
+    problem = factory_problem(getattr(module, attr), module_name)
+    if problem is not None:
+        raise WorkloadError(
+            f"workload {reference!r}: {attr!r} {problem}; a workload factory is a function of "
+            "your package that takes no argument and returns autotune.Workload"
+        )
+    return ref
+
+
 def load_workload(reference: str) -> Workload:
     """Import and build the workload a reference names.
 
@@ -74,34 +173,10 @@ def load_workload(reference: str) -> Workload:
         >>> load_workload("tiny_mlp").name
         'tiny_mlp'
     """
-    ref = normalize_reference(reference)
-    if not _REF.match(ref):
-        raise WorkloadError(
-            f"workload reference {reference!r} must look like package.module:function "
-            f"or be a built-in ({', '.join(BUILTINS)})"
-        )
-    module_name, attr = ref.split(":")
-    # A console script's sys.path lacks the working directory; user packages live there.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise WorkloadError(
-            f"workload {reference!r}: cannot import module {module_name!r} ({exc}); check the "
-            "spelling and that its package is installed or on PYTHONPATH"
-        ) from None
-    except Exception as exc:  # the user's module raised while importing
-        raise WorkloadError(
-            f"workload {reference!r}: importing module {module_name!r} raised "
-            f"{type(exc).__name__}: {exc}"
-        ) from None
+    ref, module_name, attr = _shape(reference)
+    module = _import(reference, module_name)
     if not hasattr(module, attr):
-        public = _candidates(module)
-        hint = f"; it has {', '.join(public)}" if public else ""
-        raise WorkloadError(
-            f"workload {reference!r}: module {module_name!r} has no attribute {attr!r}{hint}"
-        )
+        raise _no_attribute(reference, module, attr)
     target = getattr(module, attr)
     if isinstance(target, Workload):
         workload = target

@@ -16,11 +16,13 @@ from autotune.workloads._builtin import class_images, resnet18, tiny_convnet, ti
 
 __all__ = [
     "CAPPED_BYTES",
+    "HUNGRY_ENV",
     "OOM_LIMIT",
     "cuda_context_lost",
     "diverging",
     "drifting",
     "fp16_overflow",
+    "hungry",
     "make_oom_workload",
     "non_scalar_loss",
     "oom_above_64",
@@ -162,6 +164,33 @@ def tiny_gradients() -> Workload:
     wl.loss = loss
     wl.build_optimizer = lambda params, lr: torch.optim.Adam(params, lr=lr, eps=1e-30)
     wl.base_lr = 1e-3
+    return wl
+
+
+# The bytes hungry()'s model allocates as it is built (default 8 GiB): read in the worker.
+HUNGRY_ENV = "AUTOTUNE_TEST_HUNGRY_BYTES"
+
+
+def hungry() -> Workload:
+    """The tiny MLP, whose model takes ``AUTOTUNE_TEST_HUNGRY_BYTES`` (default 8 GiB) more as
+    it is built: a workload that wants more memory than its worker may have.
+
+    The bytes are allocated, not touched (``torch.empty``): under the worker's memory limit the
+    allocation itself fails; without one it costs address space, not the machine's memory.
+    """
+    import os
+
+    wl = tiny_mlp()
+    wl.name = "hungry"
+    inner = wl.build_model
+
+    def build() -> nn.Module:
+        model = inner()
+        size = int(os.environ.get(HUNGRY_ENV, str(8 * 2**30)))
+        model.register_buffer("ballast", torch.empty(size, dtype=torch.uint8), persistent=False)
+        return model
+
+    wl.build_model = build
     return wl
 
 

@@ -1,0 +1,118 @@
+"""What counts as a workload factory: the rules a reference passes before anything is called.
+
+A workload reference names code that autotune will call. The service checks a submitted one
+without importing anything (:class:`~autotune.service.WorkloadPolicy`); ``autotune train``
+reads one from a config file, imports its module and checks the attribute before calling it.
+Both use these rules:
+
+1. **Not the standard library.** No module of Python's own (``os:abort``, ``subprocess:run``)
+   makes a workload, and calling one can do anything: refused by name, before any import.
+2. **autotune's own modules** offer only the factories :func:`builtin_factories` lists.
+3. **A user's package** offers a :class:`~autotune.workloads.Workload`, or a function defined
+   in that package (not imported into it from elsewhere) that takes no required argument and
+   is not declared to return anything but a Workload.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import typing
+from typing import Any
+
+from autotune.workloads._base import Workload
+
+__all__ = ["BUILTIN_MODULES", "builtin_factories", "factory_problem", "is_stdlib"]
+
+BUILTIN_MODULES = ("autotune.workloads", "autotune.workloads.testing")
+
+
+def is_stdlib(module: str) -> bool:
+    """Whether ``module`` belongs to Python itself: built into the interpreter or stdlib.
+
+    Example:
+        >>> is_stdlib("os.path"), is_stdlib("mypkg.train")
+        (True, False)
+    """
+    top = module.split(".")[0]
+    return top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ())
+
+
+def _required(fn: Any) -> list[str]:
+    """The parameters ``fn`` cannot be called without."""
+    return [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+
+
+def _declared_return(fn: Any) -> Any:
+    """``fn``'s declared return type; ``inspect.Parameter.empty`` when undeclared or when the
+    annotation cannot be resolved (then the call's result is checked instead)."""
+    try:
+        return typing.get_type_hints(fn).get("return", inspect.Parameter.empty)
+    except Exception:  # an annotation naming what the module never imports, or worse
+        return inspect.Parameter.empty
+
+
+def builtin_factories(module: str) -> list[str]:
+    """The workload factories a built-in module offers: its public functions that take no
+    argument and are declared to return a :class:`~autotune.workloads.Workload`.
+
+    Anything else there (``load_workload``, the ``Workload`` class, ``make_oom_workload(limit)``)
+    is callable, but not a workload: it is refused before anything runs.
+
+    Example:
+        >>> builtin_factories("autotune.workloads")
+        ['resnet18', 'tiny_convnet', 'tiny_gpt', 'tiny_mlp']
+    """
+    mod = importlib.import_module(module)
+    out = []
+    for name in getattr(mod, "__all__", ()):
+        fn = getattr(mod, name, None)
+        if not inspect.isfunction(fn):
+            continue
+        try:
+            required = _required(fn)
+        except (TypeError, ValueError):
+            continue
+        if _declared_return(fn) is Workload and not required:
+            out.append(name)
+    return sorted(out)
+
+
+def factory_problem(target: Any, module: str) -> str | None:
+    """Why ``target`` (an attribute of ``module``, a user's module) is not a workload factory,
+    as the end of a sentence; None when it is one.
+
+    Example:
+        >>> import os
+        >>> factory_problem(os.abort, "mypkg")
+        'is a builtin_function_or_method, not a function'
+        >>> import json
+        >>> factory_problem(json.dumps, "mypkg")
+        "is json.dumps, defined outside package 'mypkg'"
+    """
+    if isinstance(target, Workload):
+        return None
+    if not inspect.isfunction(target):
+        what = "class" if inspect.isclass(target) else type(target).__name__
+        return f"is a {what}, not a function"
+    top = module.split(".")[0]
+    home = getattr(target, "__module__", None) or "?"
+    if home.split(".")[0] != top:
+        return f"is {home}.{target.__qualname__}, defined outside package {top!r}"
+    try:
+        required = _required(target)
+    except (TypeError, ValueError):
+        required = []
+    if required:
+        return f"needs arguments ({', '.join(required)})"
+    declared = _declared_return(target)
+    if declared is not inspect.Parameter.empty and not (
+        inspect.isclass(declared) and issubclass(declared, Workload)
+    ):
+        return f"is declared to return {getattr(declared, '__name__', declared)}, not a Workload"
+    return None
