@@ -33,7 +33,7 @@ from autotune.precision import PrecisionMode, apply_backend_flags, get_mode, res
 from autotune.probe import leave_no_trace, unsupported_reason
 from autotune.result import PairedResult, ProbeResult
 from autotune.spec import Candidate, ProbeSettings
-from autotune.stats import ratio_estimate
+from autotune.stats import claimed, ratio_estimate
 from autotune.step import StepEngine
 from autotune.timed import TimedRun
 from autotune.workloads import Workload
@@ -125,7 +125,7 @@ def interleave(
     *,
     set_flags: Callable[[PrecisionMode], Any] = apply_backend_flags,
     seed: Callable[[int], Any] = torch.manual_seed,
-    timer: Callable[[], float] = time.perf_counter,
+    timer: Callable[[], float] | None = None,
 ) -> PairedResult:
     """The paired policy over two engines (``candidate``, ``reference``): steps 1–3 above.
 
@@ -197,6 +197,7 @@ def interleave(
     pairs = min(len(rates_c), len(runs["reference"].rates()))
     est = ratio_estimate(rates_c[:pairs], runs["reference"].rates()[:pairs])
     if est is not None and out.candidate.ok and out.reference.ok:
+        est = claimed(est)
         out.speedup, out.speedup_low, out.speedup_high = est.value, est.low, est.high
         out.pairs = est.n
     return out

@@ -146,3 +146,22 @@ def ratio_estimate(a: Sequence[float], b: Sequence[float]) -> Estimate | None:
     """
     ratios = paired_ratios(a, b)
     return median_interval(ratios) if ratios else None
+
+
+# No speedup is claimed tighter than this (relative): between one run and the next a device's
+# clocks, temperature and neighbours move a figure by about this much, which no number of
+# pairs inside one run can see.
+CLAIM_FLOOR = 0.01
+
+
+def claimed(est: Estimate, floor: float = CLAIM_FLOOR) -> Estimate:
+    """The interval a paired figure is claimed with: its own, at least ``±floor`` wide.
+
+    Example:
+        >>> e = claimed(Estimate(2.0, 1.999, 2.001, 800))
+        >>> round(e.low, 3), round(e.high, 3)
+        (1.98, 2.02)
+    """
+    low = min(est.low, est.value / (1 + floor))
+    high = max(est.high, est.value * (1 + floor))
+    return Estimate(est.value, low, high, est.n)

@@ -76,10 +76,11 @@ class TimedRun:
         started: float,
         early_stop: EarlyStop | None = None,
         *,
-        timer: Callable[[], float] = time.perf_counter,
+        timer: Callable[[], float] | None = None,
     ) -> None:
         self.engine = engine
-        self.timer = timer
+        # Looked up at each call, not bound now: a test may swap time.perf_counter.
+        self.timer = timer or (lambda: time.perf_counter())
         self.settings = settings
         self.started = started
         self.early_stop = early_stop

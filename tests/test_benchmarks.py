@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,41 @@ def test_peak_table_matches_device_names_exactly(
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
     assert amp_table.dense_peak(torch.device("cuda", 0), precision) == peak
     assert amp_table.dense_peak(torch.device("cpu"), precision) is None
+
+
+def test_search_sim_scores_the_search_against_the_landscape(tmp_path: Path) -> None:
+    """The simulated-device benchmark runs as a script and writes every figure it promises."""
+    out = tmp_path / "sim.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "search_sim.py"),
+            "--landscapes",
+            "a100-resnet18",
+            "--seeds",
+            "2",
+            "--shares",
+            "0.3",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "wall time" in done.stdout and "goals:" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["strategy"]
+    entry = report["a100-resnet18"]
+    assert entry["kind"] in ("recorded", "modelled") and entry["device"]
+    assert set(entry) >= {"kind", "device", "0.3"} and "0.1" not in entry
+    s = entry["0.3"]
+    assert s["seeds"] == 2
+    assert 0 < s["p10_share_of_optimum"] <= s["median_share_of_optimum"] <= 1.0 + 1e-9
+    for rate in ("missed_win_rate", "false_claim_rate"):
+        assert 0.0 <= s[rate] <= 1.0
+    assert 0 < s["median_budget_used"] < 2.0
+    assert 0 < s["median_fixed_cost_s"] <= entry["0.3"]["budget_s"] * 2

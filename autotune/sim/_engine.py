@@ -33,10 +33,11 @@ class HardTimeout(Exception):
     """The probe ran past its hard limit (the worker would have been killed)."""
 
 
-def curve_rng(landscape: Landscape, cand: Candidate, seed: int) -> random.Random:
+def curve_rng(landscape: Landscape, cand: Candidate, seed: int, world: int = 0) -> random.Random:
     """The randomness of a loss curve: fixed by the seed and the candidate, as a real run's is
-    by its seed (the same probe twice gives the same curve)."""
-    return random.Random(f"{landscape.name}|{seed}|{cand.model_dump_json()}")
+    by its seed (the same probe twice gives the same curve). ``world`` is the simulated
+    device's own seed: another world, other curves for the same probe seed."""
+    return random.Random(f"{landscape.name}|{world}|{seed}|{cand.model_dump_json()}")
 
 
 class SimEngine:
@@ -60,6 +61,7 @@ class SimEngine:
         seed: int,
         noise: random.Random,
         deadline: float | None = None,
+        world: int = 0,
     ) -> None:
         self.landscape, self.candidate, self.clock = landscape, cand, clock
         self.device = torch.device("cuda:0" if landscape.device_type == "cuda" else "cpu")
@@ -73,7 +75,7 @@ class SimEngine:
         self.built = False
         self.compile_paid = False
         self.step_seconds = cand.batch_size / landscape.throughput(cand)
-        curve = curve_rng(landscape, cand, seed)
+        curve = curve_rng(landscape, cand, seed, world)
         loss = landscape.loss
         # This run's curve: the candidate's gap plus the seed's own offset.
         self.gap = landscape.parity_gap(cand) + curve.gauss(0.0, loss.seed_spread)

@@ -197,7 +197,13 @@ class SimulatedRunner(Runner):
         noise = random.Random(f"{self.seed}|{self.probes}")
         deadline = None if timeout is None else started + timeout
         return SimEngine(
-            self.landscape, cand, self.clock, seed=settings.seed, noise=noise, deadline=deadline
+            self.landscape,
+            cand,
+            self.clock,
+            seed=settings.seed,
+            noise=noise,
+            deadline=deadline,
+            world=self.seed,
         )
 
     def _base(self, cand: Candidate, settings: ProbeSettings) -> dict[str, Any]:

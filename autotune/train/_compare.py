@@ -10,7 +10,7 @@ from autotune.config import TunedConfig
 from autotune.errors import SpecError
 from autotune.session import check_supported
 from autotune.spec import Candidate
-from autotune.stats import ratio_estimate
+from autotune.stats import claimed, ratio_estimate
 from autotune.train._models import BASELINES, Comparison, Progress, TrainResult, TrainSettings
 from autotune.train._run import TrainRun, as_candidate, held_out_batches, train
 from autotune.workloads import Workload
@@ -165,6 +165,7 @@ def compare(
         result.memory_source = peaks[name].memory_source
     pairs = min(len(rates[0]), len(rates[1]))
     est = ratio_estimate(rates[0][:pairs], rates[1][:pairs]) if tuned.ok else None
+    est = claimed(est) if est is not None else None
     return Comparison(
         tuned=tuned,
         baseline=baseline,
