@@ -142,8 +142,12 @@ EXHAUSTED = 12
 
 def _search(
     ctx: SearchContext, study: optuna.Study, step: TrialStep, modes: list[str], end_at: float
-) -> None:
-    """Phase 3: ask, probe, tell, until the search's share of the budget is spent."""
+) -> bool:
+    """Phase 3: ask, probe, tell, until the search's share of the budget is spent.
+
+    Returns:
+        True when it ended because the space was measured through (exhausted).
+    """
     ctx.emit(PhaseStarted(phase="search"))
     reserve, reserved_at = validation_reserve(ctx, study), 0
     while True:
@@ -153,7 +157,7 @@ def _search(
         left = end_at - reserve - ctx.budget.elapsed()
         if left < max(1.0, 0.25 * ctx.typical_probe()):
             logger.info("search phase over: {:.0f}s left for it", max(0.0, left))
-            return
+            return False
         if step.twins_in_row >= EXHAUSTED:
             # A small space is measured through: asking on only copies measurements (a one-point
             # space would write hundreds of copies a minute until the budget ends).
@@ -163,7 +167,7 @@ def _search(
                 step.twins_in_row,
                 max(0.0, left),
             )
-            return
+            return True
         ctx.stop_if_asked()
         # Trials whose worker died (no heartbeat) are failed here and retried once.
         fail_stale(study)
@@ -416,7 +420,10 @@ def run_search(
         enqueue_diagnosed_islands(ctx, study, modes)
         end_at = budget.total - WRITE_RESERVE
         with ctx.clock("trials"):
-            _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at)
+            if _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at):
+                # Measured through: validation takes what it needs, and the search ends with
+                # its result instead of spending the rest of the budget on tighter intervals.
+                end_at = min(end_at, budget.elapsed() + validation_reserve(ctx, study))
         # Validation runs once per budget window, by whichever worker gets there first; the
         # window is read now, from the study: workers that started together may each have
         # opened one, and the last one written is the one they all share.

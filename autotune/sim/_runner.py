@@ -23,7 +23,7 @@ from autotune.result import PairedResult, ProbeResult
 from autotune.runner import Runner, crashed_result
 from autotune.sim._engine import HardTimeout, SimEngine
 from autotune.sim._landscape import Landscape
-from autotune.spec import Candidate, EarlyStop, ProbeSettings
+from autotune.spec import PRECISIONS, Candidate, EarlyStop, ProbeSettings
 from autotune.timed import TimedRun
 
 __all__ = ["SimulatedRunner"]
@@ -77,7 +77,7 @@ class SimulatedRunner(Runner):
             channels_last=land.facts.channels_last,
             optimizer=land.facts.optimizer,
             device=self.device,
-            unsupported=dict(land.unsupported),
+            unsupported=self.unsupported(),
             memory_free=free,
             memory_total=land.memory_total_bytes,
             environment=Environment(
@@ -102,7 +102,7 @@ class SimulatedRunner(Runner):
         self._check_workload(workload)
         self.start()
         base = self._base(candidate, settings)
-        why = self.landscape.unsupported.get(candidate.precision)
+        why = self.unsupported().get(candidate.precision)
         if why is not None:
             return ProbeResult(**base, outcome="unsupported", reason=why)
         started = self.clock.monotonic()
@@ -146,7 +146,7 @@ class SimulatedRunner(Runner):
             "reference": self._base(reference, settings),
         }
         for cand in (candidate, reference):
-            why = self.landscape.unsupported.get(cand.precision)
+            why = self.unsupported().get(cand.precision)
             if why is not None:
                 return PairedResult(
                     candidate=ProbeResult(**bases["candidate"], outcome="unsupported", reason=why),
@@ -179,6 +179,17 @@ class SimulatedRunner(Runner):
                 arm.peak_memory_reserved = self.landscape.peak_bytes(cand)
                 arm.autocast_dtype = _dtype(cand)
         return result
+
+    def unsupported(self) -> dict[str, str]:
+        """Modes the device cannot run, with the reason: the landscape's, and those it has no
+        figures for."""
+        land = self.landscape
+        missing = {
+            m: f"the simulated device {land.name!r} has no figures for {m}"
+            for m in PRECISIONS
+            if m not in land.modes
+        }
+        return {**missing, **land.unsupported}
 
     # ---- helpers ------------------------------------------------------------------------------
 

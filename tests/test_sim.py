@@ -1,0 +1,303 @@
+"""The search's logic on the simulated device and its virtual clock: deterministic, exact, and
+in milliseconds of real time. Budgets here are simulated seconds; nothing waits on a real one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from _sim import WORKLOAD, landscape  # noqa: E402
+from optuna.trial import TrialState
+
+from autotune import clock
+from autotune.errors import SpecError, StorageError
+from autotune.search import Budget, SearchStopped, TrialFinished, run_search
+from autotune.search._budget import WRITE_RESERVE
+from autotune.search._run import EXHAUSTED
+from autotune.sim import Landscape, SimulatedRunner, load_landscape, shipped_landscapes, simulate
+from autotune.spec import Candidate, parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spec(budget: str = "2m", **fields: Any) -> Any:
+    return parse_spec({"name": "sim", "workload": WORKLOAD, "budget": budget, **fields})
+
+
+def outcomes(study: optuna.Study) -> dict[str, list[optuna.trial.FrozenTrial]]:
+    out: dict[str, list[optuna.trial.FrozenTrial]] = {}
+    for t in study.trials:
+        out.setdefault(str(t.user_attrs.get("outcome")), []).append(t)
+    return out
+
+
+# ---- the budget, the winner, the clock ---------------------------------------------------------
+
+
+def test_a_search_on_the_a100_ends_on_its_budget_with_the_optimum() -> None:
+    """Two simulated minutes on the modelled A100: the budget is spent to within a block, and
+    the winner is fp16 at 8x the base batch, whose true speedup lies in the claimed interval."""
+    land = load_landscape("a100-resnet18")
+    run = simulate(spec("2m", space={"precisions": ["fp32", "tf32", "fp16", "bf16"]}), land)
+    assert 120.0 - WRITE_RESERVE - 1.5 <= run.seconds <= 120.0
+    cfg = run.config
+    assert (cfg.precision, cfg.batch_size) == ("fp16", 1024)
+    truth = land.truth(Candidate(precision="fp16", batch_size=1024, learning_rate=0.8))
+    ev = cfg.evidence
+    assert ev.validated and ev.speedup_low <= truth.speedup <= ev.speedup_high
+    assert cfg.environment.device == "NVIDIA A100-SXM4-80GB"
+    # The start-up, the ceilings and the reference come before the first trial.
+    assert land.timing.worker_start_seconds < run.fixed_cost < 60
+
+
+def test_the_same_seed_gives_the_same_search_and_another_seed_another() -> None:
+    land = landscape()
+
+    def once(seed: int) -> tuple[list[dict], str]:
+        run = simulate(spec("90s"), land, seed=seed)
+        params = [t.params for t in run.study.trials]
+        return params, run.config.model_dump_json(exclude={"created_at"})
+
+    assert once(3) == once(3)
+    assert once(3) != once(4)
+
+
+def test_the_clock_is_virtual_inside_a_simulation_and_real_after() -> None:
+    runner = SimulatedRunner(landscape())
+    with clock.use(runner.clock):
+        budget = Budget(3600.0)
+        runner.facts(WORKLOAD)  # the worker's start-up: simulated seconds
+        assert budget.elapsed() == pytest.approx(runner.landscape.timing.worker_start_seconds)
+    assert isinstance(clock.current(), clock.SystemClock)
+
+
+def test_a_budget_already_mostly_spent_leaves_time_for_the_essentials(tmp_path: Path) -> None:
+    """The CLI starts the budget before the search does: 24 of 30 s already gone leave room for
+    the start, the reference's floor and the config, nothing else."""
+    runner = SimulatedRunner(landscape())
+    with clock.use(runner.clock):
+        budget = Budget(30.0, started=clock.now() - 24.0)
+        result = run_search(
+            spec("30s"),
+            out_dir=tmp_path,
+            runner=runner,
+            budget=budget,
+            storage=optuna.storages.InMemoryStorage(),
+        )
+        spent = budget.elapsed()
+    assert result.config is not None and (tmp_path / "best.json").is_file()
+    assert not [t for t in result.study.trials if t.state.is_finished()]
+    assert 30.0 <= spent <= 30.0 + 3.0  # the reference's floor is all that may overrun
+
+
+def test_a_space_of_one_point_ends_with_its_result_long_before_its_budget() -> None:
+    run = simulate(spec("1h", space={"precisions": ["fp32"], "batch_sizes": [64]}), landscape())
+    assert (run.config.precision, run.config.batch_size) == ("fp32", 64)
+    assert len(run.study.trials) <= EXHAUSTED + 2
+    assert run.seconds < 120.0
+    reused = outcomes(run.study)
+    assert sum(t.user_attrs.get("duplicate_of") is not None for t in run.study.trials) >= EXHAUSTED
+    assert reused
+
+
+# ---- what the device says: divergence, memory, a mode that does not win ------------------------
+
+
+def test_a_learning_rate_past_the_stable_one_diverges_and_never_becomes_the_config() -> None:
+    land = landscape(**{"parity.diverge_lr_multiplier": 2.0})
+    space = {"precisions": ["fp32", "bf16"], "batch_sizes": [64], "lr_multipliers": [1.0, 4.0, 8.0]}
+    run = simulate(spec("3m", space=space), land)
+    diverged = outcomes(run.study).get("diverged", [])
+    assert {t.params["lr_multiplier"] for t in diverged} == {4.0, 8.0}
+    assert all(t.state == TrialState.PRUNED for t in diverged)
+    assert all("loss=inf at step 3" in t.user_attrs["reason"] for t in diverged)
+    assert run.config.learning_rate == pytest.approx(0.1)  # the rule's lr at the base batch
+    assert not run.study.get_trials(states=(TrialState.FAIL,))
+
+
+def test_the_batch_ceiling_is_where_memory_runs_out_with_the_margin() -> None:
+    """fp32 needs 300 MiB + 20 MiB a sample; with 10% of 16 GiB kept free and the CUDA
+    context's 2% taken, 14,418 MiB may be used: 704 fits, 712 does not (the search steps by 8)."""
+    run = simulate(spec("3m", space={"batch_size": {"min": 16, "max": 2048}}), landscape())
+    ceilings = next(v for k, v in run.study.user_attrs.items() if k.startswith("ceilings:"))
+    assert ceilings["fp32"] == 704
+    # The search never ran a batch above its mode's ceiling.
+    for t in run.study.trials:
+        bs, mode = t.params.get("batch_size"), t.params.get("precision")
+        if bs and mode in ceilings and bs > ceilings[mode]:
+            assert t.state == TrialState.PRUNED
+            assert t.user_attrs["outcome"] in ("oom", "above_ceiling")
+    assert run.config.batch_size <= ceilings[run.config.precision]
+
+
+def test_fp16_that_overflows_is_pruned_with_the_reason_and_another_mode_wins() -> None:
+    land = landscape(**{"fp16.diverges_at_step": 4, "fp16.islands": ["layer4"]})
+    run = simulate(spec("3m", space={"precisions": ["fp32", "fp16", "bf16"]}), land)
+    fp16 = [t for t in run.study.trials if t.params.get("precision") == "fp16"]
+    assert fp16 and all(t.state == TrialState.PRUNED for t in fp16)
+    assert all(
+        t.user_attrs["outcome"] == "diverged" for t in fp16 if not t.user_attrs.get("duplicate_of")
+    )
+    assert run.config.precision == "bf16"
+
+
+def test_nothing_clearly_faster_falls_back_to_the_fp32_reference() -> None:
+    flat = {16: 2000, 64: 6000, 256: 6100, 1024: 6100}
+    land = landscape(
+        **{
+            f"modes.{m}.throughput": {k: v * f for k, v in flat.items()}
+            for m, f in (("fp32", 1.0), ("bf16", 1.02), ("fp16", 1.03))
+        }
+    )
+    run = simulate(spec("2m"), land)
+    cfg = run.config
+    assert (cfg.precision, cfg.batch_size) == ("fp32", 64)
+    assert not cfg.evidence.validated and cfg.evidence.speedup == 1.0
+
+
+def test_unsupported_modes_are_cut_with_the_devices_reason() -> None:
+    land = landscape(unsupported={"bf16": "bf16 needs compute capability 8.0; this GPU has 7.5"})
+    run = simulate(spec("2m", space={"precisions": ["fp32", "fp16", "bf16"]}), land)
+    assert "capability" in run.config.evidence.cut["bf16"]
+    assert "bf16" not in {t.params.get("precision") for t in run.study.trials}
+
+
+# ---- a study over more than one run -------------------------------------------------------------
+
+
+def _search(storage: str, runner: SimulatedRunner, budget: str, **kwargs: Any) -> Any:
+    with clock.use(runner.clock):
+        return run_search(
+            spec(budget, storage=storage),
+            out_dir=Path(storage.removeprefix("sqlite:///")).parent / "out",
+            runner=runner,
+            budget=Budget(spec(budget).budget),
+            **kwargs,
+        )
+
+
+def test_a_stopped_search_resumes_with_nothing_lost(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    land = landscape()
+    runner = SimulatedRunner(land)
+
+    finished: list[TrialFinished] = []
+
+    def count(event: object) -> None:
+        if isinstance(event, TrialFinished):
+            finished.append(event)
+
+    # Stopped as a drain or a cancel stops it (polled before each probe), after four trials.
+    with pytest.raises(SearchStopped):
+        _search(storage, runner, "90s", on_event=count, should_stop=lambda: len(finished) >= 4)
+    before = {
+        t.number: (t.state, t.value, t.params)
+        for t in optuna.load_study(study_name="sim", storage=storage).trials
+        if t.state.is_finished()
+    }
+    assert len(before) >= 4
+    result = _search(storage, SimulatedRunner(land, seed=1), "90s")
+    after = {t.number: (t.state, t.value, t.params) for t in result.study.trials}
+    assert {n: after[n] for n in before} == before
+    assert not result.study.get_trials(states=(TrialState.RUNNING,))
+    roles = [t.user_attrs.get("role") for t in result.study.trials]
+    assert roles.count("amp_recipe") == 1
+    assert result.reference is not None and len(result.reference.measurements) >= 2
+    assert result.config is not None
+
+
+def test_a_study_with_another_space_is_refused_and_kept(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    _search(storage, SimulatedRunner(landscape()), "1m")
+    count = len(optuna.load_study(study_name="sim", storage=storage).trials)
+    changed = spec("1m", storage=storage, space={"batch_size": {"min": 16, "max": 128}})
+    runner = SimulatedRunner(landscape())
+    with clock.use(runner.clock), pytest.raises(StorageError, match="different space"):
+        run_search(changed, out_dir=tmp_path / "out", runner=runner)
+    assert len(optuna.load_study(study_name="sim", storage=storage).trials) == count
+
+
+class _StaleMarking(SimulatedRunner):
+    """Another worker's view: while a bf16 probe runs, its trial is failed as stale."""
+
+    def __init__(self, land: Landscape, storage: str) -> None:
+        super().__init__(land)
+        self.storage = storage
+        self.marked = 0
+
+    def run(self, workload, candidate, settings, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        if candidate.precision == "bf16" and not self.marked:
+            study = optuna.load_study(study_name="sim", storage=self.storage)
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+                self.marked += 1
+        return super().run(workload, candidate, settings, **kwargs)
+
+
+def test_a_trial_failed_as_stale_by_another_worker_mid_run_does_not_end_the_search(
+    tmp_path: Path,
+) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    runner = _StaleMarking(landscape(), storage)
+    result = _search(storage, runner, "60s")
+    assert runner.marked == 1
+    assert result.config is not None
+    assert not result.study.get_trials(states=(TrialState.RUNNING,))
+
+
+# ---- landscapes as data, and the command ------------------------------------------------------
+
+
+def test_every_shipped_landscape_loads_and_says_what_it_is() -> None:
+    shipped = shipped_landscapes()
+    assert {"a100-resnet18", "h100-resnet18", "t4-resnet18", "v100-resnet18"} <= set(shipped)
+    for name in shipped:
+        land = load_landscape(name)
+        assert land.name == name
+        if land.kind == "modelled":
+            assert land.sources and "not measured" in land.description
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("name: x\nkind: guessed\n", "kind"),
+        ("schema_version: 9\n", "schema_version=9"),
+        ("[1, 2", "cannot be read"),
+    ],
+)
+def test_a_bad_landscape_file_is_one_clear_error(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=needle):
+        load_landscape(path)
+    with pytest.raises(SpecError, match="shipped: a100-resnet18"):
+        load_landscape("no-such-gpu")
+
+
+def test_autotune_search_simulate_shows_an_a100_search_in_seconds(tmp_path: Path) -> None:
+    """As a user runs it: the default study on a GPU they do not have."""
+    argv = [sys.executable, "-m", "autotune", "search", str(ROOT / "studies" / "resnet18.yaml")]
+    proc = subprocess.run(
+        [*argv, "--simulate", "a100-resnet18", "--budget", "5m", "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "simulated: NVIDIA A100-SXM4-80GB" in proc.stdout
+    assert "modelled from published figures, not measured" in proc.stdout
+    best = tmp_path / "studies" / "resnet18.sim-a100-resnet18" / "best.json"
+    assert best.is_file()
+    # A simulation never touches the real studies' storage.
+    assert not (tmp_path / "studies" / "autotune.db").exists()
+    bad = subprocess.run(
+        [*argv, "--simulate", "z9000"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 2 and "shipped:" in bad.stderr and "Traceback" not in bad.stderr
