@@ -187,3 +187,63 @@ def test_a_worker_with_a_wrong_url_fails_fast_and_clearly(postgres_server, what:
     assert "Traceback" not in err
     # The password never appears in the message.
     assert s.password not in err and ":wrong@" not in err
+
+
+def test_a_worker_finishes_a_study_whose_workers_died_before_its_config(tmp_path: Path) -> None:
+    """After a database restart killed every worker: the budget window is spent, a trial is
+    left RUNNING and no config was written. `autotune worker --study NAME` fails the orphan
+    and validates what was measured, in a short window, instead of saying "nothing to do"."""
+    import socket
+
+    from _sim import landscape
+
+    from autotune import clock
+    from autotune.search import Budget, SearchStopped, TrialFinished, run_search
+    from autotune.sim import SimulatedRunner
+    from autotune.spec import parse_spec
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    spec = parse_spec(
+        {
+            "name": "orphaned",
+            "workload": "autotune.workloads:tiny_convnet",
+            "budget": "90s",
+            "storage": storage,
+            "space": {"precisions": ["fp32", "bf16"], "batch_sizes": [16, 32]},
+            "probe": {"min_time": 0.2, "steps": 6, "warmup_steps": 1},
+        }
+    )
+    # Its measurements, made on a (simulated) device before the workers died.
+    runner = SimulatedRunner(landscape("autotune.workloads:tiny_convnet"))
+    finished: list[object] = []
+    with clock.use(runner.clock), pytest.raises(SearchStopped):
+        run_search(
+            spec,
+            out_dir=tmp_path / "sim",
+            runner=runner,
+            budget=Budget(spec.budget),
+            on_event=lambda e: finished.append(e) if isinstance(e, TrialFinished) else None,
+            should_stop=lambda: len(finished) >= 3,
+        )
+    study = optuna.load_study(study_name="orphaned", storage=storage)
+    study.set_user_attr("budget_window", {"started_at": time.time() - 3600, "seconds": 90.0})
+    orphan = study.ask()
+    orphan.set_user_attr("worker", f"{socket.gethostname()}:999999")  # no such process
+    assert stored_config(study) is None
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "worker", "--study", "orphaned", "--storage", storage,
+         "--device", "cpu", "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    said = " ".join(proc.stdout.split())  # the console wraps long lines
+    assert "failed 1 trials its dead workers left running" in said
+    assert "validating what it measured in 9s" in said
+    study = optuna.load_study(study_name="orphaned", storage=storage)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    assert study.trials[orphan.number].user_attrs["outcome"] == "stale"
+    assert stored_config(study) is not None and (tmp_path / "out" / "best.json").is_file()

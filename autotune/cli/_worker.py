@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -74,13 +74,15 @@ def worker(
                 data["device"] = device
             spec = parse_spec(data, source=f"stored spec of study {study!r}")
         # Join the window a running search opened; open one when there is none.
-        shared = Budget.shared(open_study(spec))
+        opened_study = open_study(spec)
+        shared = Budget.shared(opened_study)
         join = shared is not None and shared.left() > 1.0
         if study is not None and spec_file is None and not join:
-            console.print(
-                f"study {spec.name!r}: its budget is spent; nothing to do", highlight=False
-            )
-            return
+            if not _finish_spent(opened_study, spec):
+                return
+            # Its workers died before it wrote a config (a database restart, a killed box):
+            # validate what it measured, in a short window of its own, instead of a new budget.
+            spec = spec.with_overrides({"budget": _finishing_budget(spec.budget)})
         result = run_search(spec, out_dir=out, join=join, handle_sigint=True)
     except SearchInterrupted as exc:
         err_console.print(f"[yellow]{exc}[/]", highlight=False)
@@ -100,6 +102,51 @@ def worker(
         ),
         highlight=False,
     )
+
+
+# A study whose budget is spent without a config gets this share of its budget to finish
+# (validation of what it measured), at least the shortest budget a spec may have.
+_FINISH_SHARE = 0.1
+
+
+def _finishing_budget(budget: float) -> str:
+    from autotune.spec import MIN_BUDGET
+
+    return f"{max(MIN_BUDGET, _FINISH_SHARE * budget):.0f}s"
+
+
+def _finish_spent(study: Any, spec: Any) -> bool:
+    """A study whose budget is spent: fail what its dead workers left RUNNING, and say whether
+    it still needs a config (True) or is done (False, said on the terminal)."""
+    from optuna.trial import TrialState
+
+    from autotune.storage import fail_stale
+    from autotune.trials import stored_config
+
+    failed = fail_stale(study)
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    if failed:
+        console.print(
+            f"study {spec.name!r}: failed {len(failed)} trials its dead workers left running "
+            "(each retried once)",
+            highlight=False,
+        )
+    if stored_config(study) is not None:
+        console.print(f"study {spec.name!r}: its budget is spent; nothing to do", highlight=False)
+        return False
+    if running:
+        console.print(
+            f"study {spec.name!r}: its budget is spent and {len(running)} trials still run "
+            "elsewhere (their heartbeats are fresh); run this again once they end",
+            highlight=False,
+        )
+        return False
+    console.print(
+        f"study {spec.name!r}: its budget is spent but no config was written: validating what "
+        f"it measured in {_finishing_budget(spec.budget)}",
+        highlight=False,
+    )
+    return True
 
 
 def _me() -> str:
