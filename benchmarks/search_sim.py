@@ -48,13 +48,31 @@ Per landscape and share it prints:
 Goals (the issue's): at 30% median >= 98% of the optimum and p10 >= 90% on every landscape; at
 10% median >= 90%; no false claims; missed real wins <= 5%.
 
+Strategies (``--strategy tpe,random,...``; each runs the same seeds, landscapes and budgets, and
+is set up inside the benchmark's own processes, the product untouched):
+
+- ``tpe``: the search as the product runs it (optuna's TPESampler after the informed first
+  trials, probes stopped early once clearly slower or off parity);
+- ``random``: optuna's RandomSampler in place of TPE (same seed), all else as shipped;
+- ``no-informed``: no informed first trials (the AMP recipe at the base batch, the next batch
+  up, each mode's ceiling): the sampler chooses from the first trial on;
+- ``no-early-stop``: the spec's ``probe.early_stop: false``: every probe measured to its end.
+
+It prints the table per strategy, then per share a comparison: each figure averaged over the
+landscapes (the mean of the per-landscape medians, p10s and rates). The goals, the phases and
+the fallbacks are those of the first strategy listed. The JSON keeps, per landscape, the figures
+of the first strategy, and under ``"strategies"`` every strategy's per-landscape figures and
+averages.
+
     python benchmarks/search_sim.py [--landscapes a100-resnet18,t4-resnet18] [--seeds 100]
-        [--shares 0.1,0.3] [--jobs 2] [--grid probes|paired] [--json out.json]
+        [--shares 0.1,0.3] [--jobs 2] [--grid probes|paired] [--strategy tpe,random]
+        [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import multiprocessing
 import statistics
@@ -84,6 +102,49 @@ GOALS = {
 }
 
 
+# ---- the strategies -----------------------------------------------------------------------------
+
+STRATEGIES = {
+    "tpe": "as shipped: TPESampler after the informed first trials, early-stopped probes",
+    "random": "optuna's RandomSampler in place of TPE",
+    "no-informed": "no informed first trials: the sampler from the first trial on",
+    "no-early-stop": "probe.early_stop false: every probe measured to its end",
+}
+
+# What the strategies replace, as the product has it (restored for ``tpe``).
+_RUN = importlib.import_module("autotune.search._run")
+_TPE_SAMPLER = optuna.samplers.TPESampler
+_ENQUEUE_FIRST_TRIALS = _RUN._enqueue_first_trials
+
+
+def _random_sampler(seed: int | None = None, **_: Any) -> optuna.samplers.BaseSampler:
+    """Stands in for ``TPESampler(seed=..., n_startup_trials=...)`` in ``open_study``."""
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _no_first_trials(*_: Any, **__: Any) -> None:
+    """Stands in for ``_enqueue_first_trials``: nothing enqueued, the sampler decides."""
+
+
+def use_strategy(name: str) -> None:
+    """Set this process up for the strategy ``name``, undoing any other's set-up first.
+
+    Monkeypatches, for this benchmark's processes only (never the product's code on disk):
+    ``random`` replaces ``optuna.samplers.TPESampler``, the name ``autotune.storage.open_study``
+    builds its sampler by, which patches optuna globally in this process: fine for a benchmark
+    process that runs nothing else; ``no-informed`` replaces
+    ``autotune.search._run._enqueue_first_trials`` (looked up at call time by ``run_search``).
+    ``no-early-stop`` is a spec setting (:func:`spec_for`), nothing patched. One search runs at
+    a time in a process, so each run sets its own strategy up before it starts.
+    """
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
+    sampler = _random_sampler if name == "random" else _TPE_SAMPLER
+    setattr(optuna.samplers, "TPESampler", sampler)  # noqa: B010 (a class's name, rebound)
+    first = _no_first_trials if name == "no-informed" else _ENQUEUE_FIRST_TRIALS
+    setattr(_RUN, "_enqueue_first_trials", first)  # noqa: B010
+
+
 # ---- the spec, the grid and the truth -----------------------------------------------------------
 
 
@@ -91,15 +152,16 @@ def precisions_of(land: Landscape) -> list[str]:
     return [p for p in land.modes if p not in land.unsupported]
 
 
-def spec_for(land: Landscape, budget: float) -> StudySpec:
-    return parse_spec(
-        {
-            "name": f"sim-{land.name}",
-            "workload": land.workload,
-            "budget": budget,
-            "space": {"precisions": precisions_of(land)},
-        }
-    )
+def spec_for(land: Landscape, budget: float, strategy: str = "tpe") -> StudySpec:
+    raw: dict[str, Any] = {
+        "name": f"sim-{land.name}",
+        "workload": land.workload,
+        "budget": budget,
+        "space": {"precisions": precisions_of(land)},
+    }
+    if strategy == "no-early-stop":
+        raw["probe"] = {"early_stop": False}
+    return parse_spec(raw)
 
 
 def space_of(land: Landscape, spec: StudySpec) -> Space:
@@ -178,11 +240,12 @@ def _quiet() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def one_run(task: tuple[str, float, int, float, float]) -> dict[str, Any]:
-    """One search on one landscape at one budget, scored against the truth."""
-    name, share, seed, budget, optimum = task
+def one_run(task: tuple[str, float, int, float, float, str]) -> dict[str, Any]:
+    """One search on one landscape at one budget with one strategy, scored against the truth."""
+    name, share, seed, budget, optimum, strategy = task
     land = _LANDSCAPES.get(name) or _LANDSCAPES.setdefault(name, load_landscape(name))
-    spec = spec_for(land, budget)
+    use_strategy(strategy)
+    spec = spec_for(land, budget, strategy)
     t0 = time.perf_counter()
     run = simulate(spec, land, seed=seed)
     real = time.perf_counter() - t0
@@ -193,6 +256,7 @@ def one_run(task: tuple[str, float, int, float, float]) -> dict[str, Any]:
     )
     row: dict[str, Any] = {
         "landscape": name,
+        "strategy": strategy,
         "share": share,
         "seed": seed,
         "budget": budget,
@@ -348,6 +412,93 @@ def table(report: dict[str, Any], names: list[str], shares: list[float]) -> str:
     return "\n".join(lines)
 
 
+# The figures the strategies are compared by, averaged over the landscapes.
+COMPARED = (
+    "median_share_of_optimum",
+    "p10_share_of_optimum",
+    "missed_win_rate",
+    "false_claim_rate",
+    "unsafe_rate",
+    "fallback_rate",
+)
+
+
+def averages(
+    entries: dict[str, Any], names: list[str], shares: list[float]
+) -> dict[str, dict[str, Any]]:
+    """Per share, each compared figure's mean over the landscapes, and the goals met there."""
+    checks = goal_checks(entries, names, shares)
+    out = {}
+    for share in shares:
+        figures: dict[str, Any] = {
+            k: statistics.fmean(entries[n][str(share)][k] for n in names) for k in COMPARED
+        }
+        these = [c for c in checks if abs(c["share"] - share) < 1e-9]
+        figures["goals_met"] = sum(c["met"] for c in these)
+        figures["goals"] = len(these)
+        figures["landscapes"] = len(names)
+        out[str(share)] = figures
+    return out
+
+
+def ranked(strategies: dict[str, Any], share: float) -> list[str]:
+    """The strategies at ``share``, best first: by the mean median share of the optimum, then
+    the mean p10, then the fewer missed wins and false claims."""
+    key = str(share)
+
+    def score(name: str) -> tuple[float, ...]:
+        a = strategies[name]["averages"][key]
+        return (
+            round(a["median_share_of_optimum"], 6),
+            round(a["p10_share_of_optimum"], 6),
+            -a["missed_win_rate"],
+            -a["false_claim_rate"],
+        )
+
+    return sorted(strategies, key=score, reverse=True)
+
+
+def comparison(strategies: dict[str, Any], shares: list[float]) -> str:
+    """Per share, one line per strategy (its averages, the difference to the first strategy
+    listed) and which won."""
+    first = next(iter(strategies))
+    width = max(len(n) for n in strategies)
+    lines = []
+    for share in shares:
+        key = str(share)
+        base = strategies[first]["averages"][key]
+        for name, st in strategies.items():
+            a = st["averages"][key]
+            line = (
+                f"  {share:>4.0%}  {name:<{width}}  median {a['median_share_of_optimum']:6.1%}  "
+                f"p10 {a['p10_share_of_optimum']:6.1%}  missed {a['missed_win_rate']:5.1%}  "
+                f"false {a['false_claim_rate']:5.1%}  unsafe {a['unsafe_rate']:5.1%}  "
+                f"fallback {a['fallback_rate']:4.0%}  goals {a['goals_met']}/{a['goals']}"
+            )
+            if name != first:
+                dm = a["median_share_of_optimum"] - base["median_share_of_optimum"]
+                dp = a["p10_share_of_optimum"] - base["p10_share_of_optimum"]
+                line += f"  (vs {first}: median {dm * 100:+.1f} pts, p10 {dp * 100:+.1f} pts)"
+            lines.append(line)
+        order = ranked(strategies, share)
+        best = strategies[order[0]]["averages"][key]
+        if len(order) > 1:
+            runner_up = strategies[order[1]]["averages"][key]
+            dm = best["median_share_of_optimum"] - runner_up["median_share_of_optimum"]
+            dp = best["p10_share_of_optimum"] - runner_up["p10_share_of_optimum"]
+            if abs(dm) < 5e-4 and abs(dp) < 5e-4:
+                lines.append(
+                    f"  {share:>4.0%}  best: none: {order[0]} and {order[1]} tie on the median "
+                    "and the p10 (to 0.1 pts)"
+                )
+            else:
+                lines.append(
+                    f"  {share:>4.0%}  best: {order[0]} (median {dm * 100:+.1f} pts, p10 "
+                    f"{dp * 100:+.1f} pts over {order[1]}, the next)"
+                )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--landscapes", default=None, help="names, comma-separated (all shipped)")
@@ -360,8 +511,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default="paired",
         help="what the grid's time counts: one probe per point, or one paired run per point",
     )
+    parser.add_argument(
+        "--strategy",
+        default="tpe",
+        help="strategies, comma-separated: " + ", ".join(STRATEGIES) + " (the first one's "
+        "figures are the report's own)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    strategies = list(dict.fromkeys(x.strip() for x in args.strategy.split(",") if x.strip()))
+    unknown = [x for x in strategies if x not in STRATEGIES]
+    if unknown or not strategies:
+        parser.error(f"--strategy: unknown {', '.join(unknown)}; one of {', '.join(STRATEGIES)}")
+    primary = strategies[0]
     t_start = time.perf_counter()
     names = args.landscapes.split(",") if args.landscapes else list(shipped_landscapes())
     shares = [float(s) for s in args.shares.split(",")]
@@ -371,7 +533,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         lands = {n: load_landscape(n) for n in names}
         grids = {n: grid(lands[n], args.grid) for n in names}
         tasks = [
-            (n, share, seed, share * grids[n]["seconds"], grids[n]["optimum"])
+            (n, share, seed, share * grids[n]["seconds"], grids[n]["optimum"], st)
+            for st in strategies
             for n in names
             for share in shares
             for seed in seeds
@@ -383,6 +546,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             rows = [one_run(t) for t in tasks]
     finally:
+        use_strategy("tpe")  # this process as shipped again (jobs 1 ran the searches here)
         logger.remove()
         logger.add(sys.stderr)
     wall = time.perf_counter() - t_start
@@ -394,25 +558,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             + ("paired run" if args.grid == "paired" else "probe")
             + " per supported precision x fitting batch of the ladder 16..1024, default "
             "init_scale, lr x1, plus worker start and the fp32 reference); scored against "
-            "Landscape.truth"
+            f"Landscape.truth; the figures per landscape: strategy {primary} "
+            f"({STRATEGIES[primary]})"
         ),
     }
-    for n in names:
-        g = grids[n]
-        entry: dict[str, Any] = {
-            "kind": lands[n].kind,
-            "device": lands[n].device,
-            "grid_seconds": g["seconds"],
-            "grid_points": g["points"],
-            "optimum": g["optimum"],
-            "optimum_point": g["optimum_point"],
+    per: dict[str, dict[str, Any]] = {}
+    for st in strategies:
+        per[st] = {}
+        for n in names:
+            g = grids[n]
+            entry: dict[str, Any] = {
+                "kind": lands[n].kind,
+                "device": lands[n].device,
+                "grid_seconds": g["seconds"],
+                "grid_points": g["points"],
+                "optimum": g["optimum"],
+                "optimum_point": g["optimum_point"],
+            }
+            for share in shares:
+                entry[str(share)] = summarize(
+                    [
+                        r
+                        for r in rows
+                        if r["strategy"] == st and r["landscape"] == n and r["share"] == share
+                    ]
+                )
+                entry[str(share)]["budget_s"] = share * g["seconds"]
+            per[st][n] = entry
+    report.update(per[primary])
+    report["strategies"] = {
+        st: {
+            "description": STRATEGIES[st],
+            "averages": averages(per[st], names, shares),
+            "landscapes": {n: {str(sh): per[st][n][str(sh)] for sh in shares} for n in names},
         }
-        for share in shares:
-            entry[str(share)] = summarize(
-                [r for r in rows if r["landscape"] == n and r["share"] == share]
-            )
-            entry[str(share)]["budget_s"] = share * g["seconds"]
-        report[n] = entry
+        for st in strategies
+    }
     checks = goal_checks(report, names, shares)
     real = [r["real_seconds"] for r in rows]
     report["goals"] = checks
@@ -425,7 +606,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print(
         f"search on the simulated device: {len(names)} landscapes x {len(shares)} shares x "
-        f"{args.seeds} seeds, {args.jobs} jobs; grid = {args.grid}"
+        f"{args.seeds} seeds x {len(strategies)} strateg{'y' if len(strategies) == 1 else 'ies'}"
+        f" ({', '.join(strategies)}), {args.jobs} jobs; grid = {args.grid}"
     )
     for n in names:
         g = grids[n]
@@ -434,8 +616,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{g['seconds']:.1f}s simulated; optimum {g['optimum']:.2f}x ({g['optimum_point']}); "
             + ", ".join(f"{s:.0%} = {s * g['seconds']:.1f}s" for s in shares)
         )
-    print()
-    print(table(report, names, shares))
+    for st in strategies:
+        print(f"\nstrategy {st}: {STRATEGIES[st]}")
+        print(table(per[st], names, shares))
     print(
         "\nshare of optimum: median and 10th percentile of the emitted config's true speedup over "
         f"the optimum; missed: fell back to fp32 while the optimum is >= {REAL_WIN:.2f}x; false: "
@@ -443,13 +626,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "diverging or off parity; budget: median share of the budget used; fixed: median "
         "simulated seconds before the first trial"
     )
-    print("\nwhere the time went (median simulated seconds per phase):")
+    of_primary = f", strategy {primary}" if len(strategies) > 1 else ""
+    if len(strategies) > 1:
+        print(
+            "\nstrategies compared (each figure: the mean over the "
+            f"{len(names)} landscapes of the landscape's own; best: by the mean median, then "
+            "the mean p10):"
+        )
+        print(comparison(report["strategies"], shares))
+    print(f"\nwhere the time went{of_primary} (median simulated seconds per phase):")
     for n in names:
         for share in shares:
             s = report[n][str(share)]
             spent = ", ".join(f"{k} {v:.1f}" for k, v in s["median_spent_s"].items() if v)
             print(f"  {n} {share:.0%} of {s['budget_s']:.1f}s: {spent}")
-    print("\nwhy the fp32 fallbacks (the validation note's gist, runs):")
+    print(f"\nwhy the fp32 fallbacks{of_primary} (the validation note's gist, runs):")
     for n in names:
         for share in shares:
             notes = report[n][str(share)]["fallback_notes"]
@@ -458,7 +649,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"  {n} {share:.0%} fallbacks: "
                     + "; ".join(f"{k} ({c})" for k, c in notes.items())
                 )
-    print("\ngoals:")
+    print(f"\ngoals{of_primary}:")
     order = ["median >= 98%", "p10 >= 90%", "median >= 90%", "false claims 0", "missed wins <= 5%"]
     for goal in [g for g in order if any(c["goal"] == g for c in checks)]:
         these = [c for c in checks if c["goal"] == goal]

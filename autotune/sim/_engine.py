@@ -119,7 +119,9 @@ class SimEngine:
         samples = (step + 1) * self.candidate.batch_size
         level = m.final + (m.initial - m.final) * math.exp(-samples / m.samples_scale)
         ramp = 1 - math.exp(-samples / (0.25 * m.samples_scale))
-        return level * (1 + self.gap * ramp) * (1 + self.curve.gauss(0.0, m.step_noise))
+        # Log-normal step noise: a loss stays positive however noisy the curve (a recorded
+        # CPU curve near its floor moves by tens of percent from step to step).
+        return level * (1 + self.gap * ramp) * math.exp(self.curve.gauss(0.0, m.step_noise))
 
     def run_steps(self, n: int) -> Block:
         """``n`` steps: their time (with the block's noise) advances the clock."""
