@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# One torch thread per test process, and per worker process a test starts (they inherit it):
+# two test processes share two cores, and torch's default of a thread per core oversubscribes
+# them; on a busy machine every step then waits for a descheduled thread (a 2 s test took a
+# minute). Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
