@@ -301,3 +301,52 @@ def test_autotune_search_simulate_shows_an_a100_search_in_seconds(tmp_path: Path
         [*argv, "--simulate", "z9000"], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert bad.returncode == 2 and "shipped:" in bad.stderr and "Traceback" not in bad.stderr
+
+
+class _RefusedWrite(SimulatedRunner):
+    """A write refused mid-trial (a full disk) leaves one of this process's trials RUNNING."""
+
+    def __init__(self, land: Landscape, storage: str) -> None:
+        super().__init__(land)
+        self.storage = storage
+        self.orphan: int | None = None
+
+    def run(self, workload, candidate, settings, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        if candidate.precision == "bf16" and self.orphan is None:
+            from autotune.storage import owner_id
+
+            study = optuna.load_study(study_name="sim", storage=self.storage)
+            trial = study.ask()
+            trial.set_user_attr("worker", owner_id())
+            self.orphan = trial.number
+        return super().run(workload, candidate, settings, **kwargs)
+
+
+def test_a_trial_a_refused_write_left_running_is_failed_with_its_reason(tmp_path: Path) -> None:
+    """After a full disk mid-trial, the study must not end `done` with a trial RUNNING."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    runner = _RefusedWrite(landscape(), storage)
+    result = _search(storage, runner, "60s")
+    assert runner.orphan is not None
+    orphan = result.study.trials[runner.orphan]
+    assert orphan.state == TrialState.FAIL
+    assert orphan.user_attrs["outcome"] == "stale"
+    assert "storage refused" in orphan.user_attrs["reason"]
+    assert not result.study.get_trials(states=(TrialState.RUNNING,))
+
+
+def test_a_build_that_hangs_overruns_a_short_budget_by_seconds_not_by_the_grace() -> None:
+    """Every probe's model build hangs: each is stopped at its hard limit, which a short budget
+    keeps short, and the search ends with a clear error about the reference."""
+    from autotune.errors import DeviceError
+
+    runner = SimulatedRunner(landscape(**{"timing.build_seconds": 3600.0}))
+    with clock.use(runner.clock):
+        budget = Budget(20.0)
+        with pytest.raises(DeviceError, match="fp32 reference crashed"):
+            run_search(
+                spec("20s"), runner=runner, budget=budget, storage=optuna.storages.InMemoryStorage()
+            )
+        spent = budget.elapsed()
+    # Over by at most the reference's floor and a short grace: 3 + 3 seconds, not 15 more.
+    assert spent <= 20.0 + 6.5, spent

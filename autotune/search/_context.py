@@ -104,6 +104,12 @@ class SearchContext:
         if self.should_stop():
             raise SearchStopped(f"study {self.spec.name!r} was asked to stop")
 
+    def hard_grace(self) -> float:
+        """Seconds a probe may run past its soft limit before the worker is stopped: 15, or a
+        tenth of a short budget (at least 3): a step or a build that hangs must not overrun a
+        10-second budget by 15 seconds."""
+        return min(HARD_GRACE, max(3.0, 0.1 * self.budget.total))
+
     def compile_allowance(self) -> float:
         """Seconds a compiled candidate may take beyond an uncompiled probe's hard limit: twice
         the longest compilation seen so far, or a first guess for the device."""
@@ -146,7 +152,7 @@ class SearchContext:
             with self.budget.paused():
                 self.gate(candidate)
         left = self.budget.left()
-        hard = settings.time_limit + HARD_GRACE
+        hard = settings.time_limit + self.hard_grace()
         if candidate.compile:
             allowance = self.compile_allowance()
             if within is not None:

@@ -13,9 +13,22 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import clock
-from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, claim, fail_stale, owner_id
+from autotune.storage import (
+    GRACE_PERIOD,
+    HEARTBEAT_INTERVAL,
+    claim,
+    fail_stale,
+    owner_id,
+    retry_stale_trial,
+)
+from autotune.trials import TrialRecord, record
 
-__all__ = ["SETTLE_WAIT", "claim_validation", "settle"]
+__all__ = ["SETTLE_WAIT", "claim_validation", "fail_orphans", "settle"]
+
+ORPHAN_REASON = (
+    "left running by a write the storage refused mid-trial (a full disk, a lost database); "
+    "failed when this process's search ended"
+)
 
 # Long enough for a dead worker's trial to go stale: the grace period plus two missed beats.
 SETTLE_WAIT = GRACE_PERIOD + 2 * HEARTBEAT_INTERVAL
@@ -58,3 +71,29 @@ def claim_validation(study: optuna.Study, window: str) -> tuple[bool, str]:
     me = owner_id()
     owner = claim(study, f"validation:{window}", me)
     return owner == me, owner
+
+
+def fail_orphans(study: optuna.Study) -> list[int]:
+    """Fail the trials this process left RUNNING, at the end of its search: nothing of it runs
+    any more (a study runs in one search per process), so a RUNNING trial of ours is one whose
+    last write the storage refused. Each is labelled ``stale`` with the reason and retried once.
+
+    Returns:
+        The numbers of the trials failed.
+    """
+    me = owner_id()
+    storage = study._storage
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if record(trial).worker != me:
+            continue
+        try:
+            for key, value in TrialRecord(outcome="stale", reason=ORPHAN_REASON).to_attrs().items():
+                storage.set_trial_user_attr(trial._trial_id, key, value)
+            if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+        failed.append(trial.number)
+        retry_stale_trial(study, storage.get_trial(trial._trial_id))
+    return failed

@@ -21,7 +21,6 @@ from autotune.reference import ReferenceRecord
 from autotune.result import PairedResult
 from autotune.search._artifact import baseline, build_config
 from autotune.search._budget import (
-    HARD_GRACE,
     WRITE_RESERVE,
     Budget,
     SearchInterrupted,
@@ -30,7 +29,7 @@ from autotune.search._budget import (
     window_id,
 )
 from autotune.search._context import Gate, SearchContext
-from autotune.search._coordination import SETTLE_WAIT, claim_validation, settle
+from autotune.search._coordination import SETTLE_WAIT, claim_validation, fail_orphans, settle
 from autotune.search._events import EventSink, PhaseStarted
 from autotune.search._hardware import check_hardware, find_ceilings
 from autotune.search._knobs import (
@@ -244,7 +243,7 @@ def _validate(
                     "precision": 0.005,
                 }
             ),
-            timeout=share + HARD_GRACE,
+            timeout=share + ctx.hard_grace(),
         )
         logger.info("validation of {}: {}", trial.number, paired.summary())
         reruns.append(with_gap(Rerun(trial, paired)))
@@ -481,6 +480,8 @@ def run_search(
         )
     else:
         config = stored_config(study)
+    for number in fail_orphans(study):
+        logger.warning("trial {} was left running by a refused write: failed, and retried", number)
     spent = dict(ctx.spent) if ctx is not None else {}
     spent["writing"] = clock.now() - w0
     if ctx is not None:

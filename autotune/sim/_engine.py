@@ -92,8 +92,16 @@ class SimEngine:
 
     # ---- what the policy drives -------------------------------------------------------------
 
+    def _spend(self, seconds: float) -> None:
+        """Advance the clock by ``seconds``, or to the deadline and stop (the worker is killed
+        there, however long the step would have taken)."""
+        if self.deadline is not None and self.clock.monotonic() + seconds > self.deadline:
+            self.clock.advance(max(0.0, self.deadline - self.clock.monotonic()))
+            raise HardTimeout
+        self.clock.advance(seconds)
+
     def build(self) -> None:
-        self.clock.advance(self.landscape.timing.build_seconds)
+        self._spend(self.landscape.timing.build_seconds)
         if self.landscape.peak_bytes(self.candidate) > self.landscape.memory_total_bytes:
             raise SimOOM(
                 f"CUDA out of memory (simulated): batch_size={self.candidate.batch_size} needs "
@@ -140,9 +148,7 @@ class SimEngine:
         if noise.burst_probability and self.noise.random() < noise.burst_probability:
             factor *= noise.burst_slowdown
         seconds = block * factor
-        self.clock.advance(seconds)
-        if self.deadline is not None and self.clock.monotonic() > self.deadline:
-            raise HardTimeout
+        self._spend(seconds)
         return Block(self.steps - n, n, seconds, n - max(0, min(n, self.steps - self.backoff)))
 
     def read_losses(self) -> list[float]:
