@@ -214,7 +214,9 @@ def test_a_worker_finishes_a_study_whose_workers_died_before_its_config(tmp_path
         }
     )
     # Its measurements, made on a (simulated) device before the workers died.
-    runner = SimulatedRunner(landscape("autotune.workloads:tiny_convnet"))
+    # The landscape knows tiny_convnet's own facts: the real worker later sees the same space.
+    facts = {"base_lr": 0.2, "base_batch_size": 32, "lr_scaling": "linear", "channels_last": True}
+    runner = SimulatedRunner(landscape("autotune.workloads:tiny_convnet", facts=facts))
     finished: list[object] = []
     with clock.use(runner.clock), pytest.raises(SearchStopped):
         run_search(
