@@ -12,6 +12,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -402,6 +403,10 @@ def fail_stale(study: optuna.Study) -> list[int]:
             reason = STALE_REASON
         elif owner_alive(worker) is False:
             reason = f"the process running it ({worker}) is gone: killed or crashed mid-trial"
+        elif worker is None and _age(trial) > GRACE_PERIOD:
+            # No owner and no heartbeat: its first writes were refused (a full disk right after
+            # it started); nobody will ever finish it.
+            reason = "nobody recorded running it (no worker, no heartbeat): its start was cut off"
         else:
             continue
         try:
@@ -416,6 +421,12 @@ def fail_stale(study: optuna.Study) -> list[int]:
         failed.append(trial.number)
         retry_stale_trial(study, storage.get_trial(trial._trial_id))
     return failed
+
+
+def _age(trial: optuna.trial.FrozenTrial) -> float:
+    """Seconds since the trial started (Optuna stores local wall time)."""
+    start = trial.datetime_start
+    return (datetime.now() - start).total_seconds() if start is not None else 0.0
 
 
 def retry_stale_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:

@@ -187,3 +187,19 @@ except StorageIOError as exc:
     assert "cannot be written (disk I/O error); what it holds is kept" in done.stdout, (
         done.stdout + done.stderr
     )
+
+
+def test_a_trial_nobody_recorded_running_is_failed_once_it_is_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk filled right after a trial started: no worker name, no heartbeat, and Optuna's
+    own check never calls it stale. Past the grace period it is failed with its reason."""
+    study, _ = _study(tmp_path)
+    trial = study.ask()
+    assert fail_stale(study) == []  # just started: a live worker may be about to write its name
+    monkeypatch.setattr("autotune.storage._age", lambda t: 60.0)
+    assert fail_stale(study) == [trial.number]
+    failed = study.trials[trial.number]
+    assert failed.state == optuna.trial.TrialState.FAIL
+    assert failed.user_attrs["outcome"] == "stale"
+    assert "nobody recorded running it" in failed.user_attrs["reason"]

@@ -480,8 +480,10 @@ def run_search(
         )
     else:
         config = stored_config(study)
-    for number in fail_orphans(study):
-        logger.warning("trial {} was left running by a refused write: failed, and retried", number)
+    # Nothing of this search runs any more: what it left RUNNING (a refused write), and what
+    # nobody owns (a start cut off by a full disk), is failed with its reason and retried.
+    for number in fail_orphans(study) + fail_stale(study):
+        logger.warning("trial {} was left running: failed, and retried", number)
     spent = dict(ctx.spent) if ctx is not None else {}
     spent["writing"] = clock.now() - w0
     if ctx is not None:
