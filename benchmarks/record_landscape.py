@@ -62,6 +62,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from autotune.facts import workload_facts  # noqa: E402
+from autotune.limits import machine_memory  # noqa: E402
 from autotune.parity import parity_gap  # noqa: E402
 from autotune.precision import resolve_device, unsupported_modes  # noqa: E402
 from autotune.result import PairedResult, ProbeResult  # noqa: E402
@@ -100,17 +101,6 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def mem_total_bytes() -> int | None:
-    """MemTotal from ``/proc/meminfo``, in bytes."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def machine(device: torch.device) -> dict[str, Any]:
     """What the landscape says about the device, and what the description names."""
     if device.type == "cuda":
@@ -123,7 +113,7 @@ def machine(device: torch.device) -> dict[str, Any]:
             "memory_source": "torch.cuda.mem_get_info total",
             "cores": os.cpu_count(),
         }
-    total = mem_total_bytes()
+    total = machine_memory()
     if total is None:
         raise SystemExit("cannot read MemTotal from /proc/meminfo: this CPU's memory is unknown")
     return {

@@ -22,7 +22,7 @@ from autotune.sim._landscape import Landscape
 from autotune.spec import Candidate
 from autotune.step import Block
 
-__all__ = ["HardTimeout", "SimEngine", "SimOOM", "curve_rng"]
+__all__ = ["HardTimeout", "SimEngine", "SimOOM"]
 
 
 class SimOOM(RuntimeError):
@@ -72,14 +72,11 @@ class SimEngine:
         self.applied = 0
         self.losses: list[float] = []
         self.pending: list[float] = []
-        self.built = False
-        self.compile_paid = False
         self.step_seconds = cand.batch_size / landscape.throughput(cand)
-        curve = curve_rng(landscape, cand, seed, world)
+        self.curve = curve_rng(landscape, cand, seed, world)
         loss = landscape.loss
         # This run's curve: the candidate's gap plus the seed's own offset.
-        self.gap = landscape.parity_gap(cand) + curve.gauss(0.0, loss.seed_spread)
-        self.curve = curve
+        self.gap = landscape.parity_gap(cand) + self.curve.gauss(0.0, loss.seed_spread)
         self.diverges = landscape.diverges(cand)
         fp16 = landscape.fp16
         # fp16: steps skipped while the scale backs off from an init_scale above the safe one.
@@ -104,11 +101,10 @@ class SimEngine:
         self._spend(self.landscape.timing.build_seconds)
         if self.landscape.peak_bytes(self.candidate) > self.landscape.memory_total_bytes:
             raise SimOOM(
-                f"CUDA out of memory (simulated): batch_size={self.candidate.batch_size} needs "
+                f"out of memory (simulated): batch_size={self.candidate.batch_size} needs "
                 f"{self.landscape.peak_bytes(self.candidate) / 2**30:.1f} GiB of "
                 f"{self.landscape.memory_total_bytes / 2**30:.1f} GiB"
             )
-        self.built = True
 
     def _step_time(self) -> float:
         t = self.landscape.timing
