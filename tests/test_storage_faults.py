@@ -102,9 +102,14 @@ def test_cli_search_on_a_full_disk_says_so_and_resumes(tmp_path: Path) -> None:
     after = {t.number: t for t in trials(db, "full")}
     assert all((after[n].state, after[n].value) == before[n] for n in before)
     assert not [t for t in after.values() if t.state == optuna.trial.TrialState.RUNNING]
-    stale = [t for t in after.values() if t.user_attrs.get("outcome") == "stale"]
-    assert stale and all(t.state == optuna.trial.TrialState.FAIL for t in stale)
-    assert stale[0].number in {t.user_attrs.get("retry_of") for t in after.values()}
+    # Every trial the full disk left RUNNING (none when it filled between two trials: the next
+    # ask was refused) is failed as stale, with its reason, and run again.
+    left = [n for n, (state, _) in kept.items() if state == optuna.trial.TrialState.RUNNING]
+    retried = {t.user_attrs.get("retry_of") for t in after.values()}
+    for n in left:
+        assert after[n].state == optuna.trial.TrialState.FAIL
+        assert after[n].user_attrs["outcome"] == "stale" and after[n].user_attrs["reason"]
+        assert n in retried
 
 
 # ---- the stale-trial path -------------------------------------------------------------------
