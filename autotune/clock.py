@@ -23,11 +23,24 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock", "VirtualClock", "current", "now", "sleep", "use", "wall"]
+__all__ = [
+    "Clock",
+    "EventClock",
+    "SystemClock",
+    "VirtualClock",
+    "current",
+    "notify",
+    "now",
+    "sleep",
+    "start_thread",
+    "use",
+    "wait",
+    "wall",
+]
 
 
 class Clock(Protocol):
@@ -45,6 +58,20 @@ class Clock(Protocol):
         """Wait ``seconds``."""
         ...
 
+    def wait(self, cond: threading.Condition, seconds: float) -> None:
+        """Wait ``seconds``, or until :meth:`notify` of ``cond``."""
+        ...
+
+    def notify(self, cond: threading.Condition) -> None:
+        """Wake every thread waiting on ``cond``."""
+        ...
+
+    def start_thread(
+        self, target: Callable[..., None], *args: object, name: str
+    ) -> threading.Thread:
+        """Start a daemon thread running ``target(*args)`` whose waits this clock may keep."""
+        ...
+
 
 class SystemClock:
     """The system's clocks: ``time.monotonic``, ``time.time`` and ``time.sleep``."""
@@ -58,6 +85,21 @@ class SystemClock:
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds)
+
+    def wait(self, cond: threading.Condition, seconds: float) -> None:
+        with cond:
+            cond.wait(seconds)
+
+    def notify(self, cond: threading.Condition) -> None:
+        with cond:
+            cond.notify_all()
+
+    def start_thread(
+        self, target: Callable[..., None], *args: object, name: str
+    ) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        return thread
 
 
 class VirtualClock:
@@ -99,6 +141,149 @@ class VirtualClock:
         if seconds > 0:
             self.advance(seconds)
 
+    def wait(self, cond: threading.Condition, seconds: float) -> None:
+        """One thread on this clock: nobody else could notify, so the whole wait passes."""
+        self.sleep(seconds)
+
+    def notify(self, cond: threading.Condition) -> None:
+        pass
+
+    def start_thread(
+        self, target: Callable[..., None], *args: object, name: str
+    ) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        return thread
+
+
+class EventClock(VirtualClock):
+    """A virtual clock several threads share: simulated time as a sequence of events.
+
+    The threads that *take part* (started by :meth:`start_thread`, or inside
+    :meth:`taking_part`) each run until they wait on the clock (``sleep``, ``advance``,
+    ``wait``); work between two waits takes no simulated time. Once every one of them waits,
+    the clock jumps to the earliest wake-up and releases the threads due then. So eight
+    simulated devices run side by side on one clock, each probe taking its simulated time, and
+    a run of hours takes seconds.
+
+    A thread that takes part must never block on something only another taking-part thread's
+    progress in simulated time can release (joining it, say): leave first.
+
+    Example:
+        >>> c = EventClock()
+        >>> seen = []
+        >>> def device(name, seconds):
+        ...     c.sleep(seconds)
+        ...     seen.append((name, c.monotonic()))
+        >>> with c.taking_part():
+        ...     a = c.start_thread(device, "a", 30.0, name="a")
+        ...     b = c.start_thread(device, "b", 10.0, name="b")
+        ...     c.sleep(60.0)
+        >>> seen
+        [('b', 10.0), ('a', 30.0)]
+    """
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        super().__init__(start)
+        self._cond = threading.Condition()
+        self._members: set[int] = set()
+        self._running: set[int] = set()
+        self._starting = 0
+        # thread → (simulated time it wakes at, the condition that may wake it sooner)
+        self._sleepers: dict[int, tuple[float, threading.Condition | None]] = {}
+
+    def advance(self, seconds: float) -> None:
+        """For a thread that takes part, a wait of ``seconds``: the others catch up first."""
+        if seconds < 0:
+            raise ValueError(f"a clock cannot go back, got seconds={seconds}")
+        self._wait(seconds, None)
+
+    def sleep(self, seconds: float) -> None:
+        self._wait(max(0.0, seconds), None)
+
+    def wait(self, cond: threading.Condition, seconds: float) -> None:
+        self._wait(max(0.0, seconds), cond)
+
+    def notify(self, cond: threading.Condition) -> None:
+        with self._cond:
+            for ident, (_, key) in list(self._sleepers.items()):
+                if key is cond:
+                    self._release(ident)
+            self._cond.notify_all()
+
+    def start_thread(
+        self, target: Callable[..., None], *args: object, name: str
+    ) -> threading.Thread:
+        """Start a thread that takes part from its first instruction to its last."""
+
+        def body() -> None:
+            with self._cond:
+                self._starting -= 1
+                self._join()
+            try:
+                target(*args)
+            finally:
+                self._leave()
+
+        with self._cond:
+            self._starting += 1
+        thread = threading.Thread(target=body, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    @contextmanager
+    def taking_part(self) -> Iterator[EventClock]:
+        """The calling thread takes part for the ``with`` block."""
+        with self._cond:
+            self._join()
+        try:
+            yield self
+        finally:
+            self._leave()
+
+    # ---- the events ---------------------------------------------------------------------------
+
+    def _join(self) -> None:
+        me = threading.get_ident()
+        self._members.add(me)
+        self._running.add(me)
+
+    def _leave(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            self._members.discard(me)
+            self._running.discard(me)
+            self._step()
+
+    def _wait(self, seconds: float, cond: threading.Condition | None) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            if not self._members and not self._starting:
+                super().advance(seconds)  # nobody takes part: a plain virtual clock
+                return
+            self._sleepers[me] = (self.monotonic() + seconds, cond)
+            self._running.discard(me)
+            self._step()
+            while me in self._sleepers:
+                self._cond.wait()
+
+    def _release(self, ident: int) -> None:
+        del self._sleepers[ident]
+        if ident in self._members:
+            self._running.add(ident)
+
+    def _step(self) -> None:
+        """Every thread taking part waits: move to the earliest wake-up, release who is due."""
+        while not self._running and not self._starting and self._sleepers:
+            due = min(at for at, _ in self._sleepers.values())
+            gap = due - self.monotonic()
+            if gap > 0:
+                super().advance(gap)
+            for ident, (at, _) in list(self._sleepers.items()):
+                if at <= due:
+                    self._release(ident)
+            self._cond.notify_all()
+
 
 _current: Clock = SystemClock()
 
@@ -136,3 +321,19 @@ def wall() -> float:
 def sleep(seconds: float) -> None:
     """Wait on the current clock."""
     _current.sleep(seconds)
+
+
+def wait(cond: threading.Condition, seconds: float) -> None:
+    """Wait ``seconds`` on the current clock, or until :func:`notify` of ``cond``."""
+    _current.wait(cond, seconds)
+
+
+def notify(cond: threading.Condition) -> None:
+    """Wake the threads waiting on ``cond`` through :func:`wait`."""
+    _current.notify(cond)
+
+
+def start_thread(target: Callable[..., None], *args: object, name: str) -> threading.Thread:
+    """Start a daemon thread running ``target(*args)``; on an :class:`EventClock` it takes
+    part in simulated time."""
+    return _current.start_thread(target, *args, name=name)

@@ -17,7 +17,13 @@ from autotune.service._app import (
     create_app,
 )
 from autotune.service._client import DEFAULT_SERVER, SERVER_ENV, ServiceClient
-from autotune.service._devices import FAKE_BUSY_ENV, DeviceMonitor, parse_devices
+from autotune.service._devices import (
+    FAKE_BUSY_ENV,
+    DeviceMonitor,
+    DeviceReading,
+    SimulatedHardware,
+    parse_devices,
+)
 from autotune.service._models import (
     CancelReply,
     DeviceInfo,
@@ -31,6 +37,8 @@ from autotune.service._queue import StudyQueue
 from autotune.service._service import MAX_BUDGET, RequestError, TuningService
 
 __all__ = [
+    "DeviceReading",
+    "SimulatedHardware",
     "DEFAULT_SERVER",
     "FAKE_BUSY_ENV",
     "KEEP_ALIVE",

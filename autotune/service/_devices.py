@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from autotune import clock
 from autotune.errors import DeviceError, SpecError
 
 if TYPE_CHECKING:
+    from autotune.search import Event
     from autotune.worker import WorkerMemory
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "DeviceMonitor",
     "DeviceReading",
     "ProcessUse",
+    "SimulatedHardware",
     "parse_devices",
 ]
 
@@ -256,7 +258,7 @@ class DeviceMonitor:
             max_age: a reading up to this many seconds old will do (status pages use one;
                 scheduling decisions read afresh).
         """
-        now = time.monotonic()
+        now = clock.now()
         cached = self._cache.get(device)
         if cached is not None and now - cached[0] <= max_age:
             return cached[1]
@@ -384,3 +386,23 @@ class DeviceMonitor:
             free_bytes=None if reported is None else reported.free,
             own_bytes=0 if reported is None else reported.reserved,
         )
+
+
+@dataclass
+class SimulatedHardware:
+    """What a simulated box gives the scheduler in place of this machine's devices.
+
+    Attributes:
+        monitor: reads the simulated devices (``devices``, ``read``, ``room_for``).
+        workers: each device's simulated probe worker.
+        poll: seconds between looks at an empty queue (simulated seconds).
+        observer: told ``(study name, event)`` for every event of every study's search.
+    """
+
+    monitor: Any
+    workers: dict[str, Any]
+    poll: float = 5.0
+    observer: Callable[[str, Event], None] | None = None
+
+    def scheduling(self) -> dict[str, Any]:
+        return {"workers": self.workers, "poll": self.poll, "observer": self.observer}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import sqlalchemy as sa
 from loguru import logger
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from autotune import clock
 from autotune.errors import StorageError, StorageIOError
 from autotune.storage import database_error, mask_url, owner_alive, owner_id
 
@@ -213,7 +213,7 @@ class StudyQueue:
         Raises:
             ValueError: a study of this name is queued, running or done (the message says which).
         """
-        now = time.time()
+        now = clock.wall()
         values = {
             "spec": json.dumps(spec),
             "priority": priority,
@@ -274,7 +274,7 @@ class StudyQueue:
                         state="running",
                         device=device,
                         owner=service_owner(),
-                        started_at=time.time(),
+                        started_at=clock.wall(),
                         runs=QUEUE_TABLE.c.runs + 1,
                     )
                 )
@@ -288,7 +288,7 @@ class StudyQueue:
             conn.execute(
                 QUEUE_TABLE.update()
                 .where(QUEUE_TABLE.c.name == name)
-                .values(state=state, error=error, finished_at=time.time(), owner=None)
+                .values(state=state, error=error, finished_at=clock.wall(), owner=None)
             )
 
     def requeue(self, name: str) -> None:
@@ -306,7 +306,7 @@ class StudyQueue:
             done = conn.execute(
                 QUEUE_TABLE.update()
                 .where((QUEUE_TABLE.c.name == name) & (QUEUE_TABLE.c.state == "queued"))
-                .values(state="cancelled", finished_at=time.time())
+                .values(state="cancelled", finished_at=clock.wall())
             )
         return done.rowcount == 1
 

@@ -15,14 +15,12 @@ Per device, in a loop:
    queued when the service drains or a study of higher priority waits for the device (a later
    start resumes it with the budget it has left).
 
-When the storage fails a write (its disk is full), the study is *paused*: it holds its device,
-off its budget, and tries a write every few seconds; the first that succeeds resumes it where
-it was (a cancel or a drain meanwhile is recorded then). No restart is needed, nothing stored
-is lost, and the trial that was in flight is failed as stale and run again.
+When the storage fails a write (a full disk), the study is *paused*, holding its device off its
+budget, until a write succeeds; it resumes where it was, its trial in flight failed as stale and
+run again. A study running when the service died resumes at the next start: its trials in flight
+are failed as stale (and re-enqueued once) first, so none stays RUNNING and nothing is lost.
 
-A study that was running when the service died is resumed at the next start: its trials that
-were in flight are failed as stale by the heartbeat check (and re-enqueued once) before the
-search continues, so no trial stays RUNNING and nothing completed is lost.
+Every wait reads :mod:`autotune.clock`: on a simulated box the same loop runs in simulated time.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import optuna
 from loguru import logger
@@ -61,8 +60,7 @@ from autotune.worker import ProbeWorker
 
 __all__ = ["DRAIN_GRACE", "Scheduler"]
 
-# Seconds between looks at a busy device or an empty queue.
-_POLL = 0.5
+_POLL = 0.5  # seconds between looks at a busy device or an empty queue
 # On SIGTERM the probe in flight gets this long to finish before it is stopped.
 DRAIN_GRACE = 10.0
 # How long a resumed study waits for its crashed run's trials to go stale (then they are failed
@@ -88,6 +86,8 @@ class Scheduler:
         storage_url: the study storage every study is stored in.
         out_dir: each study writes ``<out_dir>/<name>/best.json`` and ``service.log``.
         storage: the opened storage (for the stale-trial check of resumed studies).
+        workers, poll, observer: see :class:`~autotune.service.SimulatedHardware`; by default
+            a :class:`~autotune.worker.ProbeWorker` per device, polls every 0.5 s, no observer.
     """
 
     def __init__(
@@ -98,13 +98,18 @@ class Scheduler:
         storage_url: str,
         out_dir: Path,
         storage: optuna.storages.BaseStorage,
+        workers: dict[str, Any] | None = None,
+        poll: float = _POLL,
+        observer: Callable[[str, Event], None] | None = None,
     ) -> None:
         self.queue = queue
         self.monitor = monitor
         self.storage_url = storage_url
         self.out_dir = out_dir
         self.storage = storage
-        self.workers = {d: ProbeWorker(d) for d in monitor.devices}
+        self.workers = workers or {d: ProbeWorker(d) for d in monitor.devices}
+        self.poll = poll
+        self.observer = observer
         # device → the study running there
         self.runs: dict[str, StudyRun] = {}
         # Cancels of studies taken from the queue but not started yet; guarded by _runs_lock.
@@ -127,16 +132,11 @@ class Scheduler:
     def start(self) -> None:
         """Start one thread per device."""
         for device in self.monitor.devices:
-            thread = threading.Thread(
-                target=self._loop, args=(device,), name=f"device-{device}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+            self._threads.append(clock.start_thread(self._loop, device, name=f"device-{device}"))
 
     def wake(self) -> None:
         """Something changed (a submit, a cancel): idle device threads look at the queue now."""
-        with self._wake:
-            self._wake.notify_all()
+        clock.notify(self._wake)
 
     def run_of(self, name: str) -> StudyRun | None:
         return next((r for r in list(self.runs.values()) if r.name == name), None)
@@ -204,9 +204,8 @@ class Scheduler:
 
     # ---- the device loop -------------------------------------------------------------------
 
-    def _idle(self, seconds: float = _POLL) -> None:
-        with self._wake:
-            self._wake.wait(seconds)
+    def _idle(self, seconds: float | None = None) -> None:
+        clock.wait(self._wake, self.poll if seconds is None else seconds)
 
     def _loop(self, device: str) -> None:
         try:
@@ -459,7 +458,7 @@ class Scheduler:
                 wait=_STALE_WAIT,
                 stop=lambda: run.cancel.is_set() or self._draining.is_set(),
                 on_wait=waiting,
-                poll=_POLL,
+                poll=self.poll,
             )
         except KeyError:  # never started a search: nothing in flight
             return
@@ -476,6 +475,8 @@ class Scheduler:
     # ---- hooks into the search -------------------------------------------------------------
 
     def _on_event(self, run: StudyRun, event: Event) -> None:
+        if self.observer is not None:
+            self.observer(run.name, event)
         if isinstance(event, PhaseStarted):
             run.phase = event.phase
             mode = f" ({event.mode})" if event.mode else ""

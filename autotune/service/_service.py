@@ -17,7 +17,7 @@ import autotune
 from autotune.errors import AutotuneError, SpecError, WorkloadError
 from autotune.inputs import load_text
 from autotune.service._access import WorkloadPolicy, WorkloadRefused
-from autotune.service._devices import DeviceMonitor
+from autotune.service._devices import DeviceMonitor, SimulatedHardware
 from autotune.service._models import (
     CancelReply,
     DeviceInfo,
@@ -70,6 +70,8 @@ class TuningService:
         workload_dirs: folders whose packages may be used as workloads.
         token: the bearer token changing requests need; None for none.
         max_budget: the longest budget (seconds) a submitted study may ask for.
+        box: simulated devices to schedule on instead of this machine's (see
+            :mod:`autotune.sim`); ``devices`` must name the same devices.
 
     Raises:
         StorageError: the storage cannot be opened.
@@ -89,6 +91,7 @@ class TuningService:
         workload_dirs: list[Path] | None = None,
         token: str | None = None,
         max_budget: float = MAX_BUDGET,
+        box: SimulatedHardware | None = None,
     ) -> None:
         self.storage_url = storage
         self.token = token
@@ -97,15 +100,23 @@ class TuningService:
         self.storage = open_storage(storage)
         self.queue = StudyQueue(storage)
         self.scheduler: Scheduler
-        self.monitor = DeviceMonitor(
-            devices,
-            own_pids=lambda: self.scheduler.own_pids(),
-            probing=lambda device: self.scheduler.probing(device),
-            worker_memory=lambda device: self.scheduler.workers[device].memory,
-        )
-        self.monitor.check()
+        if box is None:
+            self.monitor = DeviceMonitor(
+                devices,
+                own_pids=lambda: self.scheduler.own_pids(),
+                probing=lambda device: self.scheduler.probing(device),
+                worker_memory=lambda device: self.scheduler.workers[device].memory,
+            )
+            self.monitor.check()
+        else:
+            self.monitor = box.monitor
         self.scheduler = Scheduler(
-            self.queue, self.monitor, storage_url=storage, out_dir=out_dir, storage=self.storage
+            self.queue,
+            self.monitor,
+            storage_url=storage,
+            out_dir=out_dir,
+            storage=self.storage,
+            **box.scheduling() if box else {},
         )
         self.standings = StandingCache(self.storage)
         self._recovered = False

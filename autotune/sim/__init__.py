@@ -5,6 +5,8 @@
 - :class:`SimulatedRunner` — answers probes from a landscape behind the Runner interface and
   advances a virtual clock by the time each would have taken.
 - :func:`simulate` — one whole search on a landscape, in memory, in milliseconds of real time.
+- :func:`run_box` — the tuning service's real scheduler over a box of simulated GPUs, with
+  studies arriving, cancelled and pre-empted, on one event clock.
 
 Example:
     >>> from autotune.spec import parse_spec
@@ -24,12 +26,17 @@ import optuna
 
 from autotune import clock
 from autotune.config import TunedConfig
+from autotune.sim._box import Arrival, BoxReport, StudyOutcome, run_box
 from autotune.sim._landscape import LANDSCAPE_DIR, Landscape, load_landscape, shipped_landscapes
 from autotune.sim._runner import SimulatedRunner
 from autotune.spec import StudySpec
 
 __all__ = [
     "LANDSCAPE_DIR",
+    "Arrival",
+    "BoxReport",
+    "StudyOutcome",
+    "run_box",
     "Landscape",
     "SimulatedRun",
     "SimulatedRunner",

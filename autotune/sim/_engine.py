@@ -22,7 +22,7 @@ from autotune.sim._landscape import Landscape
 from autotune.spec import Candidate
 from autotune.step import Block
 
-__all__ = ["HardTimeout", "SimEngine", "SimOOM"]
+__all__ = ["HardTimeout", "Killed", "SimEngine", "SimOOM"]
 
 
 class SimOOM(RuntimeError):
@@ -31,6 +31,10 @@ class SimOOM(RuntimeError):
 
 class HardTimeout(Exception):
     """The probe ran past its hard limit (the worker would have been killed)."""
+
+
+class Killed(Exception):
+    """The worker was killed mid-probe (a cancel, a drain, or a crash)."""
 
 
 def curve_rng(landscape: Landscape, cand: Candidate, seed: int, world: int = 0) -> random.Random:
@@ -50,6 +54,8 @@ class SimEngine:
         seed: the probe's seed (fixes the loss curve, as a real seed does).
         noise: the randomness of the timings (each run's own).
         deadline: a clock reading past which the run is killed (HardTimeout); None: never.
+        world: the simulated device's own seed (see :func:`curve_rng`).
+        killed: asked after every block: True when the worker was killed meanwhile (Killed).
     """
 
     def __init__(
@@ -62,8 +68,10 @@ class SimEngine:
         noise: random.Random,
         deadline: float | None = None,
         world: int = 0,
+        killed: Callable[[], bool] | None = None,
     ) -> None:
         self.landscape, self.candidate, self.clock = landscape, cand, clock
+        self.killed = killed or (lambda: False)
         self.device = torch.device("cuda:0" if landscape.device_type == "cuda" else "cpu")
         self.mode = get_mode(cand.precision)
         self.noise = noise
@@ -96,6 +104,8 @@ class SimEngine:
             self.clock.advance(max(0.0, self.deadline - self.clock.monotonic()))
             raise HardTimeout
         self.clock.advance(seconds)
+        if self.killed():
+            raise Killed
 
     def build(self) -> None:
         self._spend(self.landscape.timing.build_seconds)

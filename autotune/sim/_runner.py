@@ -9,6 +9,7 @@ taken. So the search, validation, artifact and report code above it runs unchang
 from __future__ import annotations
 
 import random
+import threading
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from autotune.facts import WorkerFacts
 from autotune.paired import interleave
 from autotune.result import PairedResult, ProbeResult
 from autotune.runner import Runner, crashed_result
-from autotune.sim._engine import HardTimeout, SimEngine
+from autotune.sim._engine import HardTimeout, Killed, SimEngine
 from autotune.sim._landscape import Landscape
 from autotune.spec import PRECISIONS, Candidate, EarlyStop, ProbeSettings
 from autotune.timed import TimedRun
@@ -38,6 +39,10 @@ class SimulatedRunner(Runner):
             do); the same seed gives the same search.
         clock: the virtual clock to advance; a new one by default. Make it the current clock
             (``autotune.clock.use(runner.clock)``) for the search to read it.
+        device: the device's name (a simulated box has several); ``cuda:0`` or ``cpu`` by
+            default, from the landscape.
+        crash_at: numbers of probes (1 = the first) during which the worker dies, as a real
+            one killed by the kernel does: the probe is ``crashed`` and the worker restarts.
 
     Example:
         >>> from autotune.sim import load_landscape
@@ -47,14 +52,26 @@ class SimulatedRunner(Runner):
     """
 
     def __init__(
-        self, landscape: Landscape, *, seed: int = 0, clock: VirtualClock | None = None
+        self,
+        landscape: Landscape,
+        *,
+        seed: int = 0,
+        clock: VirtualClock | None = None,
+        device: str | None = None,
+        crash_at: frozenset[int] = frozenset(),
     ) -> None:
         self.landscape = landscape
         self.clock = clock or VirtualClock()
-        self.device = "cuda:0" if landscape.device_type == "cuda" else "cpu"
+        self.device = device or ("cuda:0" if landscape.device_type == "cuda" else "cpu")
         self.seed = seed
         self.started = False
         self.probes = 0
+        self.crash_at = crash_at
+        self.crashes = 0
+        self._killed = threading.Event()
+        # What a real worker reports of its process and memory (a simulated one has neither).
+        self.pid: int | None = None
+        self.memory = None
 
     # ---- the interface ------------------------------------------------------------------------
 
@@ -62,6 +79,10 @@ class SimulatedRunner(Runner):
         if not self.started:
             self.started = True
             self.clock.advance(self.landscape.timing.worker_start_seconds)
+
+    def interrupt(self) -> None:
+        """Kill the probe in flight: it ends after its current block, ``crashed``."""
+        self._killed.set()
 
     def facts(self, workload: str) -> WorkerFacts:
         self._check_workload(workload)
@@ -112,6 +133,8 @@ class SimulatedRunner(Runner):
             oom = engine.run(lambda e: run.measure())
         except HardTimeout:
             return self._timed_out(candidate, settings, timeout)
+        except Killed:
+            return self._died(candidate, settings, "the probe")
         fields = run.fields()
         fields["wall_seconds"] = self.clock.monotonic() - started
         if oom is not None:
@@ -172,6 +195,11 @@ class SimulatedRunner(Runner):
             return PairedResult(
                 candidate=why, reference=self._timed_out(reference, settings, timeout)
             )
+        except Killed:
+            return PairedResult(
+                candidate=self._died(candidate, settings, "the paired run"),
+                reference=self._died(reference, settings, "the paired run"),
+            )
         wall = self.clock.monotonic() - started
         for arm, cand in ((result.candidate, candidate), (result.reference, reference)):
             arm.wall_seconds = wall
@@ -205,8 +233,10 @@ class SimulatedRunner(Runner):
         self, cand: Candidate, settings: ProbeSettings, started: float, timeout: float | None
     ) -> SimEngine:
         self.probes += 1
+        self._killed.clear()
         noise = random.Random(f"{self.seed}|{self.probes}")
         deadline = None if timeout is None else started + timeout
+        crash = self.probes in self.crash_at
         return SimEngine(
             self.landscape,
             cand,
@@ -215,6 +245,7 @@ class SimulatedRunner(Runner):
             noise=noise,
             deadline=deadline,
             world=self.seed,
+            killed=lambda: crash or self._killed.is_set(),
         )
 
     def _base(self, cand: Candidate, settings: ProbeSettings) -> dict[str, Any]:
@@ -226,6 +257,18 @@ class SimulatedRunner(Runner):
             "planned_steps": settings.steps,
             "batch_size": cand.batch_size,
         }
+
+    def _died(self, cand: Candidate, settings: ProbeSettings, what: str) -> ProbeResult:
+        """The worker died mid-probe: a fresh one starts (its start-up is paid now)."""
+        self.crashes += 1
+        self.clock.advance(self.landscape.timing.worker_start_seconds)
+        return crashed_result(
+            self.landscape.workload,
+            cand,
+            self.device,
+            settings,
+            f"worker process died (killed by SIGKILL) during {what}",
+        )
 
     def _timed_out(
         self, cand: Candidate, settings: ProbeSettings, timeout: float | None
