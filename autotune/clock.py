@@ -160,14 +160,15 @@ class EventClock(VirtualClock):
     """A virtual clock several threads share: simulated time as a sequence of events.
 
     The threads that *take part* (started by :meth:`start_thread`, or inside
-    :meth:`taking_part`) each run until they wait on the clock (``sleep``, ``advance``,
-    ``wait``); work between two waits takes no simulated time. Once every one of them waits,
-    the clock jumps to the earliest wake-up and releases the threads due then. So eight
-    simulated devices run side by side on one clock, each probe taking its simulated time, and
-    a run of hours takes seconds.
+    :meth:`taking_part`) run one at a time, each until it waits on the clock (``sleep``,
+    ``advance``, ``wait``); work between two waits takes no simulated time. When the one
+    running waits, the clock moves to the earliest wake-up and that thread runs next (in the
+    order they fell due). So eight simulated devices run side by side on one clock, each probe
+    taking its simulated time, a run of hours takes seconds, and the same run goes the same way
+    again: nothing happens at once.
 
-    A thread that takes part must never block on something only another taking-part thread's
-    progress in simulated time can release (joining it, say): leave first.
+    A thread that takes part must never block on something only another taking-part thread can
+    release (joining it, say): leave first.
 
     Example:
         >>> c = EventClock()
@@ -189,8 +190,10 @@ class EventClock(VirtualClock):
         self._members: set[int] = set()
         self._running: set[int] = set()
         self._starting = 0
-        # thread → (simulated time it wakes at, the condition that may wake it sooner)
-        self._sleepers: dict[int, tuple[float, threading.Condition | None]] = {}
+        self._seq = 0
+        # thread → (simulated time it is due, order it fell due in, the condition that may
+        # make it due sooner)
+        self._sleepers: dict[int, tuple[float, int, threading.Condition | None]] = {}
 
     def advance(self, seconds: float) -> None:
         """For a thread that takes part, a wait of ``seconds``: the others catch up first."""
@@ -205,22 +208,26 @@ class EventClock(VirtualClock):
         self._wait(max(0.0, seconds), cond)
 
     def notify(self, cond: threading.Condition) -> None:
+        """The threads waiting on ``cond`` are due now (they run once the caller waits)."""
         with self._cond:
-            for ident, (_, key) in list(self._sleepers.items()):
-                if key is cond:
-                    self._release(ident)
-            self._cond.notify_all()
+            now = self.monotonic()
+            for ident, (at, _, key) in list(self._sleepers.items()):
+                if key is cond and at > now:
+                    self._seq += 1
+                    self._sleepers[ident] = (now, self._seq, None)
 
     def start_thread(
         self, target: Callable[..., None], *args: object, name: str
     ) -> threading.Thread:
-        """Start a thread that takes part from its first instruction to its last."""
+        """Start a thread that takes part from its first instruction to its last; it first runs
+        once the caller waits."""
 
         def body() -> None:
             with self._cond:
                 self._starting -= 1
-                self._join()
+                self._members.add(threading.get_ident())
             try:
+                self._wait(0.0, None)
                 target(*args)
             finally:
                 self._leave()
@@ -235,18 +242,14 @@ class EventClock(VirtualClock):
     def taking_part(self) -> Iterator[EventClock]:
         """The calling thread takes part for the ``with`` block."""
         with self._cond:
-            self._join()
+            self._members.add(threading.get_ident())
         try:
+            self._wait(0.0, None)
             yield self
         finally:
             self._leave()
 
     # ---- the events ---------------------------------------------------------------------------
-
-    def _join(self) -> None:
-        me = threading.get_ident()
-        self._members.add(me)
-        self._running.add(me)
 
     def _leave(self) -> None:
         me = threading.get_ident()
@@ -261,27 +264,23 @@ class EventClock(VirtualClock):
             if not self._members and not self._starting:
                 super().advance(seconds)  # nobody takes part: a plain virtual clock
                 return
-            self._sleepers[me] = (self.monotonic() + seconds, cond)
+            self._seq += 1
+            self._sleepers[me] = (self.monotonic() + seconds, self._seq, cond)
             self._running.discard(me)
             self._step()
             while me in self._sleepers:
                 self._cond.wait()
 
-    def _release(self, ident: int) -> None:
-        del self._sleepers[ident]
-        if ident in self._members:
-            self._running.add(ident)
-
     def _step(self) -> None:
-        """Every thread taking part waits: move to the earliest wake-up, release who is due."""
+        """Nobody runs: move to the earliest wake-up and let the thread due first run."""
         while not self._running and not self._starting and self._sleepers:
-            due = min(at for at, _ in self._sleepers.values())
-            gap = due - self.monotonic()
+            ident, (at, _, _) = min(self._sleepers.items(), key=lambda item: item[1][:2])
+            gap = at - self.monotonic()
             if gap > 0:
                 super().advance(gap)
-            for ident, (at, _) in list(self._sleepers.items()):
-                if at <= due:
-                    self._release(ident)
+            del self._sleepers[ident]
+            if ident in self._members:
+                self._running.add(ident)
             self._cond.notify_all()
 
 

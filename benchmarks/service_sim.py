@@ -4,10 +4,12 @@ The service's real queue, scheduler and search (:func:`autotune.sim.run_box`) ru
 GPUs (a shipped landscape, ``h100-resnet18`` by default) on one event clock, so a day of the box
 takes minutes of real time. The scenario, fixed by ``--seed``:
 
-- 50 studies from 10 users (``u0``..``u9``) arrive as a Poisson stream over ``--hours`` (2 h by
-  default), each with a budget drawn from 5, 10, 20 and 30 minutes;
+- 50 studies from 10 users (``u0``..``u9``) arrive as a Poisson stream over ``--hours`` (half
+  an hour by default: a morning rush, more work than 8 GPUs take at once), each with a budget
+  drawn from 5, 10, 20 and 30 minutes;
 - every tenth study is urgent (priority 10: it pre-empts a running study at its next trial when
-  no GPU is free); 3 studies are cancelled by their owners while queued or running;
+  no GPU is free); 3 studies are cancelled by their owners: one while it waits, two 2 minutes
+  after they were submitted (running by then, or still queued);
 - the worker on ``cuda:3`` dies during its 40th probe (a crash the study must survive).
 
 It prints: the simulated span, each GPU's utilisation (its share of the span held by a study,
@@ -40,7 +42,7 @@ BUDGETS = (300.0, 600.0, 1200.0, 1800.0)
 
 def scenario(studies: int, users: int, hours: float, seed: int) -> list[Arrival]:
     """The arrivals: Poisson over ``hours``, budgets from BUDGETS, every tenth urgent, three
-    cancels (the 5th study while it waits, the 17th and 33rd while they run)."""
+    cancels (the 5th study a second after it arrives, the 17th and 33rd 2 minutes after)."""
     rng = random.Random(seed)
     rate = studies / (hours * 3600)
     at, out = 0.0, []
@@ -50,7 +52,7 @@ def scenario(studies: int, users: int, hours: float, seed: int) -> list[Arrival]
         if i in (4,):
             cancel = 1.0  # straight after submitting: still queued on a busy box
         elif i in (16, 32):
-            cancel = budget / 2  # half-way through its budget, if it runs by then
+            cancel = 120.0
         out.append(
             Arrival(
                 at=round(at, 1),
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--studies", type=int, default=50)
     ap.add_argument("--users", type=int, default=10)
-    ap.add_argument("--hours", type=float, default=2.0, help="arrivals spread over this long")
+    ap.add_argument("--hours", type=float, default=0.5, help="arrivals spread over this long")
     ap.add_argument("--landscape", default="h100-resnet18")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the report here")
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     print("studies: " + ", ".join(f"{n} {k}" for k, n in sorted(states.items())))
     resumed = [s.name for s in report.studies if s.runs > 1]
     print(f"ran more than once (pre-empted, then resumed): {len(resumed)} {resumed}")
-    print(f"worker crashes survived: {report.crashes}")
+    print(f"worker crashes (injected) survived: {report.crashes}")
     trials = sum(s.trials for s in report.studies)
     lost = report.lost()
     print(f"trials stored: {trials}; lost: {len(lost)}" + (f" {lost[:5]}" if lost else ""))

@@ -74,6 +74,9 @@ def write_spec(tmp_path: Path, budget: str, steps: int) -> Path:
     return path
 
 
+# Several boxes share a PostgreSQL study (the multi-box mode); one box's workers sharing a SQLite
+# file are the next test's.
+@pytest.mark.parametrize("storage_url", ["postgresql"], indirect=True)
 def test_three_workers_finish_one_study_with_every_trial_accounted_for_once(
     storage_url: str, tmp_path: Path
 ) -> None:
@@ -106,6 +109,8 @@ def test_three_workers_finish_one_study_with_every_trial_accounted_for_once(
     assert stored_config(study).study == "dist"
 
 
+# Workers on one box share a SQLite file; PostgreSQL's shared study is the previous test's.
+@pytest.mark.parametrize("storage_url", ["sqlite"], indirect=True)
 def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
     storage_url: str, tmp_path: Path
 ) -> None:

@@ -284,7 +284,7 @@ def test_autotune_search_simulate_shows_an_a100_search_in_seconds(tmp_path: Path
     """As a user runs it: the default study on a GPU they do not have."""
     argv = [sys.executable, "-m", "autotune", "search", str(ROOT / "studies" / "resnet18.yaml")]
     proc = subprocess.run(
-        [*argv, "--simulate", "a100-resnet18", "--budget", "5m", "-q"],
+        [*argv, "--simulate", "a100-resnet18", "--budget", "2m", "-q"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -67,6 +67,7 @@ class SimulatedRunner(Runner):
         self.started = False
         self.probes = 0
         self.crash_at = crash_at
+        # Crashes injected so far (a kill by interrupt() is not one).
         self.crashes = 0
         self._killed = threading.Event()
         # What a real worker reports of its process and memory (a simulated one has neither).
@@ -237,6 +238,8 @@ class SimulatedRunner(Runner):
         noise = random.Random(f"{self.seed}|{self.probes}")
         deadline = None if timeout is None else started + timeout
         crash = self.probes in self.crash_at
+        if crash:
+            self.crashes += 1
         return SimEngine(
             self.landscape,
             cand,
@@ -259,8 +262,8 @@ class SimulatedRunner(Runner):
         }
 
     def _died(self, cand: Candidate, settings: ProbeSettings, what: str) -> ProbeResult:
-        """The worker died mid-probe: a fresh one starts (its start-up is paid now)."""
-        self.crashes += 1
+        """The worker died mid-probe (killed, or a crash injected by ``crash_at``): a fresh one
+        starts, its start-up paid now."""
         self.clock.advance(self.landscape.timing.worker_start_seconds)
         return crashed_result(
             self.landscape.workload,
