@@ -37,6 +37,7 @@ __all__ = [
     "keep_in_fp32",
     "knob_notes",
     "mark_batch_dynamic",
+    "poisons_context",
 ]
 
 # Where torch's compiler stack raises from: dynamo, AOT autograd, inductor and FX.
@@ -206,9 +207,61 @@ def is_compile_error(exc: BaseException) -> bool:
     return type(exc).__module__.startswith(_COMPILER_MODULES)
 
 
+# What leaves a CUDA context unusable ("sticky" errors): after one, every later CUDA call in the
+# process fails too, so the worker must be replaced. torch raises AcceleratorError for any
+# CUDA runtime error; older builds raise a RuntimeError carrying one of these messages.
+_STICKY_CUDA_ERRORS = (
+    "illegal memory access",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "illegal instruction",
+    "uncorrectable ecc error",
+    "cuda context is corrupted",
+)
+
+
+def poisons_context(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from or while handling (torch's compiler
+    wraps the errors it meets), leaves the process's CUDA context unusable (restart it).
+
+    Example:
+        >>> poisons_context(RuntimeError("CUDA error: device-side assert triggered"))
+        True
+        >>> poisons_context(ValueError("label 11 is out of range"))
+        False
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        link = todo.pop()
+        if link is None or id(link) in seen:
+            continue
+        seen.add(id(link))
+        if _sticky(link):
+            return True
+        # The compiler's wrappers keep the error they wrap as inner_exception, raised "from None".
+        inner = getattr(link, "inner_exception", None)
+        todo += [link.__cause__, link.__context__]
+        if isinstance(inner, BaseException):
+            todo.append(inner)
+    return False
+
+
+def _sticky(exc: BaseException) -> bool:
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    if not isinstance(exc, RuntimeError) or isinstance(exc, torch.OutOfMemoryError):
+        return False
+    text = str(exc).lower()
+    return any(marker in text for marker in _STICKY_CUDA_ERRORS)
+
+
 def compile_failure(candidate: Candidate, exc: BaseException) -> str | None:
     """The reason a compiled candidate failed to compile, or None when ``exc`` is not a
-    compiler error (or the candidate does not compile): an outcome, not a crash.
+    compiler error, poisons the CUDA context (:func:`poisons_context`), or the
+    candidate does not compile: an outcome, not a crash.
 
     Example:
         >>> from torch._dynamo.exc import Unsupported
@@ -217,6 +270,10 @@ def compile_failure(candidate: Candidate, exc: BaseException) -> str | None:
         'torch.compile (mode=default) failed: Unsupported: generic_jump'
     """
     if not candidate.compile or not is_compile_error(exc):
+        return None
+    if poisons_context(exc):
+        # A CUDA error met while compiling (inductor runs kernels to pick the fastest): the
+        # process's context is lost, which the caller handles; the candidate may well compile.
         return None
     # The compiler's own error is often on the line after its wrapper's ("backend raised:").
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

@@ -28,6 +28,7 @@ __all__ = [
     "backend_flags",
     "check_autocast",
     "device_capability",
+    "float32_matmul_precision",
     "get_mode",
     "make_scaler",
     "resolve_device",
@@ -193,9 +194,15 @@ def _effective(backend: str, op: str) -> str:
     return "none"
 
 
-def _legacy_matmul_precision() -> str:
-    """The legacy float32 matmul precision, also where torch refuses to report it (its two
-    views disagree: then the one value that makes them disagree is the legacy one)."""
+def float32_matmul_precision() -> str:
+    """``torch.get_float32_matmul_precision()``'s value, also where torch refuses to report it
+    (TF32 set through the new API: the one value that makes the two views disagree is the
+    legacy one). Read it here, never through torch's getter.
+
+    Example:
+        >>> float32_matmul_precision() in ("highest", "high", "medium")
+        True
+    """
     try:
         return torch.get_float32_matmul_precision()
     except RuntimeError:
@@ -232,7 +239,7 @@ def snapshot_backend_flags() -> dict[str, Any]:
     """
     flags: dict[str, Any] = {"cudnn.benchmark": torch.backends.cudnn.benchmark}
     if _new_api():
-        flags["float32_matmul_precision"] = _legacy_matmul_precision()
+        flags["float32_matmul_precision"] = float32_matmul_precision()
         flags["cudnn.allow_tf32"] = _legacy_cudnn_tf32()
         for key, (backend, op) in _FP32_PRECISION.items():
             flags[key] = _fp32_precision(backend, op)

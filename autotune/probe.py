@@ -35,6 +35,7 @@ from autotune.precision import (
     PrecisionMode,
     apply_backend_flags,
     check_autocast,
+    float32_matmul_precision,
     get_mode,
     resolve_device,
     restore_backend_flags,
@@ -78,7 +79,7 @@ def global_state() -> dict[str, Any]:
         "grad_enabled": torch.is_grad_enabled(),
         "default_dtype": torch.get_default_dtype(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "float32_matmul_precision": float32_matmul_precision(),
         "cpu_rng": torch.get_rng_state(),
         "python_rng": random.getstate(),
     }

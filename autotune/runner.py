@@ -10,46 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import torch
-
 from autotune.errors import AutotuneError
 from autotune.facts import WorkerFacts
+from autotune.knobs import poisons_context
 from autotune.result import PairedResult, ProbeResult
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 
 __all__ = ["RESTARTED", "InProcessRunner", "Runner", "crashed_result", "poisons_context"]
-
-
-# What leaves a CUDA context unusable ("sticky" errors): after one, every later CUDA call in the
-# process fails too, so the worker must be replaced. torch raises AcceleratorError for any
-# CUDA runtime error; older builds raise a RuntimeError carrying one of these messages.
-_STICKY_CUDA_ERRORS = (
-    "illegal memory access",
-    "device-side assert",
-    "unspecified launch failure",
-    "misaligned address",
-    "illegal instruction",
-    "uncorrectable ecc error",
-    "cuda context is corrupted",
-)
-
-
-def poisons_context(exc: BaseException) -> bool:
-    """Whether ``exc`` leaves the process's CUDA context unusable (restart the process).
-
-    Example:
-        >>> poisons_context(RuntimeError("CUDA error: device-side assert triggered"))
-        True
-        >>> poisons_context(ValueError("label 11 is out of range"))
-        False
-    """
-    accelerator_error = getattr(torch, "AcceleratorError", None)
-    if accelerator_error is not None and isinstance(exc, accelerator_error):
-        return True
-    if not isinstance(exc, RuntimeError) or isinstance(exc, torch.OutOfMemoryError):
-        return False
-    text = str(exc).lower()
-    return any(marker in text for marker in _STICKY_CUDA_ERRORS)
 
 
 # Appended to the reason of a probe that ended so.

@@ -11,8 +11,10 @@ import torch
 from torch import nn
 
 from autotune.errors import SpecError
+from autotune.knobs import compile_failure
 from autotune.paired import run_paired
 from autotune.probe import global_state, run_probe
+from autotune.runner import InProcessRunner, poisons_context
 from autotune.session import AmpSession
 from autotune.spec import Candidate, ProbeSettings
 from autotune.workloads import load_workload, tiny_convnet, tiny_mlp
@@ -78,6 +80,62 @@ def test_a_compiler_failure_is_an_outcome_with_its_reason(monkeypatch: pytest.Mo
     )
     assert paired.candidate.outcome == "compile_failed" and not paired.ok
     assert "no C++ compiler" in paired.candidate.reason
+
+
+ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered"
+
+
+def test_a_poisoned_context_while_compiling_is_no_compile_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CUDA error that poisons the context, raised while inductor compiles (it runs kernels
+    to pick the fastest), is a crash that needs a fresh process, not a compile failure."""
+    import torch._inductor.compile_fx as compile_fx
+
+    def illegal_access(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(ILLEGAL_ACCESS)
+
+    monkeypatch.setattr(compile_fx, "compile_fx", illegal_access)
+    r = InProcessRunner("cpu").run("tiny_mlp", cand(batch_size=32, compile=True), SHORT)
+    assert r.outcome == "crashed"
+    assert ILLEGAL_ACCESS in r.reason
+    assert "cannot be used after this error" in r.reason
+
+
+def _compiler_error_from(inner: Exception, message: str = "compiling the graph failed") -> Any:
+    """A compiler error raised while handling ``inner``, as torch raises them (``from None``:
+    the inner error is only the suppressed context)."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    try:
+        try:
+            raise inner
+        except Exception:
+            raise TorchDynamoException(message) from None
+    except TorchDynamoException as exc:
+        return exc
+
+
+@pytest.mark.parametrize("how", ["context", "cause", "inductor"])
+def test_a_compiler_error_hiding_a_poisoning_cuda_error_is_poisoning(how: str) -> None:
+    from torch._dynamo.exc import TorchDynamoException
+    from torch._inductor.exc import InductorError
+
+    inner = RuntimeError(ILLEGAL_ACCESS)
+    if how == "context":
+        exc = _compiler_error_from(inner)
+    elif how == "cause":
+        exc = TorchDynamoException("compiling the graph failed")
+        exc.__cause__ = inner
+    else:
+        exc = InductorError(inner, None)
+    compiled = cand(batch_size=32, compile=True)
+    assert compile_failure(compiled, exc) is None
+    assert poisons_context(exc)
+    # A compiler error with an ordinary error inside stays a compile failure.
+    plain = _compiler_error_from(RuntimeError("no C++ compiler on this machine"))
+    assert compile_failure(compiled, plain) is not None
+    assert not poisons_context(plain)
 
 
 def test_channels_last_is_the_candidates_when_it_says_so() -> None:

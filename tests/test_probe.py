@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 from autotune.errors import WorkloadError
+from autotune.precision import restore_backend_flags, snapshot_backend_flags
 from autotune.probe import global_state, run_probe
 from autotune.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
@@ -254,3 +257,42 @@ def test_each_supported_mode_runs_on_the_gpu(precision: str) -> None:
     assert r.peak_memory_allocated and r.peak_memory_reserved
     assert r.peak_memory_reserved >= r.peak_memory_allocated
     assert_same_state(before, global_state())
+
+
+NEW_API_WORKLOAD = """
+import torch
+
+from autotune.workloads import tiny_mlp
+
+# What torch's own warning recommends, done at import as training code does.
+torch.backends.cuda.matmul.fp32_precision = "tf32"
+
+
+def build():
+    return tiny_mlp()
+"""
+
+
+@pytest.fixture
+def new_api_workload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Workload]:
+    """A workload whose module sets TF32 through torch's new API at import; the torch flags
+    and the import are undone afterwards."""
+    saved = snapshot_backend_flags()
+    (tmp_path / "new_api_tf32_workload.py").write_text(NEW_API_WORKLOAD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        yield load_workload("new_api_tf32_workload:build")
+    finally:
+        sys.modules.pop("new_api_tf32_workload", None)
+        restore_backend_flags(saved)
+
+
+def test_workload_setting_tf32_through_the_new_api_still_probes(new_api_workload: Workload) -> None:
+    with pytest.raises(RuntimeError):  # the legacy getter refuses to answer now
+        torch.get_float32_matmul_precision()
+    before = global_state()
+    r = run_probe(new_api_workload, candidate("bf16"), "cpu", SHORT)
+    assert r.outcome == "completed", r.reason
+    # The workload's own setting is what it finds afterwards.
+    assert_same_state(before, global_state())
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"

@@ -224,3 +224,83 @@ def test_a_spec_without_the_knobs_asks_for_no_knob_parameter(tmp_path: Path) -> 
     assert not result.config.compile and result.config.fp32_modules == []
     # The workload's own memory format, as before the knob existed.
     assert result.config.channels_last is True
+
+
+class CompilingRunner(InProcessRunner):
+    """A GPU whose compiles take ``compile_seconds[mode]``: a probe whose hard limit leaves too
+    little for its compile is killed, as the worker kills it (crashed, timed out)."""
+
+    def __init__(self, compile_seconds: dict[str, float]) -> None:
+        super().__init__("cuda:0")
+        self.compile_seconds = compile_seconds
+        self.timeouts: list[float] = []
+
+    def run(
+        self,
+        workload: str,
+        candidate: Candidate,
+        settings: ProbeSettings,
+        *,
+        timeout: float | None = None,
+        early_stop: Any = None,
+    ) -> ProbeResult:
+        assert timeout is not None
+        self.timeouts.append(timeout)
+        base: dict[str, Any] = {
+            "candidate": candidate,
+            "workload": workload,
+            "device": "cuda:0",
+            "batch_size": candidate.batch_size,
+            "planned_steps": settings.steps,
+            "seed": settings.seed,
+        }
+        compiling = self.compile_seconds[candidate.compile_mode]
+        if settings.time_limit + compiling > timeout:
+            return ProbeResult(**base, outcome="crashed", reason="killed", timed_out=True)
+        return ProbeResult(
+            **base, outcome="completed", throughput=1000.0, compile_seconds=compiling
+        )
+
+
+def _gpu_context(runner: CompilingRunner, tmp_path: Path) -> Any:
+    from autotune.search._budget import Budget
+    from autotune.search._context import SearchContext
+    from autotune.search._space import Space
+
+    spec = StudySpec(
+        name="modes",
+        workload="autotune.workloads:tiny_convnet",
+        device="cpu",
+        budget="2h",
+        storage=_storage(tmp_path),
+        space={"precisions": ["bf16"], "batch_sizes": [32], "lr_multipliers": [1.0]},
+    )
+    facts = WorkerFacts.model_construct(workload=spec.workload, device="cuda:0")
+    space = Space.of(spec, ["bf16"], rule="linear", base_lr=0.1, base_batch=32)
+    return SearchContext(spec=spec, runner=runner, budget=Budget(7200.0), facts=facts, space=space)
+
+
+def test_a_max_autotune_compile_is_not_killed_for_outlasting_a_default_one(
+    tmp_path: Path,
+) -> None:
+    """After a 20 s default compile, a 5-minute max-autotune compile still finishes, and its
+    time does not stretch the limit a default compile gets."""
+    runner = CompilingRunner({"default": 20.0, "max-autotune": 300.0})
+    ctx = _gpu_context(runner, tmp_path)
+    settings = ProbeSettings(time_limit=30.0)
+
+    def probe(mode: str) -> ProbeResult:
+        c = Candidate(
+            precision="bf16", batch_size=32, learning_rate=0.1, compile=True, compile_mode=mode
+        )
+        return ctx.run_probe(c, settings)
+
+    assert probe("default").outcome == "completed"
+    assert probe("default").outcome == "completed"
+    after_default = runner.timeouts[-1]
+    first = probe("max-autotune")
+    assert first.outcome == "completed", first.reason
+    assert probe("max-autotune").outcome == "completed"
+    # A default compile is still limited by what default compiles took: a hang shows early.
+    assert probe("default").outcome == "completed"
+    assert runner.timeouts[-1] == after_default < settings.time_limit + 300.0

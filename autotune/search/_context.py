@@ -24,6 +24,14 @@ Gate = Callable[[Candidate], None]
 # Seconds a first compilation may take, before any was measured (a CPU compiles a small model
 # in seconds from a warm cache and in tens of seconds from a cold one; a GPU model takes longer).
 _FIRST_COMPILE = {"cuda": 180.0, "cpu": 60.0}
+# How many times a default compilation each compile mode's may take: reduce-overhead also
+# captures CUDA graphs, max-autotune times several kernels for every matmul and convolution.
+_MODE_FACTOR = {
+    "default": 1.0,
+    "reduce-overhead": 1.5,
+    "max-autotune": 5.0,
+    "max-autotune-no-cudagraphs": 5.0,
+}
 
 
 def _no_events(event: Event) -> None:
@@ -56,10 +64,10 @@ class SearchContext:
     cut: dict[str, str] = field(default_factory=dict)
     ceilings: dict[str, int] = field(default_factory=dict)
     # Wall seconds of every probe, and of the search trials' probes only (compiling left out),
-    # and what each compiled probe spent compiling.
+    # and what each compiled probe spent compiling, by compile mode.
     probe_seconds: list[float] = field(default_factory=list)
     trial_seconds: list[float] = field(default_factory=list)
-    compile_seconds: list[float] = field(default_factory=list)
+    compile_seconds: dict[str, list[float]] = field(default_factory=dict)
     # Where the job's time went, by phase (seconds); see :meth:`clock`.
     spent: dict[str, float] = field(default_factory=dict)
     _clocks: list[list] = field(default_factory=list, repr=False)
@@ -110,19 +118,25 @@ class SearchContext:
         10-second budget by 15 seconds."""
         return min(HARD_GRACE, max(3.0, 0.1 * self.budget.total))
 
-    def compile_allowance(self) -> float:
+    def compile_allowance(self, candidate: Candidate) -> float:
         """Seconds a compiled candidate may take beyond an uncompiled probe's hard limit: twice
-        the longest compilation seen so far, or a first guess for the device."""
-        seen = max(self.compile_seconds, default=0.0)
-        if seen:
-            return 2 * seen + 5.0
-        return _FIRST_COMPILE["cuda" if self.device.startswith("cuda") else "cpu"]
+        the longest compilation seen in its compile mode; in a mode not seen yet, a first guess
+        for the device and mode, or more where the other modes' compilations, scaled, say so."""
+        mode = candidate.compile_mode
+        if self.compile_seconds.get(mode):
+            return 2 * max(self.compile_seconds[mode]) + 5.0
+        factor = _MODE_FACTOR.get(mode, max(_MODE_FACTOR.values()))
+        guess = factor * _FIRST_COMPILE["cuda" if self.device.startswith("cuda") else "cpu"]
+        for other, seconds in self.compile_seconds.items():
+            scaled = max(seconds, default=0.0) * factor / _MODE_FACTOR.get(other, 1.0)
+            guess = max(guess, 2 * scaled + 5.0)
+        return guess
 
     def _spent(self, candidate: Candidate, started: float, compiled: float | None) -> None:
         """Count a finished probe: its wall time without compiling, and the compiling."""
         seconds = clock.now() - started
         if candidate.compile and compiled is not None:
-            self.compile_seconds.append(compiled)
+            self.compile_seconds.setdefault(candidate.compile_mode, []).append(compiled)
             seconds = max(0.0, seconds - compiled)
         self.probe_seconds.append(seconds)
 
@@ -130,6 +144,12 @@ class SearchContext:
         """The median wall time of the last probes (``default`` before any)."""
         recent = self.probe_seconds[-10:]
         return statistics.median(recent) if recent else default
+
+    def _margined(self, settings: ProbeSettings) -> ProbeSettings:
+        """Every probe keeps the spec's memory margin free while it runs (on a GPU)."""
+        if settings.memory_margin is not None:
+            return settings
+        return settings.model_copy(update={"memory_margin": self.spec.memory_margin})
 
     def run_probe(
         self,
@@ -148,13 +168,14 @@ class SearchContext:
         compile allowance stays ``within`` the seconds the caller's phase has left.
         """
         self.stop_if_asked()
+        settings = self._margined(settings)
         if self.gate is not None:
             with self.budget.paused():
                 self.gate(candidate)
         left = self.budget.left()
         hard = settings.time_limit + self.hard_grace()
         if candidate.compile:
-            allowance = self.compile_allowance()
+            allowance = self.compile_allowance(candidate)
             if within is not None:
                 allowance = min(allowance, max(0.0, within - hard))
             hard += allowance
@@ -178,11 +199,12 @@ class SearchContext:
         """Measure a candidate paired with the reference in the runner: gated, counted (a
         compiled candidate's ``timeout`` grows by the compile allowance)."""
         self.stop_if_asked()
+        settings = self._margined(settings)
         if self.gate is not None:
             with self.budget.paused():
                 self.gate(candidate)
         if candidate.compile:
-            timeout += self.compile_allowance()
+            timeout += self.compile_allowance(candidate)
         t0 = clock.now()
         result = self.runner.compare(self.workload, candidate, reference, settings, timeout=timeout)
         self._spent(candidate, t0, result.candidate.compile_seconds)
