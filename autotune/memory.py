@@ -8,7 +8,11 @@ Each does one thing, so a run's policy reads as a list of them:
 - :func:`release_memory` collects garbage first, then clears the cache: after an OOM;
 - :func:`is_oom` says whether an exception means the device ran out of memory;
 - :class:`PeakMemory` measures a run's peak: the CUDA allocator's peaks, or on a CPU the
-  growth of the process's peak resident memory (Linux).
+  growth of the process's peak resident memory (Linux);
+- :func:`restart_peak` starts the CUDA peaks again after a run's first step, whose one-off
+  allocations (cuDNN's algorithm search, the compiler's autotuning) are no part of its need;
+- :func:`memory_cap` keeps the spec's ``memory_margin`` of the device free while a run runs:
+  the process's allocator runs out of memory at the margin (:func:`memory_fraction`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -28,8 +33,11 @@ __all__ = [
     "PeakMemory",
     "clear_device_cache",
     "is_oom",
+    "memory_cap",
+    "memory_fraction",
     "oom_message",
     "release_memory",
+    "restart_peak",
     "sync",
 ]
 
@@ -220,3 +228,91 @@ class PeakMemory:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) - self.start_allocated
         return self._cpu.peak_growth()
+
+
+def restart_peak(device: torch.device) -> None:
+    """Hand the cached free memory back and start the CUDA peak statistics again at what is
+    live now; a no-op on a CPU (and before CUDA is in use).
+
+    After a run's first step: with ``cudnn.benchmark`` cuDNN tries its algorithms there, each
+    with as large a workspace as it can get, and the compiler autotunes its kernels. Those
+    allocations are freed to the cache after the step, and a peak that counted them (or the
+    reserve they leave) would make a batch look larger than it is. The model, the optimizer
+    state and everything else still live stay counted.
+
+    Example:
+        >>> restart_peak(torch.device("cpu"))
+    """
+    if device.type != "cuda" or not torch.cuda.is_initialized():
+        return
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def memory_fraction(
+    margin: float, free: int, total: int, reserved: int = 0, prior: float = 1.0
+) -> float:
+    """The share of a device's memory this process's allocator may hold so that ``margin`` of
+    the device stays free.
+
+    Args:
+        margin: the share of the device's memory to keep free (the spec's ``memory_margin``).
+        free: bytes free on the device now (other processes' memory is not).
+        total: the device's bytes in all.
+        reserved: bytes this process's allocator holds now: they are its own to reuse.
+        prior: the process's present limit: the result never lifts it.
+
+    Returns:
+        A fraction in ``[0, prior]``; 0 when the margin is not free even now.
+
+    Example:
+        >>> GiB = 2**30
+        >>> memory_fraction(0.1, free=60 * GiB, total=80 * GiB, reserved=4 * GiB)
+        0.7
+        >>> memory_fraction(0.1, free=4 * GiB, total=80 * GiB)
+        0.0
+        >>> memory_fraction(0.1, free=80 * GiB, total=80 * GiB, prior=0.25)
+        0.25
+    """
+    if total <= 0:
+        return prior
+    allowed = (free + reserved - margin * total) / total
+    return max(0.0, min(prior, allowed))
+
+
+@contextlib.contextmanager
+def memory_cap(device: torch.device, margin: float | None) -> Iterator[float | None]:
+    """Keep ``margin`` of a CUDA device free while the block runs: the process's allocator may
+    hold at most :func:`memory_fraction` of it, and runs out of memory (an OOM outcome) rather
+    than grow into what other processes on a shared GPU need. The process's own limit is put
+    back afterwards, also on error. A no-op on a CPU, or with no margin.
+
+    Args:
+        device: the run's device.
+        margin: the share of the device's memory to keep free; None: no cap.
+
+    Yields:
+        The fraction set, or None when nothing was capped.
+
+    Example:
+        >>> with memory_cap(torch.device("cpu"), 0.1) as fraction:
+        ...     fraction is None
+        True
+    """
+    if margin is None or device.type != "cuda" or not torch.cuda.is_available():
+        yield None
+        return
+    # The limit's setter wants an index: ``cuda`` alone means the current device.
+    index = torch.cuda.current_device() if device.index is None else device.index
+    prior = torch.cuda.get_per_process_memory_fraction(index)
+    free, total = torch.cuda.mem_get_info(index)
+    fraction = memory_fraction(margin, free, total, torch.cuda.memory_reserved(index), prior)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    try:
+        yield fraction
+    except BaseException:
+        # Putting the limit back must not hide the error (a broken CUDA context fails it too).
+        with contextlib.suppress(Exception):
+            torch.cuda.set_per_process_memory_fraction(prior, index)
+        raise
+    torch.cuda.set_per_process_memory_fraction(prior, index)

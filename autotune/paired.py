@@ -15,6 +15,11 @@ ratios, with its interval (:func:`autotune.stats.ratio_estimate`).
 3. The reference then runs on alone, untimed for the ratio, until it has seen as many samples
    as the candidate's first ``steps`` steps: the parity check compares the two curves at equal
    samples seen, over that horizon.
+
+The candidate's peak memory is measured over its warm-up, while it runs alone (the reference
+arm is built after it): what it needs, not what both arms hold together. The reference's is
+not measured here. When the settings carry the spec's ``memory_margin``, the whole paired
+run keeps it free (:func:`autotune.memory.memory_cap`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch
 from loguru import logger
 
 from autotune.knobs import compile_failure
-from autotune.memory import PeakMemory
+from autotune.memory import PeakMemory, memory_cap
 from autotune.precision import PrecisionMode, apply_backend_flags, get_mode, resolve_device
 from autotune.probe import leave_no_trace, unsupported_reason
 from autotune.result import PairedResult, ProbeResult
@@ -62,8 +67,9 @@ def run_paired(
         settings: lengths (``steps`` is the candidate's horizon), precision, time limit, seed.
 
     Returns:
-        A PairedResult: each arm's ProbeResult and the speedup with its interval. An arm that
-        diverges, runs out of memory or is unsupported ends the run with that outcome.
+        A PairedResult: each arm's ProbeResult and the speedup with its interval (the
+        candidate's with its peak memory). An arm that diverges, runs out of memory or is
+        unsupported ends the run with that outcome.
 
     Raises:
         WorkloadError: the workload breaks its contract.
@@ -105,13 +111,15 @@ def run_paired(
     with leave_no_trace():
         torch.set_grad_enabled(True)
         random.seed(settings.seed)
+        # Cleared cache, reset peaks: the candidate's peak memory is its own.
         peak = PeakMemory(dev)
         peak.start()
         engines = {
             name: StepEngine(workload, cand, dev, seed=settings.seed)
             for name, cand in (("candidate", candidate), ("reference", reference))
         }
-        result = interleave(engines, settings, started, bases)
+        with memory_cap(dev, getattr(settings, "memory_margin", None)):
+            result = interleave(engines, settings, started, bases, peak=peak)
     result.candidate.wall_seconds = result.reference.wall_seconds = time.perf_counter() - started
     logger.debug("paired {}", result.summary())
     return result
@@ -126,11 +134,14 @@ def interleave(
     set_flags: Callable[[PrecisionMode], Any] = apply_backend_flags,
     seed: Callable[[int], Any] = torch.manual_seed,
     timer: Callable[[], float] | None = None,
+    peak: PeakMemory | None = None,
 ) -> PairedResult:
     """The paired policy over two engines (``candidate``, ``reference``): steps 1–3 above.
 
     A simulated device passes its own engines, a no-op ``set_flags`` and ``seed``, and its
-    virtual clock as ``timer``: the same policy decides when a pair is enough.
+    virtual clock as ``timer``: the same policy decides when a pair is enough. ``peak``,
+    started before the engines build, gives the candidate's peak memory (read after its
+    warm-up, before the reference arm is built); None leaves it out.
     """
     modes = {name: get_mode(engines[name].candidate.precision) for name in engines}
     runs: dict[str, TimedRun] = {}
@@ -139,6 +150,7 @@ def interleave(
     runs["candidate"] = TimedRun(engines["candidate"], settings, started, timer=timer)
     runs["reference"] = TimedRun(engines["reference"], ref_settings, started, timer=timer)
     ended: dict[str, tuple[str, str]] = {}
+    peaks: dict[str, Any] = {}
 
     def arm(name: str, action: Any) -> bool:
         """Run one arm's action under its own flags; an OOM or a failed compile ends the pair."""
@@ -164,6 +176,10 @@ def interleave(
             seed(settings.seed)
             if not arm(name, runs[name].warm_up):
                 return
+            if name == "candidate" and peak is not None:
+                # Alone on the device so far: its peak is its own.
+                peaks["peak_memory_allocated"] = peak.allocated()
+                peaks["peak_memory_reserved"] = peak.reserved()
         # The candidate's compiling is charged to the budget, not to the pair's time limit.
         runs["reference"].started += runs["candidate"].compile_shift
         # Both arms' blocks last about as long, so each pair sees the same stretch of time.
@@ -185,10 +201,14 @@ def interleave(
 
     try:
         policy()
-    finally:
+        # Before closing; and not while an error propagates (a CUDA error that ended the run
+        # would fail the skip count's read too, and hide itself).
         fields = {name: runs[name].fields() for name in runs}
+    finally:
         for engine in engines.values():
             engine.close()
+    if "candidate" not in ended:
+        fields["candidate"].update(peaks)
     for name, (outcome, why) in ended.items():
         fields[name].update(outcome=outcome, reason=why, throughput=0.0)
     results = {name: ProbeResult(**bases[name], **fields[name]) for name in runs}

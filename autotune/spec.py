@@ -224,6 +224,9 @@ class ProbeSettings(_Model):
     # Soft limit: the probe stops and is scored on the steps it finished.
     time_limit: Duration = 120.0
     seed: Seed = 0
+    # Share of a GPU's memory kept free while the probe runs (its allocator runs out there);
+    # the search sets it from the spec's memory_margin. None: no cap.
+    memory_margin: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False)
 
 
 class EarlyStop(_Model):
@@ -409,7 +412,8 @@ class StudySpec(_Model):
             "space": space,
             # How long a probe measures does not change the space; its step counts do.
             "probe": self.probe.model_dump(
-                mode="json", exclude={"time_limit", "min_time", "precision", "early_stop"}
+                mode="json",
+                exclude={"time_limit", "min_time", "precision", "early_stop", "memory_margin"},
             ),
             "objective": self.objective,
         }

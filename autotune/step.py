@@ -22,8 +22,11 @@ divergence checks), a training run (the tuned config against a baseline) and a d
     block = engine.run_steps(50)          # 50 steps between two device syncs, timed
 
 The engine keeps no clock of its own beyond :meth:`run_steps`, reads nothing back from the
-device except in :meth:`read_losses` and :meth:`scale`, and counts the optimizer steps really
-applied (GradScaler skips a step whose gradients are not finite).
+device except in :meth:`read_losses`, :meth:`scale` and :attr:`skipped` (after a block's
+closing sync, or with the losses), and counts the steps skipped for non-finite gradients on the
+device, from GradScaler's scale: ``scaler.update()`` lowers it after a skipped step and only
+then. (An optimizer step hook would miscount: GradScaler calls a fused optimizer's ``step()``
+every step, and the fused kernel itself skips a step whose gradients are not finite.)
 """
 
 from __future__ import annotations
@@ -143,10 +146,14 @@ class StepEngine:
         self.optimizer: torch.optim.Optimizer | None = None
         self.batches: Any = None
         self.steps = 0  # steps taken
-        self.applied = 0  # optimizer steps really applied
         self.losses: list[float] = []  # every loss read back so far, in step order
         self.pending: list[torch.Tensor] = []  # losses not read back yet, still on the device
-        self._hook: Any = None
+        # Steps GradScaler skipped: counted on the device (no host sync per step), read back
+        # with the losses; the count as last read, and the steps taken at that read.
+        self._skips: torch.Tensor | None = None
+        self._skips_read = 0
+        self._steps_read = 0
+        self._compiled = False  # the engine compiled the model: close() drops the compiled code
         self._prepare = prepare
         self._knobs = contextlib.ExitStack()  # undoes the fp32 islands
 
@@ -169,18 +176,13 @@ class StepEngine:
                 channels_last=self.channels_last,
                 fresh_compile=True,
             )
+            self._compiled = self.candidate.compile
         model.train()
         self.model = model
         self.optimizer = self.workload.build_optimizer(
             model.parameters(), self.candidate.learning_rate
         )
-        # GradScaler.step calls optimizer.step only when the gradients are finite: count the
-        # steps really applied.
-        self._hook = self.optimizer.register_step_post_hook(self._count)
         self.batches = self.workload.make_batches(self.candidate.batch_size, self.device, gen)
-
-    def _count(self, *_: Any) -> None:
-        self.applied += 1
 
     def next_batch(self) -> Batch:
         """The next batch, on the device and in the run's memory format (its batch dimension
@@ -206,24 +208,46 @@ class StepEngine:
             check_loss(loss, self.workload)
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
-        self.scaler.update()
+        self._update_scaler()
         loss = loss.detach()
         self.pending.append(loss)
         self.steps += 1
         return loss
 
+    def _update_scaler(self) -> None:
+        """``scaler.update()``, counting the step as skipped when it lowered the scale.
+
+        GradScaler lowers its scale after a step whose gradients were not finite, and only
+        then: whether the optimizer skipped the step itself (the fused optimizers, which
+        GradScaler always calls) or GradScaler did not call it. The comparison stays on the
+        device.
+        """
+        scaler = self.scaler
+        # The scale tensor exists once scale() ran; update() changes it in place. GradScaler
+        # has no accessor for it that does not sync with the host.
+        scale = getattr(scaler, "_scale", None) if scaler.is_enabled() else None
+        if not isinstance(scale, torch.Tensor):
+            scaler.update()
+            return
+        before = scale.clone()
+        scaler.update()
+        if self._skips is None:
+            self._skips = torch.zeros((), dtype=torch.int64, device=scale.device)
+        self._skips.add_(scale < before)
+
     def run_steps(self, n: int) -> Block:
         """``n`` steps back to back between two device syncs: a timed block.
 
-        The losses stay on the device until :meth:`read_losses`.
+        The losses stay on the device until :meth:`read_losses`; the block's skip count is
+        read after its closing sync, outside its time.
         """
         self.sync()
-        first, applied, started = self.steps, self.applied, time.perf_counter()
+        skipped, first, started = self.skipped, self.steps, time.perf_counter()
         for _ in range(n):
             self.step()
         self.sync()
         seconds = time.perf_counter() - started
-        return Block(first, n, seconds, n - (self.applied - applied))
+        return Block(first, n, seconds, self.skipped - skipped)
 
     # ---- reading back -------------------------------------------------------------------------
 
@@ -232,10 +256,17 @@ class StepEngine:
         ``losses`` too); non-finite values stay as they are."""
         if not self.pending:
             return []
-        values = torch.stack(self.pending).float().tolist()
+        values = torch.stack(self.pending).float().reshape(-1)
+        if self._skips is not None and self._steps_read != self.steps:
+            # The skip count comes back in the same transfer.
+            values = torch.cat([values, self._skips.to(values.device, torch.float32).reshape(1)])
+            *out, skips = values.tolist()
+            self._skips_read, self._steps_read = int(skips), self.steps
+        else:
+            out = values.tolist()
         self.pending.clear()
-        self.losses.extend(values)
-        return values
+        self.losses.extend(out)
+        return out
 
     def scale(self) -> float:
         """The GradScaler's scale now (a host sync); 1.0 for modes without one."""
@@ -243,8 +274,16 @@ class StepEngine:
 
     @property
     def skipped(self) -> int:
-        """Steps whose optimizer step GradScaler skipped."""
-        return self.steps - self.applied
+        """Steps whose optimizer step was skipped (gradients not finite); 0 without a
+        GradScaler. Read back with the losses; a host sync here only when steps ran since."""
+        if self._skips is not None and self._steps_read != self.steps:
+            self._skips_read, self._steps_read = int(self._skips.item()), self.steps
+        return self._skips_read
+
+    @property
+    def applied(self) -> int:
+        """Optimizer steps really applied."""
+        return self.steps - self.skipped
 
     def sync(self) -> None:
         """Wait for the steps queued on the device."""
@@ -278,14 +317,23 @@ class StepEngine:
         return message
 
     def close(self) -> None:
-        """Drop the model, optimizer, batches and pending losses; remove the step counter and
-        the fp32 islands."""
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        """Drop the model, optimizer, batches and pending losses and undo the fp32 islands.
+
+        A model the engine compiled also leaves its compiled code behind, and with CUDA graphs
+        (``reduce-overhead``, ``max-autotune``) their memory pools, which outlive the model:
+        the compiler's caches are reset and the device cache cleared, so the next run in this
+        process starts with the memory this one took.
+        """
         self._knobs.close()
         self.model = self.optimizer = self.batches = None
         self.pending.clear()
+        if self._compiled:
+            self._compiled = False
+            torch._dynamo.reset()
+            # After a CUDA error that left the context unusable this fails too: the error that
+            # ended the run is the one to see.
+            with contextlib.suppress(Exception):
+                release_memory(self.device)
 
     def __enter__(self) -> StepEngine:
         return self

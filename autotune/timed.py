@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from loguru import logger
 
+from autotune.memory import memory_cap, restart_peak
 from autotune.parity import parity_gap
 from autotune.spec import DEFAULT_MIN_TIME, EarlyStop, ProbeSettings, format_duration
 from autotune.stats import median_interval, spread
@@ -52,13 +53,17 @@ class TimedRun:
        steps still get faster (first-use costs outlast a fixed count); losses checked after.
        A compiled model compiles in its first step (always untimed, even with no warm-up
        steps); the time limit counts from after it, and what the warm-up took beyond its
-       steps at the steady rate is the run's ``compile_seconds``.
+       steps at the steady rate is the run's ``compile_seconds``. The CUDA peak memory counts
+       from after the first step: its one-off allocations (cuDNN's algorithm search, the
+       compiler's autotuning) are no part of what the run needs.
     2. Blocks: ``k`` steps between two syncs, ``k`` sized so a block lasts about a tenth of
        ``min_time`` (at most ``check_every`` steps); after each block the losses (and the fp16
        scale) are read back, one host sync, and checked for divergence.
     3. Enough: ``min_time`` and ``steps`` reached, at least five blocks, and the median block
        rate's 95% interval within ``precision`` of it; or 4x ``min_time``; or ``time_limit``.
 
+    :meth:`measure` runs the three under the spec's memory margin when the settings carry one
+    (``memory_margin``): on CUDA the process's allocator runs out of memory at the margin.
     :meth:`warm_up` and :meth:`block` are public so a paired run can interleave two of these.
 
     Args:
@@ -96,7 +101,9 @@ class TimedRun:
         self.warm_steps = 0
         self.compile_shift = 0.0
         self.block_steps = 1
-        self.applied_at_start = 0
+        self.skipped_at_start = 0
+        # The share of device memory kept free while the run runs (memory_cap); None: no cap.
+        self.memory_margin: float | None = getattr(settings, "memory_margin", None)
         self.outcome, self.reason = "completed", ""
         self.truncated = False
         self.check_seconds = 0.0
@@ -124,7 +131,7 @@ class TimedRun:
                 return f"GradScaler scale fell to {scale:g} at step {step}"
             steps = self.timed_steps
             if timed and steps >= settings.check_every:
-                skipped = steps - (engine.applied - self.applied_at_start)
+                skipped = engine.skipped - self.skipped_at_start
                 if skipped / steps > settings.max_skip_rate:
                     return (
                         f"GradScaler skipped {skipped} of {steps} steps after warmup "
@@ -155,6 +162,7 @@ class TimedRun:
             # time limit stops inside warm-up.
             self.first_step = engine.run_steps(1).seconds
             self.warm_wall += self.first_step
+            restart_peak(engine.device)
             if compiles:
                 # Compiling is charged to the budget, not to the measurement's time limit.
                 self.compile_shift = self.first_step
@@ -181,7 +189,7 @@ class TimedRun:
         if self.min_time > 0 and not self._settle():
             return False
         self.warm_steps = engine.steps
-        self.applied_at_start = engine.applied
+        self.skipped_at_start = engine.skipped
         self.block_steps = self._block_size(self.warm_seconds or self.first_step or 0.0)
         return True
 
@@ -305,11 +313,13 @@ class TimedRun:
         return median_interval(self.rates()).half_width <= self.settings.precision
 
     def measure(self) -> None:
-        """Warm up, then time blocks until enough (the probe's whole policy)."""
-        if not self.warm_up():
-            return
-        while self.block() and not self.enough():
-            pass
+        """Warm up, then time blocks until enough (the probe's whole policy), inside the
+        memory margin."""
+        with memory_cap(self.engine.device, self.memory_margin):
+            if not self.warm_up():
+                return
+            while self.block() and not self.enough():
+                pass
 
     # ---- the figures -------------------------------------------------------------------------
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -9,10 +12,13 @@ import torch
 
 from autotune import load_config
 from autotune.ceilings import find_ceiling, memory_budget
+from autotune.memory import memory_cap
 from autotune.precision import autocast, backend_flags, get_mode, make_scaler, resolve_device
 from autotune.probe import run_probe
 from autotune.search import run_search
 from autotune.spec import Candidate, ProbeSettings, load_spec
+from autotune.step import StepEngine
+from autotune.timed import TimedRun
 from autotune.worker import InProcessRunner, ProbeWorker
 from autotune.workloads import load_workload
 from autotune.workloads.testing import CAPPED_BYTES
@@ -25,6 +31,14 @@ STUDIES = Path(__file__).resolve().parent.parent / "studies"
 
 def device() -> torch.device:
     return resolve_device("cuda")
+
+
+def margin_leaving(dev: torch.device, nbytes: int) -> float:
+    """The memory margin that leaves this process ``nbytes`` of the device (its cache emptied
+    first): on a 141 GB device, a margin at which memory binds long before any batch cap."""
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(dev)
+    return (free + torch.cuda.memory_reserved(dev) - nbytes) / total
 
 
 def relative_matmul_error(dev: torch.device) -> float:
@@ -101,20 +115,112 @@ def test_a_real_oom_is_caught_and_the_next_probe_runs() -> None:
 
 
 def test_the_ceiling_finder_on_a_real_device_leaves_the_margin_free() -> None:
+    # A margin that leaves CAPPED_BYTES (2 GiB): ResNet-18 needs about 0.5 MB a sample, so the
+    # margin binds in the thousands, far below the cap. Each try runs under the margin, as a
+    # probe does, and the process's own limit is back after each.
     dev = device()
-    wl = load_workload("tiny_convnet")
-    budget = memory_budget(dev, 0.1)
+    wl = load_workload("resnet18")
+    prior = torch.cuda.get_per_process_memory_fraction(dev)
+    margin = margin_leaving(dev, CAPPED_BYTES)
+    budget = memory_budget(dev, margin)
+    assert budget is not None and budget > 0
     settings = ProbeSettings(warmup_steps=1, steps=1, check_every=1, min_time=0)
 
     def try_batch(bs: int):
-        return run_probe(
-            wl, Candidate(precision="bf16", batch_size=bs, learning_rate=0.1), dev, settings
-        )
+        cand = Candidate(precision="bf16", batch_size=bs, learning_rate=0.1)
+        with memory_cap(dev, margin):
+            return run_probe(wl, cand, dev, settings)
 
-    ceiling = find_ceiling(try_batch, "bf16", start=256, cap=2**13, budget_bytes=budget)
-    assert ceiling.batch_size >= 256
+    cap = 2**15
+    ceiling = find_ceiling(try_batch, "bf16", start=256, cap=cap, budget_bytes=budget)
+    assert 256 <= ceiling.batch_size < cap, ceiling.tries
+    assert ceiling.limited_by in ("memory", "margin"), ceiling.tries
     fitting = [t for t in ceiling.tries if t.fits]
     assert all(t.peak_memory is not None and t.peak_memory <= budget for t in fitting)
+    assert torch.cuda.get_per_process_memory_fraction(dev) == pytest.approx(prior)
+
+
+def test_a_probe_runs_out_of_memory_at_the_margin_and_the_cap_is_lifted_after() -> None:
+    # The probe's policy runs under the margin its settings carry (TimedRun.memory_margin).
+    dev = device()
+    wl = load_workload("resnet18")
+    prior = torch.cuda.get_per_process_memory_fraction(dev)
+    margin = margin_leaving(dev, CAPPED_BYTES)
+    # About 4 GB in fp32: more than the margin leaves, far less than the device has free.
+    huge = Candidate(precision="fp32", batch_size=8192, learning_rate=0.1)
+    with StepEngine(wl, huge, dev) as engine:
+        run = TimedRun(engine, SHORT, time.perf_counter())
+        run.memory_margin = margin
+        oom = engine.run(lambda e: run.measure())
+    assert oom is not None
+    assert torch.cuda.get_per_process_memory_fraction(dev) == pytest.approx(prior)
+    small = Candidate(precision="fp32", batch_size=128, learning_rate=0.1)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(dev)
+    with StepEngine(wl, small, dev) as engine:
+        run = TimedRun(engine, SHORT, time.perf_counter())
+        run.memory_margin = margin
+        assert engine.run(lambda e: run.measure()) is None
+        assert run.outcome == "completed", run.reason
+        # The allocator never held more than the margin left (give or take the device's own
+        # free memory moving meanwhile).
+        assert torch.cuda.max_memory_reserved(dev) <= CAPPED_BYTES + 64 * 2**20
+
+
+def test_a_ceiling_trys_peak_leaves_out_the_cudnn_algorithm_search() -> None:
+    # With cudnn.benchmark, cuDNN tries its algorithms in the first step of a new shape, with
+    # as large a workspace as it can get. The try's peak counts from after that step: the
+    # same try again, its algorithms cached (no search), has the same peak.
+    dev = device()
+    wl = load_workload("resnet18")
+    try_settings = ProbeSettings(warmup_steps=1, steps=1, check_every=1, min_time=0)
+    # A size no other test runs: its first step searches.
+    cand = Candidate(precision="bf16", batch_size=200, learning_rate=0.1)
+    searched = run_probe(wl, cand, dev, try_settings)
+    cached = run_probe(wl, cand, dev, try_settings)
+    assert searched.ok and cached.ok, (searched.summary(), cached.summary())
+    assert searched.peak_memory_reserved is not None and cached.peak_memory_reserved is not None
+    assert searched.peak_memory_reserved <= 1.1 * cached.peak_memory_reserved
+
+
+def test_a_compiled_probe_with_cuda_graphs_gives_their_memory_back() -> None:
+    # CUDA graphs keep memory pools that outlive the model; a later eager probe in the same
+    # worker would see them in its reserved peak and find a lower ceiling.
+    dev = device()
+    wl = load_workload("tiny_convnet")
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(dev)
+    graphs = Candidate(
+        precision="bf16",
+        batch_size=16384,  # about 40 kB a sample: pools of hundreds of MB
+        learning_rate=0.1,
+        compile=True,
+        compile_mode="reduce-overhead",
+    )
+    r = run_probe(wl, graphs, dev, SHORT)
+    assert r.ok, r.summary()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved(dev) - before < 128 * 2**20
+
+
+def test_a_fused_optimizers_skipped_steps_are_counted_on_cuda() -> None:
+    # GradScaler calls a fused optimizer every step; its kernel skips a non-finite one itself.
+    def fused_adamw(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+
+    dev = device()
+    wl = dataclasses.replace(load_workload("tiny_mlp"), build_optimizer=fused_adamw)
+    overflow = Candidate(precision="fp16", batch_size=32, learning_rate=0.01, init_scale=2.0**60)
+    with StepEngine(wl, overflow, dev) as engine:
+        engine.build()
+        block = engine.run_steps(3)
+        engine.read_losses()
+        assert (engine.skipped, engine.applied, block.skipped) == (3, 0, 3)
+    for precision in ("fp32", "bf16"):
+        cand = Candidate(precision=precision, batch_size=32, learning_rate=0.01)
+        with StepEngine(wl, cand, dev) as engine:
+            engine.build()
+            assert engine.run_steps(3).skipped == 0 and engine.skipped == 0
 
 
 def test_a_short_search_on_the_gpu_writes_a_validated_config(tmp_path: Path) -> None:

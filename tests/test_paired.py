@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
+from autotune.memory import PeakMemory
 from autotune.paired import run_paired
 from autotune.probe import run_probe
 from autotune.spec import Candidate, ProbeSettings
@@ -78,3 +80,17 @@ def test_an_unsupported_arm_is_named_on_both_sides() -> None:
     assert result.candidate.outcome == "unsupported"
     assert result.reference.outcome == "unsupported"
     assert "the candidate arm" in result.reference.reason
+
+
+def test_the_candidates_peak_memory_is_reported_and_the_references_left_out() -> None:
+    probe = PeakMemory(torch.device("cpu"))
+    probe.start()
+    if probe.source == "unavailable":
+        pytest.skip("this system cannot reset its peak resident memory")
+    settings = ProbeSettings(warmup_steps=2, steps=2, min_time=0)
+    result = run_paired(load_workload("tiny_mlp"), fp32(32), fp32(16), "cpu", settings)
+    assert result.ok, result.summary()
+    # Measured while the candidate ran alone; both arms alive together would be both peaks.
+    assert result.candidate.peak_memory_allocated is not None
+    assert result.candidate.peak_memory == result.candidate.peak_memory_allocated >= 0
+    assert result.reference.peak_memory is None

@@ -350,3 +350,35 @@ def test_a_build_that_hangs_overruns_a_short_budget_by_seconds_not_by_the_grace(
         spent = budget.elapsed()
     # Over by at most the reference's floor and a short grace: 3 + 3 seconds, not 15 more.
     assert spent <= 20.0 + 6.5, spent
+
+
+class _Recording(SimulatedRunner):
+    """Keeps the settings of every probe and paired run it is asked for."""
+
+    def __init__(self, land: Landscape) -> None:
+        super().__init__(land)
+        self.seen: list[Any] = []
+
+    def run(self, workload, candidate, settings, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        self.seen.append(settings)
+        return super().run(workload, candidate, settings, **kwargs)
+
+    def compare(self, workload, candidate, reference, settings, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        self.seen.append(settings)
+        return super().compare(workload, candidate, reference, settings, **kwargs)
+
+
+def test_every_probe_is_told_the_memory_margin_to_keep_free(tmp_path: Path) -> None:
+    """The worker caps its allocator at the margin (a GPU shared with colleagues keeps it):
+    ceilings, the reference, trials and validation all carry it."""
+    runner = _Recording(landscape())
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    with clock.use(runner.clock):
+        run_search(
+            spec("2m", storage=storage, memory_margin=0.2),
+            out_dir=tmp_path / "out",
+            runner=runner,
+            budget=Budget(120.0),
+        )
+    assert len(runner.seen) > 5
+    assert {s.memory_margin for s in runner.seen} == {0.2}

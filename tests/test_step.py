@@ -1,9 +1,11 @@
 """The step engine and its memory helpers: applied steps, loss read-back, OOM in every form,
-recovery before the cache is cleared, and each run's peak memory its own."""
+recovery before the cache is cleared, each run's peak memory its own, and the memory margin."""
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 
 from autotune import step
 from autotune.ceilings import find_ceiling
-from autotune.memory import PeakMemory, is_oom
+from autotune.memory import PeakMemory, is_oom, memory_cap, memory_fraction
 from autotune.probe import run_probe
 from autotune.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
@@ -24,6 +26,15 @@ MIB = 2**20
 
 def cand(precision: str = "fp32", batch_size: int = 16, **kw: Any) -> Candidate:
     return Candidate(precision=precision, batch_size=batch_size, learning_rate=0.05, **kw)
+
+
+def with_adamw(workload: Workload, *, fused: bool) -> Workload:
+    """The workload with AdamW, fused (one kernel per step, common on GPUs) or not."""
+
+    def adamw(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=lr, fused=fused)
+
+    return dataclasses.replace(workload, build_optimizer=adamw)
 
 
 # ---- the engine ----------------------------------------------------------------------------
@@ -42,17 +53,40 @@ def test_a_block_runs_between_syncs_and_its_losses_come_back_in_one_read() -> No
         assert engine.read_losses() == engine.losses[4:] and len(engine.losses) == 6
 
 
-def test_steps_grad_scaler_skips_are_counted_as_not_applied() -> None:
-    # 2^60 overflows every fp16 gradient: GradScaler skips each optimizer step.
-    with StepEngine(tiny_mlp(), cand("fp16", init_scale=2.0**60), CPU) as engine:
+@pytest.mark.parametrize("fused", [False, True], ids=["adamw", "fused_adamw"])
+def test_steps_grad_scaler_skips_are_counted_as_not_applied(fused: bool) -> None:
+    # 2^60 overflows every fp16 gradient: each step is skipped. A fused optimizer is called
+    # every step (its kernel skips by itself): the count must not depend on that.
+    wl = with_adamw(tiny_mlp(), fused=fused)
+    with StepEngine(wl, cand("fp16", init_scale=2.0**60), CPU) as engine:
         engine.build()
+        assert engine.model is not None
+        weights = [p.detach().clone() for p in engine.model.parameters()]
         block = engine.run_steps(3)
         assert (engine.steps, engine.applied, engine.skipped, block.skipped) == (3, 0, 3, 3)
         assert engine.scale() == 2.0**57
-    with StepEngine(tiny_mlp(), cand("fp32"), CPU) as engine:
-        engine.build()
-        engine.run_steps(3)
-        assert (engine.applied, engine.skipped, engine.scale()) == (3, 0, 1.0)
+        assert all(
+            torch.equal(w, p) for w, p in zip(weights, engine.model.parameters(), strict=True)
+        )
+        # Steps outside a block are counted too, and come back with their losses.
+        engine.step()
+        assert len(engine.read_losses()) == 4 and engine.skipped == 4
+    # Without a scaler nothing is skipped: fp32, and bf16 (its range needs none).
+    for precision in ("fp32", "bf16"):
+        with StepEngine(wl, cand(precision), CPU) as engine:
+            engine.build()
+            block = engine.run_steps(3)
+            assert (engine.applied, engine.skipped, block.skipped, engine.scale()) == (3, 0, 0, 1.0)
+
+
+def test_a_probe_with_a_fused_optimizer_stops_when_its_steps_keep_being_skipped() -> None:
+    # Every step overflows: past warm-up the skip rate is 100%, far above max_skip_rate.
+    wl = with_adamw(tiny_mlp(), fused=True)
+    settings = ProbeSettings(warmup_steps=0, steps=10, check_every=5, min_time=0)
+    r = run_probe(wl, cand("fp16", init_scale=2.0**60), "cpu", settings)
+    assert r.outcome == "diverged", r.summary()
+    assert r.reason.startswith("GradScaler skipped 5 of 5 steps after warmup")
+    assert r.skipped_steps == 5
 
 
 def test_the_same_seed_gives_the_same_losses() -> None:
@@ -76,6 +110,30 @@ def test_closing_drops_the_run_and_stops_counting_steps() -> None:
     assert opt is not None
     opt.step()  # the caller's optimizer goes on; the closed engine no longer counts it
     assert engine.applied == 1
+
+
+def test_closing_a_compiled_run_drops_the_compiled_code_it_leaves_behind() -> None:
+    # Compiled code (and with CUDA graphs, their memory pools) outlives the model: the next
+    # run in the process would start with this one's memory. Seen here through a function
+    # compiled meanwhile: after the compiled run closes, calling it compiles it again.
+    compiles: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
+        compiles.append(1)
+        return gm.forward
+
+    double = torch.compile(lambda x: x * 2, backend=backend)
+    with StepEngine(tiny_mlp(), cand("fp32"), CPU) as engine:
+        engine.build()
+        double(torch.ones(2))
+    double(torch.ones(2))
+    assert len(compiles) == 1  # an eager run leaves the compiler's caches alone
+    with StepEngine(tiny_mlp(), cand("fp32", compile=True), CPU) as engine:
+        engine.build()  # compiles at its first step; none is taken here
+        double(torch.ones(2))
+        assert len(compiles) == 2  # its build started the compiler afresh
+    double(torch.ones(2))
+    assert len(compiles) == 3
 
 
 def test_an_oom_frees_the_run_before_the_cache_is_cleared(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -240,3 +298,64 @@ def test_a_probe_after_a_larger_one_reports_its_own_reserved_peak() -> None:
     assert small.ok and large.ok and again.ok
     assert again.peak_memory_reserved < large.peak_memory_reserved
     assert again.peak_memory_reserved <= 1.5 * small.peak_memory_reserved
+
+
+# ---- the memory margin ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("free", "reserved", "prior", "fraction"),
+    [
+        (60, 0, 1.0, 0.5),  # 60 of 100 free, 10 kept: 50 may be taken
+        (60, 20, 1.0, 0.7),  # what this process already holds is its own to reuse
+        (5, 0, 1.0, 0.0),  # the margin is not free even now: nothing may be taken
+        (100, 0, 0.3, 0.3),  # a limit the process already has is never lifted
+    ],
+)
+def test_the_share_of_the_device_a_run_may_take_keeps_the_margin_free(
+    free: int, reserved: int, prior: float, fraction: float
+) -> None:
+    got = memory_fraction(0.1, free * MIB, 100 * MIB, reserved * MIB, prior)
+    assert got == pytest.approx(fraction)
+
+
+class _FakeCudaLimit:
+    """The CUDA allocator's per-process limit, on a device with 100 MiB, 60 of them free."""
+
+    def __init__(self) -> None:
+        self.fraction = 1.0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def set_fraction(fraction: float, device: Any = None) -> None:
+            self.fraction = fraction
+
+        for name, fn in {
+            "is_available": lambda: True,
+            "mem_get_info": lambda device=None: (60 * MIB, 100 * MIB),
+            "memory_reserved": lambda device=None: 0,
+            "get_per_process_memory_fraction": lambda device=None: self.fraction,
+            "set_per_process_memory_fraction": set_fraction,
+        }.items():
+            monkeypatch.setattr(torch.cuda, name, fn)
+
+
+def test_a_run_is_capped_at_the_margin_and_the_cap_is_lifted_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    limit = _FakeCudaLimit()
+    limit.install(monkeypatch)
+    cuda = torch.device("cuda", 0)
+    with memory_cap(cuda, 0.1) as fraction:
+        assert fraction == limit.fraction == pytest.approx(0.5)
+    assert limit.fraction == 1.0
+    # Also when the run fails (an OOM at the cap is the usual way), and a process's own limit
+    # is put back as it was.
+    limit.fraction = 0.3
+    with pytest.raises(torch.OutOfMemoryError), memory_cap(cuda, 0.1):
+        assert limit.fraction == pytest.approx(0.3)
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    assert limit.fraction == 0.3
+    # No margin, or a CPU: nothing is capped.
+    for device, margin in ((cuda, None), (CPU, 0.1)):
+        with memory_cap(device, margin) as fraction:
+            assert fraction is None and limit.fraction == 0.3
