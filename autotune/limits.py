@@ -1,5 +1,7 @@
-"""The probe worker's memory limit: a workload that allocates without bound fails in its own
-process, as an out-of-memory probe, instead of taking the shared machine's memory.
+"""The probe worker's limits: the memory it may map, and the one GPU it sees.
+
+Memory: a workload that allocates without bound fails in its own process, as an out-of-memory
+probe, instead of taking the shared machine's memory.
 
 ``AUTOTUNE_WORKER_MEMORY`` sets the limit: a size (``8G``, ``512M``, ``16GiB``, a number of
 bytes) or ``0`` for none. The default is 75% of the machine's memory (``MemTotal``): room for
@@ -10,6 +12,13 @@ CUDA reserves address space far beyond the memory it uses (a unified address spa
 the host's and every GPU's memory), so an address-space limit makes CUDA fail to initialise.
 ``RLIMIT_DATA`` is no way out: recent kernels count those private mappings in it too. A GPU
 worker's device memory is bounded by the device itself; its host memory is not limited.
+
+The GPU: a worker for ``cuda:N`` starts with ``CUDA_VISIBLE_DEVICES`` naming that one GPU (by
+its UUID, read through NVML) and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:func:`worker_env`), so it
+sees its own GPU as ``cuda:0`` and no other: a workload's stray ``.cuda()`` lands there, never
+on a colleague's GPU. autotune numbers GPUs in PCI bus order: ``cuda:N`` is the N-th entry of
+``CUDA_VISIBLE_DEVICES`` (a UUID, or an index in PCI bus order), or the N-th GPU by PCI bus id
+when the variable is unset.
 """
 
 from __future__ import annotations
@@ -17,18 +26,31 @@ from __future__ import annotations
 import os
 import re
 import resource
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from autotune.errors import SpecError
+from loguru import logger
+
+from autotune.errors import DeviceError, SpecError
 
 __all__ = [
     "DEFAULT_SHARE",
     "MEMORY_ENV",
+    "ORDER_ENV",
+    "VISIBLE_ENV",
     "apply_memory_limit",
     "format_bytes",
+    "gpu_handle",
     "limit_note",
+    "load_nvml",
     "machine_memory",
     "parse_size",
+    "pci_bus_order",
+    "visible_entries",
+    "worker_device",
+    "worker_env",
     "worker_memory_limit",
 ]
 
@@ -128,3 +150,211 @@ def limit_note(limit: int) -> str:
         f"the worker may map at most {format_bytes(limit)} ({MEMORY_ENV}; raise it, or 0 for "
         "no limit)"
     )
+
+
+# ---- the one GPU a worker sees ---------------------------------------------------------------
+
+VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
+ORDER_ENV = "CUDA_DEVICE_ORDER"
+_PCI = "PCI_BUS_ID"
+
+_nvml_lock = threading.Lock()
+_nvml_ready = False
+_warned_order = False
+
+
+def load_nvml() -> Any:
+    """The initialised ``pynvml`` module (initialised once per process); raises when NVML is
+    missing (no package, no driver library). It opens no CUDA context."""
+    global _nvml_ready
+    import pynvml
+
+    with _nvml_lock:
+        if not _nvml_ready:
+            pynvml.nvmlInit()
+            _nvml_ready = True
+    return pynvml
+
+
+def pci_bus_order() -> None:
+    """Number GPUs in PCI bus order in this process, as autotune does: sets
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` where it is unset (call it before CUDA starts). Where the
+    user chose another order, it stays, with a warning: autotune's ``cuda:N`` is still the N-th
+    GPU in PCI bus order."""
+    _warn_order(os.environ.setdefault(ORDER_ENV, _PCI))
+
+
+def _warn_order(order: str) -> None:
+    global _warned_order
+    if order.strip().upper() != _PCI and not _warned_order:
+        _warned_order = True
+        logger.warning(
+            "{}={} is set; autotune numbers GPUs in PCI bus order, so its cuda:N may be another "
+            "GPU than this process's cuda:N; set {}={} or name GPUs by UUID in {}",
+            ORDER_ENV,
+            order,
+            ORDER_ENV,
+            _PCI,
+            VISIBLE_ENV,
+        )
+
+
+def visible_entries(visible: str) -> list[str]:
+    """The entries of a ``CUDA_VISIBLE_DEVICES`` value that CUDA uses, in order: GPU indices
+    and UUIDs (``GPU-…``, ``MIG-…``). CUDA stops at the first entry it cannot read (``-1``, an
+    empty one): what follows is not visible.
+
+    Example:
+        >>> visible_entries("GPU-5d1e, 2,-1,0")
+        ['GPU-5d1e', '2']
+    """
+    out = []
+    for raw in visible.split(","):
+        entry = raw.strip()
+        if not (entry.isdigit() or entry.upper().startswith(("GPU-", "MIG-"))):
+            break
+        out.append(entry)
+    return out
+
+
+def _entry(index: int, environ: Mapping[str, str]) -> str:
+    """The GPU that ``cuda:index`` is: its ``CUDA_VISIBLE_DEVICES`` entry (a UUID, or an index
+    in PCI bus order), or ``index`` itself where the variable is unset."""
+    visible = environ.get(VISIBLE_ENV)
+    if visible is None:
+        return str(index)
+    entries = visible_entries(visible)
+    if index >= len(entries):
+        raise DeviceError(
+            f"device cuda:{index} does not exist: {VISIBLE_ENV}={visible!r} shows "
+            f"{len(entries)} GPU(s)"
+        )
+    return entries[index]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _handles(nvml: Any) -> list[Any]:
+    """Every GPU's NVML handle, in NVML's order; a GPU this process may not open (another
+    job's, behind a cgroup) is left out: CUDA cannot use it either."""
+    out = []
+    for i in range(int(nvml.nvmlDeviceGetCount())):
+        try:
+            out.append(nvml.nvmlDeviceGetHandleByIndex(i))
+        except nvml.NVMLError:
+            continue
+    return out
+
+
+def _by_pci_bus(nvml: Any) -> list[Any]:
+    """Every GPU's NVML handle, in PCI bus order (NVML's own order where it cannot tell)."""
+    handles = _handles(nvml)
+    try:
+        keys = [nvml.nvmlDeviceGetPciInfo(h) for h in handles]
+        order = sorted(
+            range(len(handles)), key=lambda i: (keys[i].domain, keys[i].bus, keys[i].device)
+        )
+    except nvml.NVMLError:
+        return handles
+    return [handles[i] for i in order]
+
+
+def gpu_handle(nvml: Any, index: int, environ: Mapping[str, str] | None = None) -> Any:
+    """The NVML handle of ``cuda:index`` as autotune numbers GPUs (see the module's note).
+
+    Args:
+        nvml: the ``pynvml`` module (:func:`load_nvml`).
+        index: the N of ``cuda:N``.
+        environ: where ``CUDA_VISIBLE_DEVICES`` is read; this process's environment by default.
+
+    Raises:
+        DeviceError: no such GPU (the entry, or the index, names none).
+    """
+    entry = _entry(index, os.environ if environ is None else environ)
+    if entry.isdigit():
+        if not hasattr(nvml, "nvmlDeviceGetPciInfo"):  # a binding without bus ids: NVML's order
+            return nvml.nvmlDeviceGetHandleByIndex(int(entry))
+        handles = _by_pci_bus(nvml)
+        if int(entry) >= len(handles):
+            named = f" ({VISIBLE_ENV} entry {entry})" if entry != str(index) else ""
+            raise DeviceError(
+                f"device cuda:{index}{named} does not exist: this machine has {len(handles)} GPU(s)"
+            )
+        return handles[int(entry)]
+    try:
+        return nvml.nvmlDeviceGetHandleByUUID(entry)
+    except nvml.NVMLError:
+        pass
+    # CUDA also takes a unique prefix of a UUID.
+    found = [h for h in _handles(nvml) if _text(nvml.nvmlDeviceGetUUID(h)).startswith(entry)]
+    if len(found) != 1:
+        raise DeviceError(
+            f"device cuda:{index} is {VISIBLE_ENV} entry {entry!r}, which names "
+            f"{'no GPU' if not found else 'more than one GPU'} on this machine"
+        )
+    return found[0]
+
+
+def worker_env(
+    device: str,
+    nvml: Callable[[], Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """What a probe worker for ``device`` adds to its environment: for ``cuda`` and ``cuda:N``,
+    ``CUDA_VISIBLE_DEVICES`` naming that one GPU by its UUID and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+    (the worker then sees it as ``cuda:0``); nothing for ``cpu`` and ``auto``.
+
+    Without NVML the GPU is named by its index in PCI bus order (said in a debug line).
+
+    Args:
+        device: the worker's device, as the caller names it.
+        nvml: returns the ``pynvml`` module (:func:`load_nvml` by default); may raise when NVML
+            is missing.
+        environ: the caller's environment; this process's by default.
+
+    Raises:
+        DeviceError: the GPU does not exist.
+
+    Example:
+        >>> worker_env("cpu")
+        {}
+    """
+    name = device.strip().lower()
+    if not name.startswith("cuda"):
+        return {}
+    environ = os.environ if environ is None else environ
+    _warn_order(environ.get(ORDER_ENV, _PCI))
+    index = int(name.partition(":")[2] or 0)
+    entry = _entry(index, environ)
+    if not entry.isdigit():  # already a UUID: CUDA reads it the same in any order
+        return {VISIBLE_ENV: entry, ORDER_ENV: _PCI}
+    try:
+        lib = (nvml or load_nvml)()
+        uuid = _text(lib.nvmlDeviceGetUUID(gpu_handle(lib, index, environ)))
+    except DeviceError:
+        raise
+    except Exception as exc:  # no NVML: the index, in PCI bus order, names the same GPU
+        logger.debug(
+            "NVML cannot name GPU {} ({}): the worker for {} sees it by its index in PCI bus "
+            "order, not by its UUID",
+            entry,
+            exc,
+            device,
+        )
+        return {VISIBLE_ENV: entry, ORDER_ENV: _PCI}
+    return {VISIBLE_ENV: uuid, ORDER_ENV: _PCI}
+
+
+def worker_device(device: str, environ: Mapping[str, str] | None = None) -> str:
+    """The name a worker uses, inside, for ``device``: ``cuda:0`` for a CUDA device when it sees
+    one GPU only (started with :func:`worker_env`), ``device`` otherwise.
+
+    Example:
+        >>> worker_device("cuda:3", {"CUDA_VISIBLE_DEVICES": "GPU-5d1e"})
+        'cuda:0'
+    """
+    environ = os.environ if environ is None else environ
+    one = len(visible_entries(environ.get(VISIBLE_ENV, ""))) == 1
+    return "cuda:0" if one and device.strip().lower().startswith("cuda") else device

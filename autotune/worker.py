@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -25,7 +26,14 @@ from loguru import logger
 
 from autotune.errors import AutotuneError, WorkloadError
 from autotune.facts import WorkerFacts
-from autotune.limits import apply_memory_limit, limit_note, worker_memory_limit
+from autotune.limits import (
+    apply_memory_limit,
+    limit_note,
+    pci_bus_order,
+    worker_device,
+    worker_env,
+    worker_memory_limit,
+)
 from autotune.memory import OOM_MESSAGES
 from autotune.result import PairedResult, ProbeResult
 from autotune.runner import (
@@ -77,14 +85,22 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
 
     After an error that poisons the CUDA context it says so and returns: the process exits
     and the parent starts a fresh one for the next request.
+
+    A CUDA worker sees its one GPU as ``cuda:0`` (:func:`~autotune.limits.worker_env`): it runs
+    everything there, and its replies name the device as the caller did, ``cuda:N``.
     """
     # Ctrl-C goes to the whole process group; the parent decides what to do with it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from autotune.probe import run_probe
     from autotune.workloads import load_workload
 
+    shown = f"cuda:{device.partition(':')[2] or 0}" if device.startswith("cuda") else device
+    device = worker_device(device)
+    here = re.compile(rf"\b{re.escape(device)}\b") if device != shown else None
+
     def send(*message: Any) -> None:
-        replies.write(json.dumps(message) + "\n")
+        text = json.dumps(message)
+        replies.write((here.sub(shown, text) if here else text) + "\n")
         replies.flush()
 
     cache: dict[str, Any] = {}
@@ -149,8 +165,11 @@ def main() -> None:
     """Entry point of a worker process:
     ``python -m autotune.worker DEVICE REQ_FD REPLY_FD [MEMORY_LIMIT_BYTES]``."""
     device, req_fd, reply_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    # First thing: what the probes allocate from here on counts against it (autotune.limits).
+    # First thing: what the probes allocate from here on counts against it (autotune.limits);
+    # and GPUs numbered in PCI bus order (the parent set it; before CUDA starts, in any case).
     apply_memory_limit(int(sys.argv[4]) if len(sys.argv) > 4 else None)
+    if not device.startswith("cpu"):
+        pci_bus_order()
     # The parent logs every decision; the worker only says what goes wrong.
     logger.remove()
     logger.add(sys.stderr, level=os.environ.get("AUTOTUNE_WORKER_LOG_LEVEL", "WARNING"))
@@ -200,7 +219,14 @@ class ProbeWorker(Runner):
 
     def _start(self) -> None:
         # A fresh interpreter, not a fork: CUDA cannot be forked, and the caller's main module
-        # is never re-imported.
+        # is never re-imported. A CUDA worker sees only its own GPU, as cuda:0 (worker_env).
+        env = {
+            **os.environ,
+            **worker_env(self.device),
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])
+            ),
+        }
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         proc = subprocess.Popen(
@@ -208,12 +234,7 @@ class ProbeWorker(Runner):
             + [str(self.memory_limit or 0)],
             pass_fds=(req_r, rep_w),
             stdin=subprocess.DEVNULL,
-            env={
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join(
-                    filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])
-                ),
-            },
+            env=env,
         )
         os.close(req_r)
         os.close(rep_w)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,8 @@ from autotune.errors import SpecError
 from autotune.precision import snapshot_backend_flags
 from autotune.spec import Candidate, load_spec
 from autotune.train import TrainSettings, compare, parse_train_settings, train
-from autotune.workloads import load_workload
+from autotune.train._run import RandomStreams
+from autotune.workloads import Workload, load_workload, synthetic_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,6 +127,87 @@ def test_the_user_workload_example_loads_and_trains(monkeypatch: pytest.MonkeyPa
     r = train(wl, Candidate(precision="bf16", batch_size=64, learning_rate=1e-3), "cpu",
               TrainSettings(steps=3, eval_samples=128))  # fmt: skip
     assert r.ok and r.accuracy is not None and all(map(math.isfinite, r.losses))
+
+
+def _dropout_workload(masks: list[torch.Tensor]) -> Workload:
+    """A linear model that, every forward, drops out a vector of ones and records the mask."""
+
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 4)
+            self.drop = torch.nn.Dropout(0.5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            kept = self.drop(torch.ones(256, device=x.device))
+            masks.append((kept == 0).cpu())
+            return self.linear(x) + 0 * kept.sum()
+
+    def make(batch_size: int, gen: torch.Generator) -> Any:
+        return torch.randn(batch_size, 8, generator=gen), torch.randint(
+            0, 4, (batch_size,), generator=gen
+        )
+
+    return Workload(
+        name="dropout",
+        build_model=Masked,
+        make_batches=lambda bs, dev, gen: synthetic_batches(make, bs, dev, gen, samples=64),
+        build_optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr),
+        base_lr=0.05,
+        base_batch_size=16,
+    )
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_consecutive_blocks_draw_new_dropout_masks_and_a_rerun_the_same(device: str) -> None:
+    """A run is cut into timed blocks; on the device, too, each block must go on drawing where
+    the last one stopped (it used to replay the same dropout masks in every block on CUDA)."""
+    cand = Candidate(precision="fp32", batch_size=16, learning_rate=0.05)
+    settings = TrainSettings(steps=5, check_every=1, warmup_steps=1, eval_samples=0)
+    runs = []
+    for _ in range(2):
+        masks: list[torch.Tensor] = []
+        r = train(_dropout_workload(masks), cand, device, settings)
+        assert r.ok and r.steps == 5 and len(masks) == 5
+        runs.append(masks)
+    first = runs[0]
+    # The warm-up step and four one-step blocks: five different masks, as in one plain loop.
+    assert all(not torch.equal(a, b) for i, a in enumerate(first) for b in first[i + 1 :])
+    # The same seed gives the same masks again.
+    assert all(torch.equal(a, b) for a, b in zip(first, runs[1], strict=True))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_random_streams_carry_each_devices_state_from_block_to_block(device: str) -> None:
+    dev = torch.device(device)
+    streams = [RandomStreams(7, [torch.device("cpu"), dev]) for _ in range(2)]
+    # The uninterrupted sequence: the same draws from one generator seeded with 7.
+    gen = torch.Generator(dev).manual_seed(7)
+    plain = [torch.rand(4, device=dev, generator=gen) for _ in range(3)]
+    before = _global_state(dev)
+    drawn: list[list[torch.Tensor]] = [[], []]
+    callers: list[torch.Tensor] = []
+    for _ in range(3):  # two runs' blocks interleave, and the caller draws between them
+        for own, out in zip(streams, drawn, strict=True):
+            with own.own():
+                out.append(torch.rand(4, device=dev))
+            callers.append(torch.rand(4, device=dev))
+    for out in drawn:
+        assert all(torch.equal(a, b) for a, b in zip(out, plain, strict=True))
+    # The caller's stream went on as if no run had drawn in between.
+    _set_global_state(dev, before)
+    assert all(torch.equal(c, torch.rand(4, device=dev)) for c in callers)
+
+
+def _global_state(dev: torch.device) -> torch.Tensor:
+    return torch.get_rng_state() if dev.type == "cpu" else torch.cuda.get_rng_state(dev)
+
+
+def _set_global_state(dev: torch.device, state: torch.Tensor) -> None:
+    if dev.type == "cpu":
+        torch.set_rng_state(state)
+    else:
+        torch.cuda.set_rng_state(state, dev)
 
 
 # ---- the command --------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from loguru import logger
 
 from autotune import clock
 from autotune.errors import DeviceError, SpecError
+from autotune.limits import VISIBLE_ENV, gpu_handle, load_nvml, pci_bus_order, visible_entries
 
 if TYPE_CHECKING:
     from autotune.search import Event
@@ -89,6 +89,10 @@ class DeviceReading:
 def parse_devices(text: str | None, *, gpu_count: Callable[[], int] | None = None) -> list[str]:
     """``cpu`` → ``["cpu"]``; ``0,1`` or ``cuda:0,cuda:1`` → ``["cuda:0", "cuda:1"]``.
 
+    GPU indices are in PCI bus order, whatever CUDA's default: this sets
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in this process where it is unset (the service calls this
+    first, before anything reads a GPU).
+
     Args:
         text: the ``--devices`` value; None means every visible GPU, or the CPU without one.
         gpu_count: how many GPUs are visible (NVML by default).
@@ -100,6 +104,7 @@ def parse_devices(text: str | None, *, gpu_count: Callable[[], int] | None = Non
         >>> parse_devices("0,cuda:1")
         ['cuda:0', 'cuda:1']
     """
+    pci_bus_order()
     if text is None or not text.strip():
         count = (gpu_count or _visible_gpu_count)()
         return [f"cuda:{i}" for i in range(count)] or ["cpu"]
@@ -122,7 +127,7 @@ def parse_devices(text: str | None, *, gpu_count: Callable[[], int] | None = Non
 
 def _visible_gpu_count() -> int:
     """GPUs this process may use, without creating a CUDA context."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = os.environ.get(VISIBLE_ENV)
     try:
         nvml = _nvml()
         count = int(nvml.nvmlDeviceGetCount())
@@ -132,46 +137,25 @@ def _visible_gpu_count() -> int:
         return torch.cuda.device_count()
     if visible is None:
         return count
-    # CUDA stops at the first invalid entry (e.g. -1): what follows is not visible.
-    entries = []
-    for v in visible.split(","):
-        if not v.strip() or v.strip().startswith("-"):
-            break
-        entries.append(v)
-    return min(count, len(entries)) if all(e.strip().isdigit() for e in entries) else len(entries)
-
-
-_nvml_lock = threading.Lock()
-_nvml_ready = False
+    # CUDA stops at the first invalid entry (e.g. -1, or an index past the last GPU).
+    entries = visible_entries(visible)
+    for n, entry in enumerate(entries):
+        if entry.isdigit() and int(entry) >= count:
+            return n
+    return len(entries)
 
 
 def _nvml() -> Any:
     """The initialised ``pynvml`` module (initialised once per process)."""
-    global _nvml_ready
-    import pynvml
-
-    with _nvml_lock:
-        if not _nvml_ready:
-            pynvml.nvmlInit()
-            _nvml_ready = True
-    return pynvml
+    return load_nvml()
 
 
 def _nvml_handle(nvml: Any, index: int) -> Any:
-    """The NVML handle of ``cuda:index`` as this process numbers it (CUDA_VISIBLE_DEVICES)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return nvml.nvmlDeviceGetHandleByIndex(index)
-    entries = [v.strip() for v in visible.split(",") if v.strip()]
-    if index >= len(entries):
-        raise DeviceError(
-            f"device cuda:{index} does not exist: CUDA_VISIBLE_DEVICES={visible!r} shows "
-            f"{len(entries)} GPU(s)"
-        )
-    entry = entries[index]
-    if entry.isdigit():
-        return nvml.nvmlDeviceGetHandleByIndex(int(entry))
-    return nvml.nvmlDeviceGetHandleByUUID(entry)
+    """The NVML handle of ``cuda:index`` as autotune numbers GPUs: the index-th entry of
+    ``CUDA_VISIBLE_DEVICES`` (a UUID, or an index in PCI bus order), else the index-th GPU in
+    PCI bus order (:func:`parse_devices` sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` where unset, so
+    CUDA numbers them alike)."""
+    return gpu_handle(nvml, index)
 
 
 def _meminfo() -> dict[str, int]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from loguru import logger
@@ -19,7 +20,7 @@ from autotune.step import StepEngine
 from autotune.train._models import Progress, TrainResult, TrainSettings
 from autotune.workloads import Batch, Workload
 
-__all__ = ["TrainRun", "as_candidate", "held_out_batches", "train"]
+__all__ = ["RandomStreams", "TrainRun", "as_candidate", "held_out_batches", "train"]
 
 # Blocks per run, about: each ends with a device sync and one read of its losses.
 _BLOCKS = 40
@@ -149,8 +150,9 @@ class TrainRun:
             scaler=self.amp.scaler,
             prepare=self.amp.prepare,
         )
-        # This run's own random stream: interleaved runs must not draw from each other's.
-        self.rng = torch.Generator().manual_seed(settings.seed)
+        # This run's own random streams, the CPU's and its device's: interleaved runs must not
+        # draw from each other's, and each block continues where the run's last one stopped.
+        self.streams = RandomStreams(settings.seed, [torch.device("cpu"), self.amp.device])
         self.blocks: list[tuple[int, float]] = []
         # About forty blocks a run (at most check_every steps each): enough pairs for an
         # interval when two runs interleave, one loss read per block.
@@ -168,9 +170,7 @@ class TrainRun:
     def _in_own_state(self, action: Callable[[], None]) -> bool:
         """Run ``action`` under this run's flags, random state and grad mode; an OOM or a failed
         compile ends the run (False)."""
-        fork = [self.amp.device.index or 0] if self.amp.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=fork), torch.enable_grad():
-            torch.set_rng_state(self.rng.get_state())
+        with self.streams.own(), torch.enable_grad():
             # Two runs interleave: each block runs under its own run's backend flags.
             apply_backend_flags(self.amp.mode)
             failed: str | None = None
@@ -181,7 +181,6 @@ class TrainRun:
                 if failed is None:
                     raise
                 oom = None
-            self.rng.set_state(torch.get_rng_state())
         if failed is not None:
             self.result.outcome, self.result.reason = "compile_failed", failed
             self.done = True
@@ -299,6 +298,65 @@ class TrainRun:
             "train {}: {} → {} {:.1f} samples/s", r.label, r.settings(), r.outcome, r.throughput
         )
         return r
+
+
+class RandomStreams:
+    """A run's own random streams, carried from block to block as in one uninterrupted run.
+
+    One stream per device in ``devices`` (its global generator: the CPU's, a CUDA device's; a
+    device named twice counts once). Inside :meth:`own` each generator holds the run's state,
+    seeded with ``seed`` the first time; on the way out the run's state is kept for its next
+    block and the caller's is restored. So consecutive blocks draw new numbers (new dropout
+    masks), never the same ones again, and two runs whose blocks interleave each draw their own
+    sequence.
+
+    Example:
+        >>> streams = RandomStreams(0, [torch.device("cpu")])
+        >>> with streams.own():
+        ...     first = torch.rand(1)
+        >>> with streams.own():
+        ...     second = torch.rand(1)
+        >>> bool(first != second)
+        True
+    """
+
+    def __init__(self, seed: int, devices: Sequence[torch.device]) -> None:
+        self.seed = seed
+        self.devices = list(dict.fromkeys(_with_index(torch.device(d)) for d in devices))
+        self._states: list[torch.Tensor] | None = None
+
+    @contextmanager
+    def own(self) -> Iterator[None]:
+        """Run the block under the run's random state; the caller's is back afterwards."""
+        generators = [_default_generator(d) for d in self.devices]
+        outside = [g.get_state() for g in generators]
+        for i, g in enumerate(generators):
+            if self._states is None:
+                g.manual_seed(self.seed)
+            else:
+                g.set_state(self._states[i])
+        try:
+            yield
+        finally:
+            self._states = [g.get_state() for g in generators]
+            for g, state in zip(generators, outside, strict=True):
+                g.set_state(state)
+
+
+def _with_index(device: torch.device) -> torch.device:
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    """The global generator that random ops on ``device`` draw from."""
+    if device.type == "cpu":
+        return torch.default_generator
+    if device.type == "cuda":
+        torch.cuda.init()  # the per-device generators exist once CUDA is initialised
+        return torch.cuda.default_generators[device.index]
+    raise ValueError(f"no random stream for device {device}")
 
 
 def held_out_batches(
