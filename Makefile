@@ -37,10 +37,13 @@ format: $(VENV)/.dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# On a CUDA machine: every gpu-marked test and the GPU benchmarks, results under $(OUT)
-# (the same as `bash scripts/gpu-check.sh $(OUT)`, which needs no make).
+# The GPU check, in calls that each fit a short session on a CUDA machine. `make gpu-check`
+# prints the plan (the calls in order, their caps, timeouts and device time) and runs nothing;
+# `make gpu-check CALL=tests-core` (then tests-integrations, then bench; or all) prints it and
+# runs that call, results under $(OUT)/CALL: the same as `bash scripts/gpu-check.sh CALL $(OUT)`,
+# which needs no make. GPU_CHECK_DRY_RUN=1 prints the call's commands instead of running them.
 gpu-check:
-	bash scripts/gpu-check.sh $(OUT)
+	bash scripts/gpu-check.sh $(if $(CALL),$(CALL) $(OUT),--plan)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

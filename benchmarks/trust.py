@@ -20,7 +20,10 @@ Goals: median |claimed/measured - 1| <= 10%; no false claims; the full run keeps
 fallback only where no candidate beats fp32 by 5%; repeated searches agree.
 
     python benchmarks/trust.py [--studies tiny,tiny-gpt] [--seeds 1,2,3] [--epochs 2]
-        [--neighbour] [--unpaired] [--json out.json] [--markdown out.md]
+        [--budget-scale 1.0] [--device auto] [--neighbour] [--unpaired] [--json out.json]
+        [--markdown out.md]
+
+``--budget-scale`` multiplies each study's search budget (tiny 60 s, tiny-gpt 120 s).
 """
 
 from __future__ import annotations
@@ -195,7 +198,7 @@ def markdown(rows: list[dict[str, Any]], total: dict[str, Any], note: str) -> st
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--studies", default="tiny,tiny-gpt")
     parser.add_argument("--seeds", default="1,2,3")
@@ -206,7 +209,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--unpaired", action="store_true", help="also time the runs one by one")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _parse(argv)
     neighbour = None
     if args.neighbour:
         neighbour = multiprocessing.get_context("spawn").Process(

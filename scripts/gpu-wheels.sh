@@ -5,7 +5,7 @@
 #
 #   PYTHON=.venv/bin/python bash scripts/gpu-wheels.sh
 #
-# tests/test_gpu_wheels.py checks that these wheels and the machine's own packages
+# tests/test_gpu_check.py checks that these wheels and the machine's own packages
 # (scripts/gpu-machine-packages.txt) cover every runtime dependency of autotune.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,4 +38,5 @@ rm -f .whl/*.whl
 # --no-deps: the list names every wheel; the test above checks that nothing is missing.
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp "${PLATFORMS[@]}" -d .whl "${PINS[@]}"
-echo "gpu-wheels: $(ls .whl/*.whl | wc -l) wheels, $(du -sh .whl | cut -f1) in .whl/ (carry .whl)"
+echo "gpu-wheels: $(ls .whl/*.whl | wc -l) wheels, $(du -sh .whl | cut -f1) in .whl/; bring .whl/ along" \
+    "to the GPU machine (bash scripts/gpu-check.sh --plan says the calls to make there)"
