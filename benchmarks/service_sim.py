@@ -4,8 +4,8 @@ The service's real queue, scheduler and search (:func:`autotune.sim.run_box`) ru
 GPUs (a shipped landscape, ``h100-resnet18`` by default) on one event clock, so a day of the box
 takes minutes of real time. The scenario, fixed by ``--seed``:
 
-- 50 studies from 10 users (``u0``..``u9``) arrive as a Poisson stream over ``--hours`` (half
-  an hour by default: a morning rush, more work than 8 GPUs take at once), each with a budget
+- 50 studies from 10 users (``u0``..``u9``) arrive as a Poisson stream over ``--hours`` (a
+  quarter of an hour by default: a morning rush, more work than 8 GPUs take at once), each with a budget
   drawn from 5, 10, 20 and 30 minutes;
 - every tenth study is urgent (priority 10: it pre-empts a running study at its next trial when
   no GPU is free); 3 studies are cancelled by their owners: one while it waits, two 2 minutes
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--studies", type=int, default=50)
     ap.add_argument("--users", type=int, default=10)
-    ap.add_argument("--hours", type=float, default=0.5, help="arrivals spread over this long")
+    ap.add_argument("--hours", type=float, default=0.25, help="arrivals spread over this long")
     ap.add_argument("--landscape", default="h100-resnet18")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the report here")

@@ -372,13 +372,13 @@ def test_every_probe_is_told_the_memory_margin_to_keep_free(tmp_path: Path) -> N
     """The worker caps its allocator at the margin (a GPU shared with colleagues keeps it):
     ceilings, the reference, trials and validation all carry it."""
     runner = _Recording(landscape())
-    storage = f"sqlite:///{tmp_path / 's.db'}"
     with clock.use(runner.clock):
         run_search(
-            spec("2m", storage=storage, memory_margin=0.2),
+            spec("1m", memory_margin=0.2),
             out_dir=tmp_path / "out",
             runner=runner,
-            budget=Budget(120.0),
+            budget=Budget(60.0),
+            storage=optuna.storages.InMemoryStorage(),
         )
     assert len(runner.seen) > 5
     assert {s.memory_margin for s in runner.seen} == {0.2}
