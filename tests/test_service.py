@@ -246,7 +246,7 @@ def test_killed_worker_fails_the_trial_and_it_is_retried(service: Service) -> No
 def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
     svc = Service(tmp_path).start()
     try:
-        assert svc.submit(sleepy("r", budget="16s", steps=60)).status_code == 201
+        assert svc.submit(sleepy("r", budget="10s", steps=60)).status_code == 201
         svc.wait_trial_started("r")  # its probe takes ~3 s: the kill lands inside it
         finished = [t.number for t in svc.trials("r") if t.state.is_finished()]
         assert svc.proc is not None
@@ -257,7 +257,8 @@ def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
         # stale and retried, nothing finished is lost, nothing stays RUNNING.
         svc.start()
         done = svc.wait_state("r", ("done",), 90)
-        assert done["progress"]["budget_used_seconds"] <= 16 + 3
+        # The budget counts from where the killed run left it: it is not given again.
+        assert done["progress"]["budget_used_seconds"] <= 10 + 3
         trials = svc.trials("r")
         by_number = {t.number: t for t in trials}
         assert all(by_number[n].state.is_finished() for n in finished)
@@ -281,10 +282,8 @@ def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
         # SIGTERM drains: the probe in flight is finished or stopped and recorded, then exit.
         assert svc.submit(sleepy("d", budget="30s", steps=30)).status_code == 201
         svc.wait_trial_running("d")
-        t0 = time.monotonic()
         svc.proc.send_signal(signal.SIGTERM)
-        svc.proc.wait(30)
-        assert time.monotonic() - t0 < 20
+        svc.proc.wait(60)  # the probe in flight gets its grace, then the service exits
         trials = svc.trials("d")
         assert trials and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
         row = StudyQueue(svc.db).get("d")
