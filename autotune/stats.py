@@ -14,10 +14,42 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Estimate", "median_interval", "paired_ratios", "ratio_estimate", "spread"]
+__all__ = [
+    "MIN_VALUES",
+    "Estimate",
+    "median_interval",
+    "min_values",
+    "paired_ratios",
+    "ratio_estimate",
+    "spread",
+]
 
 # Two-sided confidence of every interval autotune reports.
 CONFIDENCE = 0.95
+
+
+def min_values(confidence: float = CONFIDENCE) -> int:
+    """The fewest values whose median has a distribution-free interval at ``confidence``.
+
+    Even the whole range ``[x_(1), x_(n)]`` misses the median with probability ``2 · 0.5^n``
+    (all values on one side of it), so a ``confidence`` interval needs ``2 · 0.5^n ≤
+    1 - confidence``: 6 values at 95% (``2 · 0.5^6 ≈ 0.031``), while 5 cover only 93.75% and 2
+    only 50%.
+
+    Example:
+        >>> min_values(), min_values(0.9)
+        (6, 5)
+    """
+    # Exact, as in _lower_rank: 0.05 is not exact in binary.
+    share = fractions.Fraction(1 - confidence).limit_denominator(10**9)
+    n = 1
+    while 2 * share.denominator > share.numerator * 2**n:
+        n += 1
+    return n
+
+
+# The fewest values (block pairs, blocks) a 95% interval is claimed from.
+MIN_VALUES = min_values()
 
 
 @dataclass(frozen=True)
@@ -45,6 +77,13 @@ class Estimate:
     def text(self, fmt: str = ".3g", suffix: str = "") -> str:
         """``1.93x (1.85–2.01)``-style text."""
         return f"{self.value:{fmt}}{suffix} ({self.low:{fmt}}{suffix}–{self.high:{fmt}}{suffix})"
+
+    @property
+    def too_few(self) -> bool:
+        """Whether the interval comes from fewer than :data:`MIN_VALUES` values: then it is
+        only the range of what was measured, which does not cover the median 95% of the time
+        (with 2 values, half of it), and must not be presented as a 95% interval."""
+        return self.n < MIN_VALUES
 
     def scaled(self, factor: float) -> Estimate:
         return Estimate(self.value * factor, self.low * factor, self.high * factor, self.n)
@@ -77,8 +116,10 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
     """The median of ``values`` and a distribution-free interval for it.
 
     The interval is ``[x_(l), x_(n+1-l)]`` for the largest ``l`` whose coverage is at least
-    ``confidence``; with fewer than 6 values no such ``l`` exists at 95%, and the interval is
-    the whole range (as wide as the data can say).
+    ``confidence``; with fewer than :func:`min_values` values (6 at 95%) no such ``l`` exists,
+    and the interval is the whole range (as wide as the data can say, but narrower than a
+    ``confidence`` interval would be): the Estimate's ``too_few`` says so, and a caller that
+    claims the interval checks it.
 
     Raises:
         ValueError: ``values`` is empty.
@@ -137,7 +178,8 @@ def paired_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
 
 def ratio_estimate(a: Sequence[float], b: Sequence[float]) -> Estimate | None:
     """The speedup of arm ``a`` over arm ``b`` from interleaved block rates, with its interval;
-    None when no pair was measured.
+    None when no pair was measured. With fewer than :data:`MIN_VALUES` pairs the interval is
+    only the ratios' range (``too_few``).
 
     Example:
         >>> e = ratio_estimate([200, 210, 190, 205, 198, 202], [100, 101, 99, 100, 102, 98])
@@ -156,6 +198,9 @@ CLAIM_FLOOR = 0.01
 
 def claimed(est: Estimate, floor: float = CLAIM_FLOOR) -> Estimate:
     """The interval a paired figure is claimed with: its own, at least ``±floor`` wide.
+
+    The floor widens; it cannot make a 95% interval out of too few pairs: a caller checks the
+    Estimate's ``too_few`` (kept here) before it claims the interval as one.
 
     Example:
         >>> e = claimed(Estimate(2.0, 1.999, 2.001, 800))

@@ -7,7 +7,16 @@ import random
 
 import pytest
 
-from autotune.stats import Estimate, median_interval, paired_ratios, ratio_estimate, spread
+from autotune.stats import (
+    MIN_VALUES,
+    Estimate,
+    claimed,
+    median_interval,
+    min_values,
+    paired_ratios,
+    ratio_estimate,
+    spread,
+)
 
 
 def test_the_median_interval_covers_the_true_median_about_as_often_as_it_says() -> None:
@@ -72,3 +81,14 @@ def test_estimate_text_and_half_width() -> None:
     assert e.text(".2f", "x") == "1.93x (1.85x–2.01x)"
     assert e.half_width == pytest.approx(0.08 / 1.93)
     assert Estimate(0.0, 0.0, 0.0, 1).half_width == math.inf
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_an_interval_from_fewer_than_six_values_says_it_is_not_a_95_percent_one(n: int) -> None:
+    """Below six values the whole range is all there is, and it covers the median less than
+    95% of the time (two values: half the time): the Estimate says so, and a claimed one too."""
+    est = median_interval([1.2 + 0.05 * i for i in range(n)])
+    assert est.too_few and claimed(est).too_few
+    assert ratio_estimate([2.0] * n, [1.0] * n).too_few  # type: ignore[union-attr]
+    assert not median_interval([1.2 + 0.05 * i for i in range(6)]).too_few
+    assert min_values() == MIN_VALUES == 6

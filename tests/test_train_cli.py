@@ -79,10 +79,24 @@ def test_compare_with_steps_gives_the_baseline_the_same_samples() -> None:
     assert (t.precision, t.batch_size, t.steps) == ("bf16", 128, 3)
     assert (b.precision, b.batch_size, b.learning_rate, b.steps) == ("fp32", 64, 0.05, 6)
     assert t.samples == b.samples == 384
-    # Paired: the speedup is the median of the per-pair block ratios, inside its interval.
-    assert cmp.pairs >= 1
-    assert cmp.speedup_low <= cmp.speedup <= cmp.speedup_high
+    # Paired: the speedup is the median of the per-pair block ratios; three pairs are too few
+    # for a 95% interval, and none is claimed.
+    assert 1 <= cmp.pairs < 6 and cmp.speedup is not None
+    assert cmp.speedup_low is None and cmp.speedup_high is None
     assert cmp.accuracy_delta == pytest.approx(t.accuracy - b.accuracy)
+
+
+def test_a_95_percent_interval_is_claimed_from_six_pairs_on() -> None:
+    """Five steps (three timed, after the warm-up) are three pairs, whose ratios' range is no
+    95% interval: the speedup is given without one; ten steps are eight pairs, and give it."""
+    wl = load_workload(FAST)
+    tuned = make_config("bf16", batch_size=128)
+    few = compare(wl, tuned, "cpu", TrainSettings(steps=5, eval_samples=0), against="fp32")
+    assert few.pairs < 6 and few.speedup is not None
+    assert (few.speedup_low, few.speedup_high) == (None, None)
+    enough = compare(wl, tuned, "cpu", TrainSettings(steps=10, eval_samples=0), against="fp32")
+    assert enough.pairs >= 6
+    assert enough.speedup_low <= enough.speedup <= enough.speedup_high
 
 
 def test_compare_against_amp_runs_fp16_with_the_default_scaler() -> None:
@@ -233,6 +247,19 @@ def test_train_with_compare_prints_both_rows_and_the_ratios(tmp_path: Path) -> N
     # Not a terminal: plain progress lines instead of a live bar, on stderr.
     assert "tuned: step 5/5" in err and "fp32: step 10/10" in err
     assert "step 5/5" not in out
+
+
+def test_train_compare_with_too_few_pairs_shows_no_95_percent_interval(tmp_path: Path) -> None:
+    """Five steps are a few pairs: the summary gives the speedup but no "95% interval" made of
+    a few ratios' range, and says to run longer for one."""
+    path = write_config(tmp_path / "best.json", make_config("bf16", batch_size=128, workload=FAST))
+    code, out, err = run_cli(
+        "train", "--config", str(path), "--steps", "5", "--compare", "fp32", "--device", "cpu"
+    )
+    assert code == 0, out + err
+    assert "tuned vs fp32:" in out and "95% interval" not in out
+    assert "pairs of blocks: too few for a 95% interval" in err
+    assert "run longer (more steps or epochs)" in err
 
 
 def test_train_json_has_both_runs_and_the_ratios(tmp_path: Path) -> None:

@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from _sim import WORKLOAD, landscape
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from autotune import clock
+from autotune.facts import WorkerFacts
 from autotune.result import PairedResult, ProbeResult
-from autotune.search._validate import Rerun, rejection_summary, select, shortlist, with_gap
-from autotune.spec import Candidate
+from autotune.search import run_search
+from autotune.search._budget import Budget
+from autotune.search._context import SearchContext
+from autotune.search._space import Space
+from autotune.search._validate import (
+    Rerun,
+    rejection_summary,
+    select,
+    shortlist,
+    validation_reserve,
+    with_gap,
+)
+from autotune.sim import SimulatedRunner, simulate
+from autotune.spec import Candidate, parse_spec
+from autotune.stats import claimed, ratio_estimate
 from autotune.trials import TrialRecord
 
 _DISTS = {
@@ -66,7 +87,13 @@ REF = Candidate(precision="fp32", batch_size=32, learning_rate=0.1)
 
 
 def paired(
-    t: FrozenTrial, speedup: float, low: float, high: float, *, loss_scale: float = 1.0
+    t: FrozenTrial,
+    speedup: float,
+    low: float,
+    high: float,
+    *,
+    loss_scale: float = 1.0,
+    pairs: int = 12,
 ) -> Rerun:
     cand = Candidate(
         precision=t.params["precision"], batch_size=t.params["batch_size"], learning_rate=0.1
@@ -80,7 +107,7 @@ def paired(
         speedup=speedup,
         speedup_low=low,
         speedup_high=high,
-        pairs=12,
+        pairs=pairs,
     )
     return with_gap(Rerun(t, result))
 
@@ -170,3 +197,121 @@ def test_rejections_in_the_search_are_grouped_by_mode_and_outcome() -> None:
         "fp16: 2 diverged (e.g. loss=nan at step 3)",
         "bf16: 1 infeasible",
     ]
+
+
+# ---- too few pairs: no 95% interval, no validation ---------------------------------------------
+
+
+def test_five_pairs_are_refused_and_six_accepted_when_the_lower_bound_clears() -> None:
+    """Five ratios' range covers the median 94% of the time, not 95%: the same figures are
+    refused with five pairs, naming them and the fix, and accepted with six."""
+    t = trial(0, 1.4)
+    five = select([paired(t, 1.31, 1.14, 1.48, pairs=5)], min_speedup=1.05, parity_tolerance=0.05)
+    assert five.winner is None and not five.accepted
+    (why,) = five.rejected
+    assert (why.stage, why.kind) == ("validation", "pairs")
+    assert "5 pairs where 6 are needed for a 95% interval" in str(why)
+    assert "give the search more time" in str(why)
+    assert five.notes == [
+        "bf16 bs=64 lr×1: not validated: 5 pairs where 6 are needed; give the search more time"
+    ]
+    six = paired(t, 1.31, 1.14, 1.48, pairs=6)
+    chosen = select([six], min_speedup=1.05, parity_tolerance=0.05)
+    assert chosen.winner is six and not chosen.rejected and not chosen.notes
+
+
+def test_a_rerun_short_of_pairs_leaves_the_winner_its_own_note() -> None:
+    """Another candidate's too-few pairs are listed among the rejected; the notes (which become
+    the config's validation note) are only the fallback's reason."""
+    a = paired(trial(0, 2.5), 2.4, 2.2, 2.6, pairs=2)
+    b = paired(trial(1, 2.0, batch_size=128), 2.0, 1.9, 2.1)
+    chosen = select([a, b], min_speedup=1.05, parity_tolerance=0.05)
+    assert chosen.winner is b and not chosen.notes
+    assert [r.kind for r in chosen.rejected] == ["pairs"]
+
+
+class _TwoPairs(SimulatedRunner):
+    """A device whose validation slice buys two pairs (slow steps, a short slice): each paired
+    run is cut to its first two pairs, its speedup's "interval" the range of two ratios."""
+
+    def compare(self, *args: Any, **kwargs: Any) -> PairedResult:
+        result = super().compare(*args, **kwargs)
+        if result.speedup is None:
+            return result
+        c, r = result.candidate, result.reference
+        est = ratio_estimate(
+            [steps * c.batch_size / secs for steps, secs in c.blocks[:2]],
+            [steps * r.batch_size / secs for steps, secs in r.blocks[:2]],
+        )
+        assert est is not None
+        est = claimed(est)
+        return result.model_copy(
+            update={
+                "speedup": est.value,
+                "speedup_low": est.low,
+                "speedup_high": est.high,
+                "pairs": est.n,
+            }
+        )
+
+
+def test_a_search_whose_validation_buys_two_pairs_falls_back_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """Two pairs cleared min_speedup before (the smaller of two ratios: a 50% bound, shipped as
+    validated). Now the config is the fp32 reference, and its note says what was missing."""
+    runner = _TwoPairs(landscape())
+    spec = parse_spec({"name": "sim", "workload": WORKLOAD, "budget": "90s"})
+    with clock.use(runner.clock):
+        result = run_search(
+            spec, out_dir=tmp_path, runner=runner, storage=optuna.storages.InMemoryStorage()
+        )
+    cfg = result.config
+    assert cfg is not None
+    ev = cfg.evidence
+    assert (cfg.precision, ev.validated) == ("fp32", False)
+    assert "not validated: 2 pairs where 6 are needed; give the search more time" in (
+        ev.validation_note
+    )
+    assert "falling back to the fp32 reference" in ev.validation_note
+    assert any("failed validation: 2 pairs where 6 are needed" in r for r in ev.rejected)
+
+
+@pytest.mark.parametrize("budget", ["1m", "2m"])
+def test_slow_steps_never_ship_a_config_validated_on_fewer_than_six_pairs(budget: str) -> None:
+    """Steps fifty times slower than the test GPU's: what validation measures in its slice is
+    validated on six pairs or more, or the config falls back naming the pairs it had."""
+    slow = {
+        f"modes.{mode}.throughput": {
+            bs: 0.02 * rate * k
+            for bs, rate in {16: 2000, 64: 6000, 256: 9000 * k, 1024: 10000 * k}.items()
+        }
+        for mode, k in (("fp32", 1.0), ("bf16", 1.4), ("fp16", 1.5))
+    }
+    spec = parse_spec({"name": "sim", "workload": WORKLOAD, "budget": budget})
+    ev = simulate(spec, landscape(**slow)).config.evidence  # type: ignore[union-attr]
+    if ev.validated:
+        assert ev.paired_blocks >= 6
+    else:
+        assert "pairs where 6 are needed" in ev.validation_note
+
+
+def test_validation_keeps_time_for_six_pairs_of_a_candidate_with_slow_steps() -> None:
+    """The probes so far took a second, but the shortlisted candidate's steps and the
+    reference's are slow: the time kept for validation still holds both arms' warm-ups and six
+    pairs of one-step blocks, or its rerun could not buy the pairs validation now needs."""
+    spec = parse_spec({"name": "slow", "workload": WORKLOAD, "budget": "1h"})
+    ctx = SearchContext(
+        spec=spec,
+        runner=SimulatedRunner(landscape()),
+        budget=Budget(3600.0),
+        facts=WorkerFacts.model_construct(workload=WORKLOAD, device="cuda:0"),
+        space=Space.of(spec, ["bf16"], rule="linear", base_lr=0.1, base_batch=64),
+        probe_seconds=[1.0] * 10,
+    )
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="maximize")
+    # bs=256 at 1500 samples/s: 0.17 s a step; the reference, bs=64 at 100 samples/s: 0.64 s.
+    study.add_trial(trial(0, 1.5, batch_size=256, reference_throughput=100.0))
+    step, ref_step = 256 / 1500, 64 / 100
+    warm_and_six_pairs = (spec.probe.warmup_steps + 1 + 6) * (step + ref_step)
+    assert validation_reserve(ctx, study) >= warm_and_six_pairs

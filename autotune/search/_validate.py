@@ -8,7 +8,8 @@ the figure, not to punish the candidate for it.
    reference, best first, plus the fastest one with a clear parity margin.
 2. Each is measured again in one worker, its timed blocks interleaved with the reference's
    (:meth:`autotune.worker.Runner.compare`), with a fresh seed and a longer horizon.
-3. :func:`select` (pure): among the reruns that completed, keep loss parity with the
+3. :func:`select` (pure): among the reruns that completed with at least six pairs (fewer
+   give no 95% interval: the smaller of two ratios is a 50% bound), keep loss parity with the
    reference rerun (tolerance plus the reference's own seed-to-seed noise) and whose speedup's
    *lower* bound clears ``min_speedup``, the best lower bound wins. None clears it: the fp32
    reference is the config, and says so.
@@ -27,6 +28,7 @@ from autotune.parity import parity_gap
 from autotune.result import PairedResult
 from autotune.search._budget import VALIDATION_SHARE
 from autotune.search._context import SearchContext
+from autotune.stats import MIN_VALUES
 from autotune.trials import Rejection, display_outcome, feasible_trials, label, record
 
 __all__ = [
@@ -98,7 +100,8 @@ class Rerun:
 @dataclass
 class Selection:
     """What validation decided: the winner (or None: fall back to the reference), and why
-    the others were not chosen."""
+    the others were not chosen: ``rejected``, and ``notes`` for what was not validated at all
+    (no time left; too few pairs, noted only when nothing won, as the fallback's reason)."""
 
     winner: Rerun | None
     accepted: list[Rerun] = field(default_factory=list)
@@ -113,8 +116,12 @@ def select(
     parity_tolerance: float,
     seed_noise: float = 0.0,
 ) -> Selection:
-    """Choose among paired reruns: parity kept, lower bound above ``min_speedup``, best lower
-    bound wins. Pure: it reads only the reruns.
+    """Choose among paired reruns: at least six pairs, parity kept, lower bound above
+    ``min_speedup``, best lower bound wins. Pure: it reads only the reruns.
+
+    A rerun with fewer pairs than a 95% interval needs (:data:`autotune.stats.MIN_VALUES`) is
+    refused whatever its figures: its "interval" is the range of a few ratios, and its lower
+    bound clears ``min_speedup`` far more often than 5% of the time by chance.
 
     Args:
         reruns: the shortlisted trials with their paired reruns.
@@ -127,6 +134,7 @@ def select(
     """
     out = Selection(winner=None)
     tolerance = parity_tolerance + seed_noise
+    too_few: list[str] = []
     for rerun in reruns:
         name = label(rerun.trial.params)
         paired = rerun.paired
@@ -142,6 +150,29 @@ def select(
                     kind=c.outcome,
                     detail=f"{c.outcome}: {c.reason}",
                 )
+            )
+            continue
+        if paired.reference.ok and paired.pairs < MIN_VALUES:
+            shown = ""
+            if paired.speedup is not None:
+                shown = (
+                    f" ({paired.speedup:.2f}x, range {paired.speedup_low:.2f}–"
+                    f"{paired.speedup_high:.2f})"
+                )
+            out.rejected.append(
+                Rejection(
+                    label=name,
+                    stage="validation",
+                    kind="pairs",
+                    detail=(
+                        f"{_pairs(paired.pairs)} where {MIN_VALUES} are needed for a 95% "
+                        f"interval on its speedup{shown}; give the search more time"
+                    ),
+                )
+            )
+            too_few.append(
+                f"{name}: not validated: {_pairs(paired.pairs)} where {MIN_VALUES} are "
+                "needed; give the search more time"
             )
             continue
         if not paired.ok:
@@ -181,7 +212,14 @@ def select(
         out.accepted.append(rerun)
     if out.accepted:
         out.winner = max(out.accepted, key=lambda r: r.paired.speedup_low)  # type: ignore[union-attr]
+    else:
+        # The fallback's reason: it would have been measured, given the time.
+        out.notes.extend(too_few)
     return out
+
+
+def _pairs(n: int) -> str:
+    return f"{n} pair" if n == 1 else f"{n} pairs"
 
 
 def with_gap(rerun: Rerun) -> Rerun:
@@ -244,6 +282,20 @@ def validation_reserve(ctx: SearchContext, study: optuna.Study) -> float:
     per_pair = 2.5 * ratio * typical + 1.0
     # Nothing worth validating yet: keep room for one short pair (a late winner still gets
     # validated), and give the rest to the search.
-    need = len(picked) * per_pair if picked else 0.5 * per_pair
+    need = sum(max(per_pair, _six_pairs(ctx, t)) for t in picked) if picked else 0.5 * per_pair
     need += sum(record(t).compile_seconds or 0.0 for t in picked)
     return min(VALIDATION_SHARE * ctx.budget.total, need + 1.0)
+
+
+def _six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
+    """Seconds a paired rerun of ``trial`` needs at the least to measure the pairs a 95%
+    interval needs: each arm's warm-up (its warm-up steps, its first step, a settling step)
+    and six pairs of one-step blocks, at the steps' times the search measured, with a quarter
+    to spare; 0 when they are unknown. Slow steps need more than a probe's time scaled."""
+    rec = record(trial)
+    if not rec.throughput or not rec.reference_throughput:
+        return 0.0
+    step = trial.params.get("batch_size", ctx.space.base_batch) / rec.throughput
+    ref_step = ctx.space.base_batch / rec.reference_throughput
+    steps = ctx.spec.probe.warmup_steps + 2 + MIN_VALUES
+    return 1.25 * steps * (step + ref_step) + 1.0

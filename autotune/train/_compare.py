@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from loguru import logger
 
 from autotune.config import TunedConfig
 from autotune.errors import SpecError
 from autotune.session import check_supported
 from autotune.spec import Candidate
-from autotune.stats import claimed, ratio_estimate
+from autotune.stats import MIN_VALUES, claimed, ratio_estimate
 from autotune.train._models import BASELINES, Comparison, Progress, TrainResult, TrainSettings
 from autotune.train._run import TrainRun, as_candidate, held_out_batches, train
 from autotune.workloads import Workload
@@ -66,8 +67,9 @@ def compare(
 
     The two runs are *paired*: both are alive at once and advance a block of ``check_every``
     steps in turn (tuned, baseline, tuned, …), so drift and a neighbour's load hit both; the
-    speedup is the median of the per-pair block-rate ratios, with its 95% interval. Each run's
-    peak memory is measured on its own first, in a short run of a few steps.
+    speedup is the median of the per-pair block-rate ratios, with its 95% interval: from six
+    pairs on; with fewer the interval is left out (None), and a warning says to run longer.
+    Each run's peak memory is measured on its own first, in a short run of a few steps.
 
     Args:
         workload: the workload to train.
@@ -166,12 +168,26 @@ def compare(
     pairs = min(len(rates[0]), len(rates[1]))
     est = ratio_estimate(rates[0][:pairs], rates[1][:pairs]) if tuned.ok else None
     est = claimed(est) if est is not None else None
+    # Fewer pairs give only the ratios' range, not a 95% interval: the point stays, the
+    # interval is not claimed.
+    interval = est is not None and not est.too_few
+    if est is not None and est.too_few:
+        logger.warning(
+            "{} of blocks: too few for a 95% interval on the speedup ({} are needed), so none "
+            "is given; run longer (more steps or epochs) for one",
+            _pairs(est.n),
+            MIN_VALUES,
+        )
     return Comparison(
         tuned=tuned,
         baseline=baseline,
         against=against,  # type: ignore[arg-type]
         paired_speedup=est.value if est else None,
-        speedup_low=est.low if est else None,
-        speedup_high=est.high if est else None,
+        speedup_low=est.low if interval else None,
+        speedup_high=est.high if interval else None,
         pairs=est.n if est else 0,
     )
+
+
+def _pairs(n: int) -> str:
+    return f"{n} pair" if n == 1 else f"{n} pairs"
