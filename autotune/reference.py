@@ -4,11 +4,15 @@ The reference is the baseline every candidate is compared with, not a point of t
 space (fp32 is a candidate only when the spec lists it), so it is not a trial: it lives in the
 study's attributes under ``reference:<host>:<device>``, with its settings, the loss curve the
 parity check compares against, and every throughput measurement the search made of it, oldest
-first — a drifting machine shows as a moving reference.
+first — a drifting machine shows as a moving reference. Each measurement after the first runs
+with a fresh seed, so its loss curve against the first run's says how far a seed alone moves the
+parity gap (:meth:`ReferenceRecord.seed_noise`). A trial names the measurement its speedup was
+divided by under ``reference_measurement`` (:func:`measurement_used`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,9 +20,20 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from autotune.spec import Candidate
 
-__all__ = ["ReferenceMeasurement", "ReferenceRecord", "reference_key", "stored_references"]
+__all__ = [
+    "MEASUREMENT_ATTR",
+    "ReferenceMeasurement",
+    "ReferenceRecord",
+    "measurement_used",
+    "reference_key",
+    "stored_references",
+]
 
 _REFERENCE = "reference"
+# The trial attribute naming the reference measurement a trial's speedup was divided by:
+# ``{"key": "reference:<host>:<device>", "index": i}``, ``i`` counting the record's measurements
+# from 0 (the long first run), oldest first.
+MEASUREMENT_ATTR = "reference_measurement"
 
 
 class ReferenceMeasurement(BaseModel):
@@ -34,6 +49,10 @@ class ReferenceMeasurement(BaseModel):
     blocks: int = 0
     # Relative spread of the block timings (interquartile range over the median).
     spread: float = 0.0
+    # The run's seed, and its loss curve's relative gap to the long first run's at equal samples
+    # seen (None: the first run itself, or a curve too short to compare).
+    seed: int | None = None
+    seed_gap: float | None = None
 
 
 class ReferenceRecord(BaseModel):
@@ -61,6 +80,22 @@ class ReferenceRecord(BaseModel):
 
     def latest(self) -> ReferenceMeasurement | None:
         return self.measurements[-1] if self.measurements else None
+
+    def seed_noise(self, cap: float) -> float:
+        """How far a fresh seed alone moves the reference's loss at a probe's horizon: the root
+        mean square of its repeats' gaps to the first run (0 before any), at most ``cap``.
+
+        Example:
+            >>> m = [ReferenceMeasurement(at=0, throughput=1, low=1, high=1, seed_gap=g)
+            ...      for g in (None, 0.03, -0.04)]
+            >>> rec = ReferenceRecord(batch_size=32, learning_rate=0.1, measurements=m)
+            >>> round(rec.seed_noise(0.05), 4), rec.seed_noise(0.02)
+            (0.0354, 0.02)
+        """
+        gaps = [m.seed_gap for m in self.measurements if m.seed_gap is not None]
+        if not gaps:
+            return 0.0
+        return min(cap, math.sqrt(sum(g * g for g in gaps) / len(gaps)))
 
     def candidate(self) -> Candidate:
         return Candidate(
@@ -95,3 +130,22 @@ def stored_references(attrs: Mapping[str, Any]) -> dict[tuple[str, str], Referen
         except ValidationError:
             continue
     return out
+
+
+def measurement_used(
+    study_attrs: Mapping[str, Any], trial_attrs: Mapping[str, Any]
+) -> ReferenceMeasurement | None:
+    """The reference measurement a trial's speedup was divided by (None: not named, or no longer
+    stored)."""
+    named = trial_attrs.get(MEASUREMENT_ATTR)
+    if not isinstance(named, dict) or not isinstance(named.get("index"), int):
+        return None
+    stored = study_attrs.get(str(named.get("key")))
+    if not isinstance(stored, dict):
+        return None
+    try:
+        record = ReferenceRecord.model_validate(stored)
+    except ValidationError:
+        return None
+    index = named["index"]
+    return record.measurements[index] if 0 <= index < len(record.measurements) else None

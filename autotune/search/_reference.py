@@ -5,6 +5,21 @@ A reference measured once, cold, at the start is no baseline for a trial an hour
 shared machine: the neighbour's job that started meanwhile slows the trial, not the reference.
 So the keeper re-measures the reference whenever its last measurement is older than a few
 typical trials, and sooner after it saw the reference move (drift).
+
+A figure is divided by a reference measurement only once it is trusted:
+
+- **Two in a row agree.** No measurement is trusted alone — the long first run is the worker's
+  first real probe, the one a warm-up or a neighbour's burst slows throughout. Before a trial
+  divides by it the reference is measured again, until the last two measurements agree within
+  :data:`_AGREE` (a few tries at most; then the latest is used, with a warning).
+- **Trials that disagree re-measure it.** A trial's speedup that no device gives — the
+  reference's own precision and batch not near 1.0x, or more than :data:`_MAX_MODE_SPEEDUP`
+  times the batch ratio — says the reference was mis-measured: it is measured again (once per
+  measurement) before the trial's speedup is stored, and the trial divides by the new one.
+
+Every measurement after the first runs with a fresh seed: its loss curve against the first run's
+is the reference's own seed-to-seed spread, which the parity check allows on top of the
+tolerance (:meth:`~autotune.reference.ReferenceRecord.seed_noise`), as validation does.
 """
 
 from __future__ import annotations
@@ -15,11 +30,13 @@ import optuna
 from loguru import logger
 
 from autotune import clock
+from autotune.parity import parity_gap
 from autotune.reference import ReferenceMeasurement, ReferenceRecord, reference_key
 from autotune.result import ProbeResult
 from autotune.search._context import SearchContext
 from autotune.search._events import PhaseStarted
 from autotune.search._space import reference_factor
+from autotune.spec import Candidate
 
 __all__ = ["ReferenceKeeper", "ReferenceUnavailable"]
 
@@ -32,8 +49,20 @@ _REFRESH_TRIALS = 8
 # ... but never more often than this (seconds), and at least this often.
 _REFRESH_MIN = 15.0
 _REFRESH_MAX = 120.0
-# A re-measurement is shorter than a probe: it needs a throughput, not a loss curve.
+# A re-measurement is shorter than a probe: it needs a throughput, and a probe's steps of loss
+# curve (for the seed-to-seed gap), not the long curve.
 _REMEASURE_SHARE = 0.5
+# Two measurements of the same work more than this factor apart are no run-to-run noise: the
+# noisiest machine recorded (a laptop CPU, 12% from run to run) keeps about 98% of honest pairs
+# within it. One of them ran during a warm-up or a neighbour's burst.
+_AGREE = 1.5
+# Measurements at most, after the one that disagrees, for two in a row to agree.
+_SETTLE_TRIES = 2
+# A precision change (with the knobs) speeds a whole model's step up by less than this at the
+# same batch: the reduced-precision peak of a GPU is 2-16x its fp32 one, and a model's other
+# work (memory-bound layers, the optimizer, the input) keeps whole steps far below the peak
+# ratio. A step never gets faster when its batch grows, so samples/s grow at most with the batch.
+_MAX_MODE_SPEEDUP = 8.0
 
 
 class ReferenceUnavailable(Exception):
@@ -44,7 +73,7 @@ class ReferenceUnavailable(Exception):
         self.result = result
 
 
-def _measurement(result: ProbeResult) -> ReferenceMeasurement:
+def _measurement(result: ProbeResult, seed_gap: float | None = None) -> ReferenceMeasurement:
     return ReferenceMeasurement(
         at=clock.wall(),
         throughput=result.throughput,
@@ -52,7 +81,46 @@ def _measurement(result: ProbeResult) -> ReferenceMeasurement:
         high=result.throughput_high or result.throughput,
         blocks=len(result.blocks),
         spread=result.spread or 0.0,
+        seed=result.seed,
+        seed_gap=seed_gap,
     )
+
+
+def _agree(a: ReferenceMeasurement, b: ReferenceMeasurement) -> bool:
+    return max(a.throughput, b.throughput) <= _AGREE * min(a.throughput, b.throughput)
+
+
+def implausible(
+    ref: ReferenceRecord, cand: Candidate, speedup: float, *, same_work: bool
+) -> str | None:
+    """Why a trial's speedup over the reference is none the device gives, or None when it may be.
+
+    ``same_work``: the candidate runs the reference's own precision at its batch with no knob that
+    changes the kernels (its lr may differ): the same steps, at the same speed.
+
+    Example:
+        >>> ref = ReferenceRecord(batch_size=64, learning_rate=0.1)
+        >>> bf16 = Candidate(precision="bf16", batch_size=64, learning_rate=0.1)
+        >>> implausible(ref, bf16, 1.4, same_work=False) is None
+        True
+        >>> implausible(ref, bf16, 23.9, same_work=False)
+        "23.90x at the reference's batch: a precision change gives at most 8x there"
+        >>> fp32 = Candidate(precision="fp32", batch_size=64, learning_rate=0.2)
+        >>> implausible(ref, fp32, 0.5, same_work=True)
+        "0.50x for the reference's own precision and batch, which run at 1.00x"
+    """
+    if speedup <= 0:
+        return None
+    if same_work:
+        if max(speedup, 1 / speedup) > _AGREE:
+            return f"{speedup:.2f}x for the reference's own precision and batch, which run at 1.00x"
+        return None
+    ratio = cand.batch_size / ref.batch_size
+    bound = _MAX_MODE_SPEEDUP * max(1.0, ratio)
+    if speedup <= bound:
+        return None
+    where = "at the reference's batch" if ratio <= 1 else f"at {ratio:g}x the reference's batch"
+    return f"{speedup:.2f}x {where}: a precision change gives at most {bound:g}x there"
 
 
 class ReferenceKeeper:
@@ -70,6 +138,9 @@ class ReferenceKeeper:
             except ValueError:
                 self.record = None
         self.drifted = False
+        # Measurements (by time) a disagreeing trial challenged already, or that a challenge
+        # confirmed: never challenged (again).
+        self._vouched: set[float] = set()
 
     def _save(self) -> None:
         if self.record is not None:
@@ -144,15 +215,76 @@ class ReferenceKeeper:
         return max(_REFRESH_MIN, seconds / 2) if self.drifted else seconds
 
     def current(self) -> ReferenceMeasurement:
-        """The latest measurement, re-measured first when it is stale."""
+        """The latest measurement, re-measured first when it is stale, and measured again until
+        two in a row agree (no measurement is trusted alone)."""
         assert self.record is not None, "establish() first"
         latest = self.record.latest()
         if latest is None or clock.wall() - latest.at > self.refresh_after():
-            return self.measure()
+            self.measure()
+        return self._settle()
+
+    def _settle(self) -> ReferenceMeasurement:
+        """Measure again until the last two measurements agree (a few times at most)."""
+        assert self.record is not None
+        ms = self.record.measurements
+        if len(ms) == 1:
+            self.measure()  # no measurement is trusted alone
+        for _ in range(_SETTLE_TRIES):
+            if len(ms) < 2 or _agree(ms[-1], ms[-2]):
+                break
+            logger.info(
+                "fp32 reference measured at {:,.1f} then {:,.1f} samples/s: more than {:g}x "
+                "apart, so one of them ran in a warm-up or a neighbour's burst; measuring it again",
+                ms[-2].throughput,
+                ms[-1].throughput,
+                _AGREE,
+            )
+            count = len(ms)
+            self.measure()
+            if len(ms) == count:
+                break  # the re-measurement did not complete: keep what there is
+        if len(ms) >= 2 and not _agree(ms[-1], ms[-2]):
+            logger.warning(
+                "fp32 reference does not settle ({} samples/s): using the latest",
+                ", ".join(f"{m.throughput:,.1f}" for m in ms[-_SETTLE_TRIES - 1 :]),
+            )
+        latest = self.record.latest()
+        assert latest is not None
         return latest
 
+    def divisor(
+        self, cand: Candidate, throughput: float, used: ReferenceMeasurement, *, same_work: bool
+    ) -> ReferenceMeasurement:
+        """The measurement a trial's throughput is divided by: ``used``, or — when the speedup
+        it gives is none the device makes (:func:`implausible`) — the reference measured again
+        (each measurement is challenged once; one a challenge confirmed is not challenged)."""
+        assert self.record is not None
+        why = implausible(self.record, cand, throughput / used.throughput, same_work=same_work)
+        if why is None or used.at in self._vouched:
+            return used
+        self._vouched.add(used.at)
+        logger.info(
+            "{} bs={} over the fp32 reference measured at {:,.1f} samples/s: {}; measuring the "
+            "reference again before dividing by it",
+            cand.precision,
+            cand.batch_size,
+            used.throughput,
+            why,
+        )
+        self.measure()
+        fresh = self._settle()
+        if fresh is not used and _agree(fresh, used):
+            self._vouched.add(fresh.at)  # measured twice, the same: the device is this way
+        return fresh
+
+    def name(self, m: ReferenceMeasurement) -> dict[str, object]:
+        """How a trial names the measurement it divided by (under ``reference_measurement``)."""
+        assert self.record is not None
+        return {"key": self.key, "index": self.record.measurements.index(m)}
+
     def measure(self) -> ReferenceMeasurement:
-        """Measure the reference's throughput again (no curve: a probe of ordinary length).
+        """Measure the reference's throughput again (a probe of ordinary length, not the long
+        curve), with a fresh seed: its loss curve against the first run's is the seed's gap.
 
         A run that does not complete keeps the last measurement: the reference ran before, so
         a failure now is the machine's, not the reference's.
@@ -166,7 +298,9 @@ class ReferenceKeeper:
         probe = ctx.spec.probe
         limit = max(1.0, min(probe.time_limit, ctx.budget.left()))
         min_time = probe.min_time if probe.min_time is not None else None
-        update: dict[str, object] = {"time_limit": limit}
+        # A fresh seed each time: the curve against the first run's is the seed-to-seed spread.
+        seed = self.record.seed + len(self.record.measurements)
+        update: dict[str, object] = {"time_limit": limit, "seed": seed}
         if min_time is None or min_time > 0:
             # Half a probe's timed phase (the device's default when the spec leaves it open).
             update["min_time"] = _REMEASURE_SHARE * (min_time or ctx.default_min_time)
@@ -177,7 +311,9 @@ class ReferenceKeeper:
             if previous is None:
                 raise ReferenceUnavailable(result)
             return previous
-        m = _measurement(result)
+        ref = self.record
+        gap = parity_gap(result.losses, result.batch_size, ref.finite_losses, ref.batch_size)
+        m = _measurement(result, seed_gap=gap[0] if gap is not None else None)
         if previous is not None:
             moved = m.throughput / previous.throughput - 1
             # Drift: the new figure lies outside the old interval and the old one outside the new.

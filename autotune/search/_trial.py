@@ -5,8 +5,11 @@
 3. A mode the device cannot run, or a batch above the mode's ceiling: PRUNED at once.
 4. Otherwise the candidate is probed. Completed: the objective is its speedup over the fp32
    reference measured close in time (or its time to the reference's loss), with a loss-parity
-   constraint. Diverged, OOM, too slow, a failed compile: PRUNED with the reason (the sampler
-   learns from PRUNED). A crashed worker: FAIL, and the trial runs once more. A compiled
+   constraint: the gap may be the tolerance plus the reference's own seed-to-seed spread,
+   measured from its repeats (as validation allows). A speedup no device gives measures the
+   reference again before it is stored; the trial names the measurement it divided by.
+   Diverged, OOM, too slow, a failed compile: PRUNED with the reason (the sampler learns from
+   PRUNED). A crashed worker: FAIL, and the trial runs once more. A compiled
    candidate's compiling happens in its untimed warm-up: charged to the budget, recorded on the
    trial, never in its throughput.
 """
@@ -21,7 +24,7 @@ from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.parity import parity_gap, time_to_loss
-from autotune.reference import ReferenceMeasurement
+from autotune.reference import MEASUREMENT_ATTR, ReferenceMeasurement
 from autotune.result import ProbeResult
 from autotune.search._budget import TRIAL_SHARE, SearchStopped
 from autotune.search._context import SearchContext
@@ -42,7 +45,8 @@ from autotune.trials import (
 __all__ = ["TrialStep", "standing"]
 
 # A loss this many tolerances above the reference's (and at least 10 points more than the
-# tolerance), halfway through a probe, is clearly off.
+# tolerance), halfway through a probe, is clearly off — beyond what the reference's own
+# seed-to-seed spread, allowed on top, explains.
 _CLEARLY_OFF = 3.0
 _CLEARLY_OFF_MIN = 0.10
 # Objective value of a time_to_loss trial that never reached the reference's loss: far worse
@@ -156,17 +160,25 @@ class TrialStep:
                 TrialRecord(decided_by=decided, parity_samples=result.parity_samples).write(trial)
             self.prune(trial, result.outcome, result.reason)
 
-    def _is_reference(self, cand: Candidate) -> bool:
+    def _same_work(self, cand: Candidate) -> bool:
+        """The reference's precision and batch, with no knob that changes its kernels: the
+        reference's steps (at any lr), so its speed."""
         ref = self.refs.record
-        own_format = cand.channels_last in (None, self.ctx.facts.channels_last)
         return (
             ref is not None
             and cand.precision == ref.precision
             and cand.batch_size == ref.batch_size
-            and math.isclose(cand.learning_rate, ref.learning_rate, rel_tol=1e-9)
             and not cand.compile
             and not cand.fp32_modules
-            and own_format
+            and cand.channels_last in (None, self.ctx.facts.channels_last)
+        )
+
+    def _is_reference(self, cand: Candidate) -> bool:
+        ref = self.refs.record
+        return (
+            ref is not None
+            and self._same_work(cand)
+            and math.isclose(cand.learning_rate, ref.learning_rate, rel_tol=1e-9)
         )
 
     def _settings(self, left: float) -> ProbeSettings:
@@ -203,7 +215,7 @@ class TrialStep:
         tol = self.ctx.spec.parity_tolerance
         return EarlyStop(
             below=below,
-            parity_gap=max(_CLEARLY_OFF * tol, tol + _CLEARLY_OFF_MIN),
+            parity_gap=max(_CLEARLY_OFF * tol, tol + _CLEARLY_OFF_MIN) + ref.seed_noise(tol),
             parity_samples=horizon // 2,
             reference_losses=ref.finite_losses,
             reference_batch_size=ref.batch_size,
@@ -246,7 +258,15 @@ class TrialStep:
         ctx = self.ctx
         ref = self.refs.record
         assert ref is not None
+        if reference.throughput > 0 and result.throughput > 0:
+            cand = result.candidate
+            reference = self.refs.divisor(
+                cand, result.throughput, reference, same_work=self._same_work(cand)
+            )
+        trial.set_user_attr(MEASUREMENT_ATTR, self.refs.name(reference))
         tol = ctx.spec.parity_tolerance
+        # A fresh seed alone moves a loss curve: the reference's repeats say by how much.
+        noise = ref.seed_noise(tol)
         rec = TrialRecord(reference_throughput=reference.throughput)
         if reference.throughput > 0:
             rec.speedup = result.throughput / reference.throughput
@@ -266,12 +286,12 @@ class TrialStep:
             rec.reason = "parity: loss curve not comparable"
         else:
             gap, loss, ref_loss = measured
-            constraint = gap - tol
+            constraint = gap - (tol + noise)
             rec.loss, rec.ref_loss, rec.parity_gap = loss, ref_loss, gap
             if constraint > 0:
                 rec.reason = (
                     f"parity: loss {loss:.4g} is {gap:+.1%} vs the fp32 reference's "
-                    f"{ref_loss:.4g} (tolerance {tol:.0%})"
+                    f"{ref_loss:.4g} (tolerance {tol:.0%} + seed noise {noise:.1%})"
                 )
         constraints = {"parity": constraint}
         if ctx.spec.objective == "time_to_loss":
@@ -318,6 +338,7 @@ class TrialStep:
             losses=list(ref.losses),
             parity_gap=0.0,
         ).write(trial)
+        trial.set_user_attr(MEASUREMENT_ATTR, self.refs.name(reference))
         set_constraints(trial, {"parity": -self.ctx.spec.parity_tolerance})
         value = 1.0
         if self.ctx.spec.objective == "time_to_loss":
@@ -398,6 +419,8 @@ class TrialStep:
             if k not in ("role", "retry_of", "worker")
         }
         attrs["duplicate_of"] = twin.number
+        if MEASUREMENT_ATTR in twin.user_attrs:
+            attrs[MEASUREMENT_ATTR] = twin.user_attrs[MEASUREMENT_ATTR]
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         if twin.state == TrialState.COMPLETE:

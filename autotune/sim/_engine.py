@@ -56,6 +56,8 @@ class SimEngine:
         deadline: a clock reading past which the run is killed (HardTimeout); None: never.
         world: the simulated device's own seed (see :func:`curve_rng`).
         killed: asked after every block: True when the worker was killed meanwhile (Killed).
+        slowdown: every step of this run takes this many times longer (a neighbour's job that
+            held the device for the whole run, or a warm-up that this run alone suffers).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class SimEngine:
         deadline: float | None = None,
         world: int = 0,
         killed: Callable[[], bool] | None = None,
+        slowdown: float = 1.0,
     ) -> None:
         self.landscape, self.candidate, self.clock = landscape, cand, clock
         self.killed = killed or (lambda: False)
@@ -76,6 +79,7 @@ class SimEngine:
         self.mode = get_mode(cand.precision)
         self.noise = noise
         self.deadline = deadline
+        self.slowdown = slowdown
         self.steps = 0
         self.applied = 0
         self.losses: list[float] = []
@@ -147,7 +151,7 @@ class SimEngine:
             if self.steps >= self.backoff:
                 self.applied += 1
             self.steps += 1
-        factor = math.exp(self.noise.gauss(0.0, noise.block_cv))
+        factor = self.slowdown * math.exp(self.noise.gauss(0.0, noise.block_cv))
         if noise.drift_amplitude:
             phase = 2 * math.pi * self.clock.monotonic() / noise.drift_period_s
             factor *= 1 + noise.drift_amplitude * math.sin(phase)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -43,6 +44,9 @@ class SimulatedRunner(Runner):
             default, from the landscape.
         crash_at: numbers of probes (1 = the first) during which the worker dies, as a real
             one killed by the kernel does: the probe is ``crashed`` and the worker restarts.
+        slow_at: numbers of probes (1 = the first) that run this many times slower throughout,
+            as one run during a neighbour's burst, or in a warm-up it alone suffers: a one-off
+            mis-measurement (``{5: 20.0}``: the fifth probe at a twentieth of its speed).
 
     Example:
         >>> from autotune.sim import load_landscape
@@ -59,6 +63,7 @@ class SimulatedRunner(Runner):
         clock: VirtualClock | None = None,
         device: str | None = None,
         crash_at: frozenset[int] = frozenset(),
+        slow_at: Mapping[int, float] | None = None,
     ) -> None:
         self.landscape = landscape
         self.clock = clock or VirtualClock()
@@ -67,6 +72,7 @@ class SimulatedRunner(Runner):
         self.started = False
         self.probes = 0
         self.crash_at = crash_at
+        self.slow_at = dict(slow_at or {})
         # Crashes injected so far (a kill by interrupt() is not one).
         self.crashes = 0
         self._killed = threading.Event()
@@ -249,6 +255,7 @@ class SimulatedRunner(Runner):
             deadline=deadline,
             world=self.seed,
             killed=lambda: crash or self._killed.is_set(),
+            slowdown=self.slow_at.get(self.probes, 1.0),
         )
 
     def _base(self, cand: Candidate, settings: ProbeSettings) -> dict[str, Any]:
