@@ -22,7 +22,7 @@ def load(name: str):
     return module
 
 
-def test_amp_table_runs_on_cpu_and_its_figures_add_up(tmp_path: Path) -> None:
+def test_amp_table_runs_on_cpu_pairs_its_rows_and_its_figures_add_up(tmp_path: Path) -> None:
     amp_table = load("amp_table")
     cfg = write_config(
         tmp_path / "best.json",
@@ -39,7 +39,7 @@ def test_amp_table_runs_on_cpu_and_its_figures_add_up(tmp_path: Path) -> None:
             "--config",
             str(cfg),
             "--samples",
-            "256",
+            "512",
             "--json",
             str(tmp_path / "t.json"),
             "--markdown",
@@ -53,21 +53,45 @@ def test_amp_table_runs_on_cpu_and_its_figures_add_up(tmp_path: Path) -> None:
     assert rows["autotune"]["settings"].startswith("bf16 bs=64")
     for r in rows.values():
         assert r["outcome"] == "completed"
-        assert r["samples"] >= 256
+        assert r["samples"] >= 512
         # Time for the samples is what the throughput says it is.
         assert abs(r["seconds"] * r["throughput"] - r["samples"]) < 1e-6 * r["samples"]
         # TFLOP/s = FLOPs per sample x samples/s; no peak is known for a CPU.
         assert r["tflops"] > 0 and r["peak_tflops"] is None and r["share_of_peak"] is None
-    assert (
-        abs(
-            out["goals"]["tuned_vs_fp32"]
-            - rows["autotune"]["throughput"] / rows["fp32"]["throughput"]
-        )
-        < 1e-9
-    )
+    # fp32 is the reference: 1.0x by construction, not a second timing of itself.
+    fp32 = rows["fp32"]
+    assert (fp32["speedup"], fp32["speedup_low"], fp32["speedup_high"]) == (1.0, 1.0, 1.0)
+    for name in ("plain AMP recipe", "autotune"):
+        r = rows[name]
+        # Paired: one ratio per block both runs took, with its interval.
+        assert r["pairs"] == min(r["timed_blocks"], fp32["timed_blocks"]) >= 2
+        assert r["speedup_low"] < r["speedup"] < r["speedup_high"]
+    tuned = rows["autotune"]
+    assert out["goals"]["tuned_vs_fp32"] == tuned["speedup"]
+    assert out["goal_intervals"]["tuned_vs_fp32"] == [
+        tuned["speedup_low"],
+        tuned["speedup_high"],
+        tuned["pairs"],
+    ]
+    low, high, pairs = out["goal_intervals"]["tuned_vs_amp"]
+    assert low < out["goals"]["tuned_vs_amp"] < high and pairs >= 2
     table = (tmp_path / "t.md").read_text()
     assert "peak unknown" in table and table.count("\n| ") == 4
-    assert json.loads((tmp_path / "t.json").read_text())["meta"]["samples"] == 256
+    assert "| 1.00x (reference) |" in table
+    for name in ("plain AMP recipe", "autotune"):
+        r = rows[name]
+        assert (
+            f"| {r['speedup']:.2f}x ({r['speedup_low']:.2f}–{r['speedup_high']:.2f}, "
+            f"{r['pairs']} pairs) |" in table
+        )
+    assert json.loads((tmp_path / "t.json").read_text())["meta"]["samples"] == 512
+
+
+def test_a_row_that_ends_early_is_marked_unpaired() -> None:
+    amp_table = load("amp_table")
+    r = {"setup": "autotune", "speedup": None, "outcome": "diverged"}
+    assert amp_table.speed_text(r) == "unpaired (diverged)"
+    assert amp_table.speed_text({**r, "outcome": "completed"}) == "unpaired"
 
 
 def test_flops_per_sample_match_a_hand_count() -> None:
