@@ -30,16 +30,22 @@ parity_samples         the samples seen (by both) where the parity gap was measu
 decided_by             the fidelity that decided the trial (a full probe, or an early stop)
 duplicate_of           same parameters as an earlier trial: its measurement was reused
 retry_of               a crashed or interrupted trial this one runs again
+tuned_config           true on the config best.json holds, a trial of its own (store_config)
+validated_trial        the search trial that config's validation measured (``blocks``: pairs)
 =====================  =================================================================
 """
 
 from __future__ import annotations
 
 import math
+import os
+import socket
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import optuna
+import sqlalchemy as sa
+from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -138,6 +144,8 @@ class TrialRecord(BaseModel):
     # Bookkeeping.
     duplicate_of: int | None = None
     retry_of: int | None = None
+    tuned_config: bool | None = None
+    validated_trial: int | None = None
 
     @classmethod
     def from_trial(cls, trial: FrozenTrial | optuna.Trial) -> TrialRecord:
@@ -251,12 +259,9 @@ def is_feasible(trial: FrozenTrial) -> bool:
 
 
 def feasible_trials(trials: Iterable[FrozenTrial], *, measured: bool = True) -> list[FrozenTrial]:
-    """Feasible trials; with ``measured``, not those that copied a twin's measurement."""
-    return [
-        t
-        for t in trials
-        if is_feasible(t) and not (measured and record(t).duplicate_of is not None)
-    ]
+    """Feasible search trials (not the config's own); with ``measured``, none copied a twin's."""
+    search = [t for t in trials if is_feasible(t) and not record(t).tuned_config]
+    return [t for t in search if not (measured and record(t).duplicate_of is not None)]
 
 
 def display_outcome(trial: FrozenTrial) -> str | None:
@@ -397,12 +402,72 @@ def stored_ceilings(attrs: Mapping[str, Any]) -> dict[tuple[str, str], dict[str,
 
 
 def store_config(study: optuna.Study, config: TunedConfig) -> None:
-    """Store the tuned config on the study, where every box of a shared study can read it.
+    """Store the tuned config on the study, where every box of a shared study can read it, and
+    make it the study's best trial (see :func:`_crown`).
 
     As JSON text: optuna-dashboard shows a text attribute whole, but cuts any other value's JSON
     at 1,024 characters (a config is longer), which would leave invalid JSON on the screen.
     """
     study.set_user_attr(CONFIG_KEY, config.model_dump_json())
+    try:
+        _crown(study, config)
+    except sa.exc.SQLAlchemyError as exc:  # best.json and the stored config are written
+        logger.warning("the config could not be made the study's best trial: {}", exc)
+
+
+def _crown(study: optuna.Study, config: TunedConfig) -> None:
+    """The config, with the figure validation stands behind, as the study's best trial (the
+    highest value of a COMPLETE one: optuna-dashboard's "Best Trial", ``study.best_trial``),
+    marked ``tuned_config``, with the parameters of the search trial validated (none for the
+    fp32 reference). Search figures (unpaired: they run high) at or above it are told just
+    under it in their order, each keeping its ``speedup``; those below, their own again. The
+    search reads only the order of values, so a resumed study searches on as before. Database
+    storages only (Optuna changes no finished trial: this writes the values), speedup only.
+    """
+    engine = getattr(getattr(study._storage, "_backend", study._storage), "engine", None)
+    if engine is None or study.direction != optuna.study.StudyDirection.MAXIMIZE:
+        return
+    ev, value = config.evidence, config.evidence.speedup
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    key = (config.precision, config.batch_size, ev.search_speedup)
+    source = next((t for t in done if ev.validated and _point(t) == key), None)
+    params, dists = (source.params, source.distributions) if source else (None, None)
+    made = optuna.trial.create_trial(value=value, params=params, distributions=dists)
+    made.user_attrs = TrialRecord(
+        tuned_config=True,
+        reason=ev.validation_note,
+        learning_rate=config.learning_rate,
+        blocks=ev.paired_blocks,
+        validated_trial=source.number if source else None,
+        worker=f"{socket.gethostname()}:{os.getpid()}",  # who validated: as storage.owner_id
+        **{k: getattr(ev, k) for k in _EVIDENCE},
+    ).to_attrs()
+    study.add_trial(made)
+    figures = {t._trial_id: _searched(t) for t in done}
+    floor = max((v for v in figures.values() if v < value), default=-math.inf)
+    told = [{"i": i, "v": v} for i, v in figures.items() if math.isfinite(v) and v < value]
+    for i in sorted((i for i, v in figures.items() if v >= value), key=lambda i: -figures[i]):
+        value = max(math.nextafter(value, -math.inf), math.nextafter(floor, math.inf))
+        told.append({"i": i, "v": value})
+    table = sa.table("trial_values", *map(sa.column, ("trial_id", "objective", "value")))
+    where = (table.c.trial_id == sa.bindparam("i")) & (table.c.objective == 0)
+    with engine.begin() as conn:
+        if told:
+            conn.execute(table.update().where(where).values(value=sa.bindparam("v")), told)
+
+
+# What the config's trial records of its evidence, under the same names.
+_EVIDENCE = ("throughput", "throughput_low", "throughput_high", "speedup", "speedup_low")
+_EVIDENCE += ("speedup_high", "peak_memory_bytes", "loss", "parity_gap", "compile_seconds")
+
+
+def _point(t: FrozenTrial) -> tuple[Any, ...]:
+    return t.params.get("precision"), t.params.get("batch_size"), record(t).speedup
+
+
+def _searched(t: FrozenTrial) -> float:
+    speedup = record(t).speedup
+    return speedup if speedup is not None and is_feasible(t) else float(t.value or 0.0)
 
 
 def stored_config(study: optuna.Study | Mapping[str, Any]) -> TunedConfig | None:

@@ -246,7 +246,7 @@ def test_killed_worker_fails_the_trial_and_it_is_retried(service: Service) -> No
 def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
     svc = Service(tmp_path).start()
     try:
-        assert svc.submit(sleepy("r", budget="10s", steps=60)).status_code == 201
+        assert svc.submit(sleepy("r", budget="16s", steps=60)).status_code == 201
         svc.wait_trial_started("r")  # its probe takes ~3 s: the kill lands inside it
         finished = [t.number for t in svc.trials("r") if t.state.is_finished()]
         assert svc.proc is not None
@@ -258,7 +258,7 @@ def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
         svc.start()
         done = svc.wait_state("r", ("done",), 90)
         # The budget counts from where the killed run left it: it is not given again.
-        assert done["progress"]["budget_used_seconds"] <= 10 + 3
+        assert done["progress"]["budget_used_seconds"] <= 16 + 3
         trials = svc.trials("r")
         by_number = {t.number: t for t in trials}
         assert all(by_number[n].state.is_finished() for n in finished)

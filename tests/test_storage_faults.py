@@ -76,7 +76,11 @@ def test_cli_search_on_a_full_disk_says_so_and_resumes(tmp_path: Path) -> None:
             "a finished trial and a running one",
         )
         fill_disk(proc.pid)
-        before = {t.number: (t.state, t.value) for t in trials(db, "full") if t.state.is_finished()}
+        finished = [t for t in trials(db, "full") if t.state.is_finished()]
+        before = {t.number: (t.state, t.value) for t in finished}
+        measured = {
+            t.number: t.user_attrs["speedup"] for t in finished if "speedup" in t.user_attrs
+        }
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -100,7 +104,10 @@ def test_cli_search_on_a_full_disk_says_so_and_resumes(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     after = {t.number: t for t in trials(db, "full")}
-    assert all((after[n].state, after[n].value) == before[n] for n in before)
+    # What each trial measured is kept (its objective value may be set just below the written
+    # config's, so the dashboard crowns the config: see trials.store_config).
+    assert all(after[n].state == before[n][0] for n in before)
+    assert all(after[n].user_attrs.get("speedup") == measured[n] for n in before if n in measured)
     assert not [t for t in after.values() if t.state == optuna.trial.TrialState.RUNNING]
     # Every trial the full disk left RUNNING (none when it filled between two trials: the next
     # ask was refused) is failed as stale, with its reason, and run again.

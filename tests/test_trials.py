@@ -1,8 +1,9 @@
 """What autotune writes on trials and studies, read back the way Optuna and optuna-dashboard do.
 
-The last test starts the real optuna-dashboard on a study's storage and reads its JSON API: the
-dashboard's best trial must be Optuna's own ``study.best_trial``, feasible, the constraints and
-the objective's name must show, and the tuned config must come back whole.
+The dashboard tests start the real optuna-dashboard on a study's storage and read its JSON API:
+the dashboard's best trial must be Optuna's own ``study.best_trial``, feasible, the constraints
+and the objective's name must show, and the tuned config must come back whole; after a search,
+its best trial is the config best.json holds, with the figure validation stands behind.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import httpx
 import optuna
 import pytest
 from _configs import make_config
+from _sim import landscape
 
-from autotune.spec import load_spec
-from autotune.storage import open_study
+from autotune.config import TunedConfig
+from autotune.sim import Landscape, simulate
+from autotune.spec import load_spec, parse_spec
+from autotune.storage import open_storage, open_study
 from autotune.trials import (
     TrialRecord,
     constraints,
@@ -148,30 +152,28 @@ def wait_for_json(proc: subprocess.Popen, url: str, log: Path, deadline_s: float
         time.sleep(0.2)
 
 
-def test_optuna_dashboard_shows_the_same_best_trial_as_optuna(tmp_path: Path) -> None:
+def dashboard_exe() -> str:
     pytest.importorskip("optuna_dashboard")
     exe = shutil.which("optuna-dashboard", path=str(Path(sys.executable).parent))
     if exe is None:
         pytest.skip("the optuna-dashboard command is not installed beside this Python")
-    study = a_study(tmp_path)
-    cfg = make_config("bf16", optimizer="SGD")
-    cfg.evidence.rejected = [f"fp16 bs={2**i} lr×1: 1 infeasible" for i in range(5, 12)]
-    assert len(cfg.model_dump_json()) > 1024  # longer than the dashboard shows of an object
-    store_config(study, cfg)
+    return exe
 
+
+def dashboard_details(storage: str, names: list[str], log: Path) -> dict[str, Any]:
+    """What the real optuna-dashboard serves about each named study of ``storage``."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    log = tmp_path / "dashboard.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [exe, f"sqlite:///{tmp_path / 'dash.db'}", "--host", "127.0.0.1", "--port", str(port)],
+            [dashboard_exe(), storage, "--host", "127.0.0.1", "--port", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
     try:
         studies = wait_for_json(proc, f"{base}/api/studies", log)["study_summaries"]
-        (study_id,) = [s["study_id"] for s in studies if s["study_name"] == "dash"]
-        detail = httpx.get(f"{base}/api/studies/{study_id}", timeout=10).json()
+        ids = {s["study_name"]: s["study_id"] for s in studies}
+        return {n: httpx.get(f"{base}/api/studies/{ids[n]}", timeout=10).json() for n in names}
     finally:
         proc.terminate()
         try:
@@ -179,6 +181,17 @@ def test_optuna_dashboard_shows_the_same_best_trial_as_optuna(tmp_path: Path) ->
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_optuna_dashboard_shows_the_same_best_trial_as_optuna(tmp_path: Path) -> None:
+    dashboard_exe()
+    study = a_study(tmp_path)
+    cfg = make_config("bf16", optimizer="SGD")
+    cfg.evidence.rejected = [f"fp16 bs={2**i} lr×1: 1 infeasible" for i in range(5, 12)]
+    assert len(cfg.model_dump_json()) > 1024  # longer than the dashboard shows of an object
+    store_config(study, cfg)
+    storage = f"sqlite:///{tmp_path / 'dash.db'}"
+    detail = dashboard_details(storage, ["dash"], tmp_path / "dashboard.log")["dash"]
 
     # The dashboard's "Best Trial" is Optuna's, and it keeps parity.
     assert [t["number"] for t in detail["best_trials"]] == [study.best_trial.number]
@@ -191,3 +204,133 @@ def test_optuna_dashboard_shows_the_same_best_trial_as_optuna(tmp_path: Path) ->
     assert (attrs["outcome"], attrs["throughput"]) == ("infeasible", "1500.0")
     study_attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
     assert json.loads(study_attrs["tuned_config"]) == json.loads(cfg.model_dump_json())
+
+
+# ---- after a search: the config validation stands behind is the best trial ------------------
+
+
+def told(study: optuna.Study, speedup: float, gap: float = -0.01) -> None:
+    """A search trial as the search tells it: its speedup, the value (-inf when infeasible)."""
+    trial = study.ask()
+    trial.suggest_categorical("precision", ["fp16", "bf16"])
+    TrialRecord(speedup=speedup, parity_gap=gap).write(trial)
+    set_constraints(trial, {"parity": gap})
+    study.tell(trial, objective_value(speedup, {"parity": gap}, maximize=True))
+
+
+def test_search_figures_above_the_config_are_told_under_it_in_their_order(
+    storage_url: str,
+) -> None:
+    study = optuna.create_study(study_name="c", storage=storage_url, direction="maximize")
+    for speedup in (1.5, 1.2, 3.0, 2.0, 3.0):
+        told(study, speedup)
+    told(study, 4.0, gap=0.07)  # fast, but it learns worse
+    cfg = make_config("bf16")
+    cfg.evidence.speedup = 1.8
+    store_config(study, cfg)
+
+    def values(study: optuna.Study) -> list[float]:
+        return [t.value for t in optuna.load_study(study_name="c", storage=storage_url).trials]
+
+    first = values(study)
+    assert optuna.load_study(study_name="c", storage=storage_url).best_trial.number == 6
+    assert first[6] == 1.8 and first[:2] == [1.5, 1.2] and first[5] == -math.inf
+    # Above it: just under it, in the order the search measured them (twins by number).
+    assert 1.5 < first[3] < first[4] < first[2] < 1.8
+    assert [t.user_attrs["speedup"] for t in study.trials[:6]] == [1.5, 1.2, 3.0, 2.0, 3.0, 4.0]
+
+    # A later config (a resumed study) above some of them: those are told their own again.
+    cfg.evidence.speedup = 2.5
+    store_config(study, cfg)
+    again = values(study)
+    assert optuna.load_study(study_name="c", storage=storage_url).best_trial.number == 7
+    assert again[7] == 2.5 and again[6] == 1.8 and again[3] == 2.0
+    assert 2.0 < again[4] < again[2] < 2.5
+
+
+def nothing_beats_fp32() -> Landscape:
+    """fp32 as fast at every batch, fp16 and bf16 half as fast: validation falls back to the
+    fp32 reference, and the search's figures for fp32 scatter around 1.0."""
+    flat, half = ({b: v for b in (16, 64, 256, 1024)} for v in (6000.0, 3000.0))
+    changes = {"modes.fp32.throughput": flat, "modes.fp16.throughput": half}
+    return landscape(**changes, **{"modes.bf16.throughput": half})
+
+
+def search(storage: str, name: str, land: Landscape, budget: str) -> TunedConfig:
+    """A whole search on the simulated device, kept in ``storage``; its config (best.json)."""
+    spec = parse_spec(
+        {"name": name, "workload": land.workload, "budget": budget, "storage": storage}
+    )
+    config = simulate(spec, land, storage=open_storage(storage)).config
+    assert config is not None
+    return config
+
+
+def searched(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The search's completed, feasible trials (not the validated config's own)."""
+    return [t for t in study.trials if is_feasible(t) and not t.user_attrs.get("tuned_config")]
+
+
+def test_optuna_dashboard_shows_the_config_with_its_validated_figure_as_the_best_trial(
+    tmp_path: Path,
+) -> None:
+    """The search's figures are unpaired, and the best of many noisy ones runs high: the
+    dashboard crowned a search trial at 23.88x while best.json said 1.31x. Now its best trial
+    is the config, valued at what validation measured (1.0, the reference, for a fallback)."""
+    dashboard_exe()
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    configs = {
+        "validated": search(storage, "validated", landscape(), "60s"),
+        "fallback": search(storage, "fallback", nothing_beats_fp32(), "45s"),
+    }
+    assert configs["validated"].evidence.validated and not configs["fallback"].evidence.validated
+    details = dashboard_details(storage, list(configs), tmp_path / "dashboard.log")
+
+    for name, cfg in configs.items():
+        study = optuna.load_study(study_name=name, storage=storage)
+        speedup = cfg.evidence.speedup
+        (best,) = details[name]["best_trials"]
+        assert best["values"] == [speedup], name
+        assert best["number"] == study.best_trial.number
+        assert study.best_trial.value == speedup
+        attrs = {a["key"]: a["value"] for a in best["user_attrs"]}
+        assert attrs["tuned_config"] == "True"
+        assert attrs["reason"] == cfg.evidence.validation_note
+        params = {p["name"]: p["param_external_value"] for p in best["params"]}
+        if cfg.evidence.validated:
+            assert params["precision"] == cfg.precision
+            assert params["batch_size"] == str(cfg.batch_size)
+            assert attrs["blocks"] == str(cfg.evidence.paired_blocks)
+            source = study.trials[int(attrs["validated_trial"])]
+            assert source.user_attrs["speedup"] == cfg.evidence.search_speedup
+        else:
+            assert params == {}  # the fp32 reference is no point of the search space
+        # No search figure is crowned over it; each stays in the trial list, as measured.
+        shown = {t["number"]: t for t in details[name]["trials"]}
+        for t in searched(study):
+            assert t.value < speedup
+            kept = {a["key"]: a["value"] for a in shown[t.number]["user_attrs"]}
+            assert float(kept["speedup"]) == t.user_attrs["speedup"]
+
+
+def test_a_resumed_study_searches_on_and_crowns_its_next_config(storage_url: str) -> None:
+    """The search's figures keep their order (all the sampler, the shortlist and the early-stop
+    bar read of them), so a resumed study searches as before; its new config is the best trial."""
+    first = search(storage_url, "resumed", landscape(), "60s")
+    study = optuna.load_study(study_name="resumed", storage=storage_url)
+    before = len(study.trials)
+    assert study.best_trial.value == first.evidence.speedup
+
+    def in_order(study: optuna.Study) -> None:
+        by_value = sorted(searched(study), key=lambda t: (-t.value, t.number))
+        by_figure = sorted(searched(study), key=lambda t: (-t.user_attrs["speedup"], t.number))
+        assert [t.number for t in by_value] == [t.number for t in by_figure]
+
+    in_order(study)
+    again = search(storage_url, "resumed", landscape(), "60s")
+    study = optuna.load_study(study_name="resumed", storage=storage_url)
+    crowns = [t for t in study.trials if t.user_attrs.get("tuned_config")]
+    assert len(study.trials) > before + 1 and len(crowns) == 2
+    assert study.best_trial.number == crowns[-1].number
+    assert study.best_trial.value == again.evidence.speedup
+    in_order(study)

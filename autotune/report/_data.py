@@ -55,8 +55,10 @@ class ReportData:
     name: str
     storage: str
     spec: dict[str, Any]
+    # The search's trials; apart, the configs validation stood behind (store_config's trials).
     trials: list[FrozenTrial]
     maximize: bool
+    validated: list[FrozenTrial] = field(default_factory=list)
     records: dict[int, TrialRecord] = field(default_factory=dict)
     config: TunedConfig | None = None
     config_path: Path | None = None
@@ -391,14 +393,17 @@ def collect(
     if "storage" in spec:  # a study stored by an older version may hold the password
         spec["storage"] = mask_url(str(spec["storage"]))
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    records = {t.number: record(t) for t in trials}
+    crowned = {n for n, rec in records.items() if rec.tuned_config}
     data = ReportData(
         name=study.study_name,
         storage=mask_url(storage),
         spec=spec,
-        trials=trials,
+        trials=[t for t in trials if t.number not in crowned],
         maximize=maximize,
+        validated=[t for t in trials if t.number in crowned],
     )
-    data.records = {t.number: record(t) for t in trials}
+    data.records = records
     data.ceilings, data.ceiling_device = _pick_ceilings(attrs, str(spec.get("device", "")))
     data.config, data.config_path = _find_config(
         study, Path(out_dir) if out_dir is not None else None, data.notes

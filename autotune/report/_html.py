@@ -127,6 +127,8 @@ def _figure(section: str, heading: str, fig: Figure, intro: str = "") -> str:
 
 def _role(data: ReportData, t: FrozenTrial) -> str:
     role = data.rec(t).role
+    if data.rec(t).tuned_config:
+        return "best.json's config"
     if role == ROLE_REFERENCE:
         return "reference"
     if role == ROLE_AMP:
@@ -351,7 +353,7 @@ def _trials_table(data: ReportData) -> str:
     )
     rows = []
     winner = data.winner.number if data.winner is not None else None
-    for t in data.trials:
+    for t in sorted(data.trials + data.validated, key=lambda t: t.number):
         rec, p = data.rec(t), t.params
         outcome = _outcome(t)
         classes = [t.state.name.lower()]

@@ -56,7 +56,11 @@ def knob_gains(trials: Iterable[FrozenTrial]) -> list[KnobGain]:
         >>> knob_gains([])
         []
     """
-    trials = [t for t in trials if t.params and record(t).duplicate_of is None]
+    trials = [
+        t
+        for t in trials
+        if t.params and record(t).duplicate_of is None and not record(t).tuned_config
+    ]
     feasible = feasible_trials(trials)
     ok = {t.number for t in feasible}
     out = []

@@ -314,11 +314,14 @@ def _value_text(data: ReportData, value: float) -> str:
 
 
 def _objective_measured(data: ReportData, trial: FrozenTrial) -> float | None:
-    """A trial's objective as measured: its value, or (an infeasible trial is told the worst
-    value, see trials.objective_value) the speedup or throughput it measured."""
+    """A trial's objective as measured: the speedup it recorded (an infeasible trial is told
+    the worst value, see trials.objective_value, and one above the validated config just under
+    it, see trials.store_config), else its value, else the throughput it measured."""
+    rec = data.rec(trial)
+    if data.objective == "speedup" and rec.speedup is not None:
+        return rec.speedup
     if trial.value is not None and math.isfinite(trial.value):
         return float(trial.value)
-    rec = data.rec(trial)
     return rec.speedup if data.objective == "speedup" else rec.throughput
 
 

@@ -29,7 +29,8 @@ __all__ = ["baseline", "build_config", "compile_evidence", "counts"]
 
 
 def counts(trials: Iterable[FrozenTrial]) -> TrialCounts:
-    states = Counter(t.state for t in trials)
+    """The search's trials by state (not the configs an earlier run crowned, see store_config)."""
+    states = Counter(t.state for t in trials if not record(t).tuned_config)
     return TrialCounts(
         complete=states[TrialState.COMPLETE],
         pruned=states[TrialState.PRUNED],

@@ -162,6 +162,7 @@ class ReferenceKeeper:
             and self.record.batch_size == cand.batch_size
         ):
             self.measure()
+            self._settle()
             return self.record
         # Parity compares at equal samples seen: the reference must have seen as many samples as
         # a probe of the largest batch size does.
@@ -206,6 +207,8 @@ class ReferenceKeeper:
             len(result.losses),
         )
         self._save()
+        # Confirmed here, in the reference's phase, not inside the first trial.
+        self._settle()
         return self.record
 
     def refresh_after(self) -> float:
