@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 # Short enough for a first look on any machine; use `autotune search --budget 30m` for real.
 BUDGET ?= 3m
 SPEC ?= studies/resnet18.yaml
+# Test processes (each takes a test file at a time).
+TEST_JOBS ?= 2
 OUT ?= gpu-check-out
 
 .PHONY: search test lint format gpu-check clean
@@ -31,7 +33,7 @@ lint: $(VENV)/.dev
 # Two test processes, a test file each at a time: most of the suite waits on budgets and sleeping
 # workloads, not on the cores.
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 format: $(VENV)/.dev
 	$(BIN)/ruff format .
