@@ -116,12 +116,14 @@ def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
 ) -> None:
     # Long enough for: the victim's first trial and the retry (a dead process on this host has
     # its trial failed at once, without waiting out the heartbeat's grace period).
-    spec = write_spec(tmp_path, "20s", steps=5)
+    # Before its first trial the victim measures its ceilings and the reference (twice): on a
+    # busy machine that alone can take 20 s, so the budget leaves room for a trial after it.
+    spec = write_spec(tmp_path, "30s", steps=5)
     victim = start_worker(spec, storage_url, tmp_path / "victim", sleep=0.4)
     survivor = None
     killed_trial = None
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 150
         me = None
         while time.monotonic() < deadline and killed_trial is None:
             time.sleep(0.3)
@@ -154,7 +156,7 @@ def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
             retries = [t for t in study.trials if t.user_attrs.get("retry_of") == killed_trial]
             if not retries or retries[0].state != TrialState.WAITING:
                 break
-            resume(spec, storage_url, tmp_path / "resume", budget="20s")
+            resume(spec, storage_url, tmp_path / "resume", budget="30s")
             study = optuna.load_study(study_name="dist", storage=storage_url)
     trials = study.get_trials(deepcopy=False)
     dead = trials[killed_trial]
