@@ -215,3 +215,20 @@ def test_a_trial_nobody_recorded_running_is_failed_once_it_is_old(
     assert failed.state == optuna.trial.TrialState.FAIL
     assert failed.user_attrs["outcome"] == "stale"
     assert "nobody recorded running it" in failed.user_attrs["reason"]
+
+
+def test_the_end_of_a_search_waits_out_a_trial_nobody_recorded_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resumed search that ends within the grace period of such a trial (left by the run the
+    disk stopped) still fails it: the study never ends with a trial RUNNING."""
+    from autotune.search._coordination import fail_ownerless
+
+    study, _ = _study(tmp_path)
+    orphan = study.ask()
+    live = _running(study, owner_id())  # a worker that named itself: not waited on
+    monkeypatch.setattr("autotune.storage.GRACE_PERIOD", 1)
+    monkeypatch.setattr("autotune.search._coordination.GRACE_PERIOD", 1)
+    assert fail_ownerless(study, poll=0.1) == [orphan.number]
+    assert study.trials[orphan.number].state == optuna.trial.TrialState.FAIL
+    assert study.trials[live.number].state == optuna.trial.TrialState.RUNNING

@@ -23,7 +23,7 @@ from autotune.storage import (
 )
 from autotune.trials import TrialRecord, record
 
-__all__ = ["SETTLE_WAIT", "claim_validation", "fail_orphans", "settle"]
+__all__ = ["SETTLE_WAIT", "claim_validation", "fail_orphans", "fail_ownerless", "settle"]
 
 ORPHAN_REASON = (
     "left running by a write the storage refused mid-trial (a full disk, a lost database); "
@@ -97,3 +97,22 @@ def fail_orphans(study: optuna.Study) -> list[int]:
         failed.append(trial.number)
         retry_stale_trial(study, storage.get_trial(trial._trial_id))
     return failed
+
+
+def fail_ownerless(study: optuna.Study, poll: float = 0.5) -> list[int]:
+    """At the end of a search: fail what nobody runs any more (:func:`fail_stale`), and wait out
+    the grace period of a RUNNING trial nobody recorded running (no ``worker``: its start was
+    cut off, e.g. by a full disk just after it was asked), so it is failed too. A live worker
+    records itself right after asking, so nothing is waited on but such a trial.
+
+    Returns:
+        The numbers of the trials failed.
+    """
+    deadline = clock.now() + GRACE_PERIOD + poll
+    failed: list[int] = []
+    while True:
+        failed += fail_stale(study)
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not any(record(t).worker is None for t in running) or clock.now() >= deadline:
+            return failed
+        clock.sleep(poll)

@@ -29,7 +29,13 @@ from autotune.search._budget import (
     window_id,
 )
 from autotune.search._context import Gate, SearchContext
-from autotune.search._coordination import SETTLE_WAIT, claim_validation, fail_orphans, settle
+from autotune.search._coordination import (
+    SETTLE_WAIT,
+    claim_validation,
+    fail_orphans,
+    fail_ownerless,
+    settle,
+)
 from autotune.search._events import EventSink, PhaseStarted
 from autotune.search._hardware import check_hardware, find_ceilings
 from autotune.search._knobs import (
@@ -482,7 +488,7 @@ def run_search(
         config = stored_config(study)
     # Nothing of this search runs any more: what it left RUNNING (a refused write), and what
     # nobody owns (a start cut off by a full disk), is failed with its reason and retried.
-    for number in fail_orphans(study) + fail_stale(study):
+    for number in fail_orphans(study) + fail_ownerless(study):
         logger.warning("trial {} was left running: failed, and retried", number)
     spent = dict(ctx.spent) if ctx is not None else {}
     spent["writing"] = clock.now() - w0
