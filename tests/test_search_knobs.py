@@ -30,6 +30,18 @@ def _throughput(c: Candidate) -> float:
     return tp * (1.5 if c.compile else 1.0) * (1.1 if c.channels_last else 1.0)
 
 
+def _base(workload: str, candidate: Candidate, settings: ProbeSettings, device: str) -> dict:
+    """What every result of a fake runner says of the probe it answers."""
+    return {
+        "candidate": candidate,
+        "workload": workload,
+        "device": device,
+        "batch_size": candidate.batch_size,
+        "planned_steps": settings.steps,
+        "seed": settings.seed,
+    }
+
+
 class KnownRunner(InProcessRunner):
     """Answers every probe at once with the figures above; losses follow samples seen, so every
     candidate keeps parity."""
@@ -44,14 +56,7 @@ class KnownRunner(InProcessRunner):
         early_stop: Any = None,
     ) -> ProbeResult:
         steps = settings.warmup_steps + settings.steps
-        base: dict[str, Any] = {
-            "candidate": candidate,
-            "workload": workload,
-            "device": "cpu",
-            "batch_size": candidate.batch_size,
-            "planned_steps": settings.steps,
-            "seed": settings.seed,
-        }
+        base = _base(workload, candidate, settings, "cpu")
         if candidate.compile and not candidate.channels_last:
             return ProbeResult(
                 **base,
@@ -246,14 +251,7 @@ class CompilingRunner(InProcessRunner):
     ) -> ProbeResult:
         assert timeout is not None
         self.timeouts.append(timeout)
-        base: dict[str, Any] = {
-            "candidate": candidate,
-            "workload": workload,
-            "device": "cuda:0",
-            "batch_size": candidate.batch_size,
-            "planned_steps": settings.steps,
-            "seed": settings.seed,
-        }
+        base = _base(workload, candidate, settings, "cuda:0")
         compiling = self.compile_seconds[candidate.compile_mode]
         if settings.time_limit + compiling > timeout:
             return ProbeResult(**base, outcome="crashed", reason="killed", timed_out=True)
