@@ -9,14 +9,21 @@ Example:
 
 ``autotune.session`` and ``autotune.export`` are the functions; their modules are imported by
 name (``from autotune.session import AmpSession``, ``from autotune.export import Export``).
+
+The names that need torch or the spec's models load on first use, so ``import autotune`` (and
+every ``autotune ... --help``) does not pay for torch.
 """
 
+import importlib as _importlib
+import sys as _sys
 import time as _time
+import types as _types
+from typing import TYPE_CHECKING
 
-# The CLI counts its budget from here: importing torch is part of the job's wall time.
+# The CLI counts its budget from here: importing torch, which a command does once it runs, is
+# part of the job's wall time.
 STARTED = _time.monotonic()
 
-from autotune.config import TunedConfig, load_config  # noqa: E402
 from autotune.errors import (  # noqa: E402
     AutotuneError,
     AutotuneWarning,
@@ -27,14 +34,15 @@ from autotune.errors import (  # noqa: E402
     StorageError,
     WorkloadError,
 )
-from autotune.export import Export, export  # noqa: E402
-from autotune.result import ProbeResult  # noqa: E402
-
-# Last: these names replace the submodules of the same name as attributes of the package.
-from autotune.session import AmpSession, session  # noqa: E402
-from autotune.spec import Candidate, ProbeSettings, StudySpec, load_spec  # noqa: E402
 from autotune.version import __version__  # noqa: E402
-from autotune.workloads import Workload, load_workload  # noqa: E402
+
+if TYPE_CHECKING:
+    from autotune.config import TunedConfig, load_config
+    from autotune.export import Export, export
+    from autotune.result import ProbeResult
+    from autotune.session import AmpSession, session
+    from autotune.spec import Candidate, ProbeSettings, StudySpec, load_spec
+    from autotune.workloads import Workload, load_workload
 
 __all__ = [
     "AmpSession",
@@ -60,3 +68,49 @@ __all__ = [
     "load_workload",
     "session",
 ]
+
+# Where each name loaded on first use lives.
+_LAZY = {
+    "AmpSession": "autotune.session",
+    "Candidate": "autotune.spec",
+    "Export": "autotune.export",
+    "ProbeResult": "autotune.result",
+    "ProbeSettings": "autotune.spec",
+    "StudySpec": "autotune.spec",
+    "TunedConfig": "autotune.config",
+    "Workload": "autotune.workloads",
+    "export": "autotune.export",
+    "load_config": "autotune.config",
+    "load_spec": "autotune.spec",
+    "load_workload": "autotune.workloads",
+    "session": "autotune.session",
+}
+# Functions named like their module: loading the module must not make the package's attribute
+# the module instead of the function.
+_NAMED_LIKE_THEIR_MODULE = frozenset({"export", "session"})
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(_types.ModuleType):
+    """The package's module type: the import system's ``setattr(autotune, "session", module)``
+    leaves the function (loaded or still to load) in place."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _NAMED_LIKE_THEIR_MODULE and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

@@ -2,7 +2,9 @@
 
 A user's mistake prints one ``error:`` message naming the field and the fix, and exits 2;
 Ctrl-C exits 130 after saying how to resume. Each group of commands lives in its own module
-and registers itself on the shared app.
+and registers itself on the shared app. A command imports torch, optuna, the storage and the
+web service in its body, never at the top: ``--help`` answers without them
+(tests/test_cli_imports.py).
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ from rich.markup import escape
 
 import autotune
 from autotune.errors import SpecError, short_repr
+from autotune.spec import StudySpec
 
 __all__ = [
+    "DEFAULT_STORAGE",
     "app",
     "console",
     "err_console",
@@ -30,6 +32,9 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
+
+# The spec owns the default; a study name is looked up where `autotune search` stores it.
+DEFAULT_STORAGE: str = StudySpec.model_fields["storage"].default
 
 
 # Set by setup_logging: with JSON logs on stderr, error lines go out as JSON too.
@@ -89,14 +94,22 @@ def parse_sets(values: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        console.print(autotune.__version__)
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True, callback=_print_version
+        ),
+    ] = False,
 ) -> None:
-    if version:
-        console.print(autotune.__version__)
-        raise typer.Exit(0)
     from autotune.files import umask_applied
 
     # What the command creates (the study database, best.json, report.html, logs, and what its

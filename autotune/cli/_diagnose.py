@@ -9,13 +9,10 @@ import typer
 from rich import box
 from rich.table import Table
 
-from autotune.cli._app import app, console, err_console, fail, setup_logging
+from autotune.cli._app import DEFAULT_STORAGE, app, console, err_console, fail, setup_logging
 from autotune.diagnose import DEFAULT_STEPS
 from autotune.errors import AutotuneError, SpecError, StorageError
-from autotune.spec import StudySpec
 
-# The spec owns the default; a study name is looked up where `autotune search` stores it.
-DEFAULT_STORAGE: str = StudySpec.model_fields["storage"].default
 SHOWN_LAYERS = 10
 
 

@@ -8,9 +8,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from autotune.cli._app import app, console, fail, setup_logging
+from autotune.cli._app import DEFAULT_STORAGE, app, console, fail, setup_logging
 from autotune.errors import AutotuneError
-from autotune.report import DEFAULT_STORAGE
 
 
 @app.command()

@@ -6,11 +6,10 @@ import shlex
 import sys
 import warnings
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from loguru import logger
-from optuna.trial import TrialState
 from rich.markup import escape
 from rich.table import Table
 
@@ -18,19 +17,11 @@ import autotune
 from autotune.cli._app import app, console, err_console, fail, parse_sets, setup_logging, warn
 from autotune.errors import AutotuneError, SpecError, StorageIOError
 from autotune.logs import JSON_ENV, log_to_file
-from autotune.precision import resolve_device
-from autotune.progress import SearchProgress
-from autotune.reference import ReferenceRecord
-from autotune.report import knob_lines, noise_text, optimism_text, ratio_text, throughput_text
-from autotune.result import knob_text
-from autotune.storage import mask_url
-from autotune.trials import (
-    ROLE_AMP,
-    display_outcome,
-    label,
-    record,
-    role_trials,
-)
+from autotune.redact import mask_url
+
+# Torch, optuna and the storage are imported in the functions that use them: `--help` loads none.
+if TYPE_CHECKING:
+    from autotune.reference import ReferenceRecord
 
 DEFAULT_SPEC = Path("studies/resnet18.yaml")
 
@@ -86,6 +77,8 @@ def search(
     report.html, with live progress on a terminal and a log in search.log."""
     setup_logging(verbose, quiet, json_lines=log_json)
     from autotune import clock as clocks
+    from autotune.precision import resolve_device
+    from autotune.progress import SearchProgress
     from autotune.search import Budget, SearchInterrupted, run_search
     from autotune.spec import load_spec
 
@@ -246,6 +239,8 @@ def _report_args(spec: Any, out: Path | None) -> str:
 
 def _log_outcome(result: Any) -> None:
     """The search's final decisions, into the log file too (the summary table is stdout only)."""
+    from autotune.report import ratio_text
+
     for r in result.rejected:
         if r.stage == "validation":
             logger.bind(event="rejected", label=r.label, kind=r.kind).info(
@@ -297,6 +292,9 @@ def _write_report(spec: Any, out_dir: Path) -> None:
 
 def _reference_row(reference: ReferenceRecord | None) -> tuple[str, ...]:
     """The fp32 reference's row: its latest measurement with its interval."""
+    from autotune.report import throughput_text
+    from autotune.trials import label
+
     if reference is None:
         return ("fp32 reference", "—", "—", "—", "not measured")
     settings = label({"precision": reference.precision, "batch_size": reference.batch_size})
@@ -311,6 +309,11 @@ def _reference_row(reference: ReferenceRecord | None) -> tuple[str, ...]:
 
 def _amp_row(result: Any) -> tuple[str, ...]:
     """The plain AMP recipe's row, read through its trial's record."""
+    from optuna.trial import TrialState
+
+    from autotune.report import ratio_text, throughput_text
+    from autotune.trials import ROLE_AMP, display_outcome, label, record, role_trials
+
     t = role_trials(result.study.get_trials(deepcopy=False)).get(ROLE_AMP)
     if t is None:
         return ("plain AMP recipe", "—", "—", "—", "not run")
@@ -339,6 +342,9 @@ def _noise(result: Any) -> float | None:
 
 
 def _print_summary(result: Any) -> None:
+    from autotune.report import knob_lines, noise_text, optimism_text, ratio_text, throughput_text
+    from autotune.result import knob_text
+
     cfg = result.config
     ev = cfg.evidence
     table = Table(title=f"study {cfg.study!r}: {cfg.workload} on {cfg.environment.device}")

@@ -14,7 +14,6 @@ from rich.table import Table
 
 from autotune.cli._app import app, console, fail, setup_logging
 from autotune.errors import AutotuneError, SpecError
-from autotune.report import ratio_text
 
 if TYPE_CHECKING:
     from autotune.service import ServiceClient
@@ -266,6 +265,8 @@ def _print_studies(studies: list[Any], devices: list[Any]) -> None:
 
 
 def _print_study(s: Any) -> None:
+    from autotune.report import ratio_text
+
     p = s.progress
     console.print(
         f"[bold]{escape(s.name)}[/] · {escape(s.workload)} · "

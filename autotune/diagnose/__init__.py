@@ -21,7 +21,11 @@ The package, one file per concept: ``_models`` (what a diagnosis reports), ``_ho
 instruments), ``_run`` (the instrumented run), ``_advice`` (figures into recommendations),
 ``_fp32`` (keeping modules in fp32), ``_trials`` (which trial of a study to diagnose).
 
+The names load on first use: all but the models need torch, which a command that only needs
+``DEFAULT_STEPS`` (``autotune diagnose --help``) should not wait for.
+
 Example:
+    >>> from autotune.diagnose import diagnose
     >>> from autotune.spec import Candidate
     >>> from autotune.workloads import load_workload
     >>> d = diagnose(load_workload("autotune.workloads.testing:fp16_overflow"),
@@ -30,17 +34,23 @@ Example:
     ('fails', 'amplify')
 """
 
-from autotune.diagnose._fp32 import fp32_modules, keep_in_fp32
-from autotune.diagnose._models import (
-    DEFAULT_STEPS,
-    NEAR_LIMIT,
-    UNDERFLOW_SHARE,
-    Diagnosis,
-    LayerStats,
-    Recommendation,
-)
-from autotune.diagnose._run import diagnose
-from autotune.diagnose._trials import trial_candidate, worst_diverged_trial
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.diagnose._fp32 import fp32_modules, keep_in_fp32
+    from autotune.diagnose._models import (
+        DEFAULT_STEPS,
+        NEAR_LIMIT,
+        UNDERFLOW_SHARE,
+        Diagnosis,
+        LayerStats,
+        Recommendation,
+    )
+    from autotune.diagnose._run import diagnose
+    from autotune.diagnose._trials import trial_candidate, worst_diverged_trial
 
 __all__ = [
     "DEFAULT_STEPS",
@@ -55,3 +65,31 @@ __all__ = [
     "trial_candidate",
     "worst_diverged_trial",
 ]
+
+# The private module each name lives in.
+_LAZY = {
+    "DEFAULT_STEPS": "_models",
+    "NEAR_LIMIT": "_models",
+    "UNDERFLOW_SHARE": "_models",
+    "Diagnosis": "_models",
+    "LayerStats": "_models",
+    "Recommendation": "_models",
+    "diagnose": "_run",
+    "fp32_modules": "_fp32",
+    "keep_in_fp32": "_fp32",
+    "trial_candidate": "_trials",
+    "worst_diverged_trial": "_trials",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
