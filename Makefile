@@ -11,7 +11,7 @@ SPEC ?= studies/resnet18.yaml
 TEST_JOBS ?= 2
 OUT ?= gpu-check-out
 
-.PHONY: search test lint format gpu-check clean
+.PHONY: search test lint format docs gpu-check clean
 
 $(VENV)/.runtime: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ lint: $(VENV)/.dev
 test: lint
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
+# The documentation site, offline, into site/ (open site/index.html). --strict: a broken link,
+# anchor or API reference fails the build; the suite builds it the same way (tests/test_docs.py).
+# NO_MKDOCS_2_WARNING silences the theme's notice about a future MkDocs, which this build pins out.
+docs: $(VENV)/.dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 format: $(VENV)/.dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
@@ -48,4 +54,4 @@ gpu-check:
 	bash scripts/gpu-check.sh $(if $(CALL),$(CALL) $(OUT),--plan)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache site

@@ -11,6 +11,7 @@ The config is a record: it knows no session and no export. ``autotune.session(cf
 
 from __future__ import annotations
 
+import math
 import platform
 import re
 import warnings
@@ -51,6 +52,7 @@ __all__ = [
     "TunedConfig",
     "current_environment",
     "environment_differences",
+    "is_optimizer_setting",
     "load_config",
     "warn_if_environment_differs",
 ]
@@ -73,6 +75,30 @@ MAX_BATCH_SIZE = 2**31 - 1
 MAX_LEARNING_RATE = 100.0
 # torch's GradScaler keeps its scale in fp32; past 2**64 fp16 training has long overflowed.
 MAX_INIT_SCALE = 2.0**64
+# An optimizer's constructor takes a handful of settings; a config holding more was not written
+# by a search.
+MAX_OPTIMIZER_KWARGS = 32
+
+
+def is_optimizer_setting(value: Any) -> bool:
+    """An optimizer setting a config may hold: a JSON scalar, or a few numbers (Adam's betas).
+
+    Example:
+        >>> is_optimizer_setting(0.9), is_optimizer_setting([0.9, 0.999]), is_optimizer_setting({})
+        (True, True, False)
+    """
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, (int, float)):
+        return math.isfinite(value)
+    if isinstance(value, str):
+        return len(value) <= 200
+    if isinstance(value, list):
+        return len(value) <= 8 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in value
+        )
+    return False
 
 
 class GradScalerSettings(_Model):
@@ -177,9 +203,41 @@ class TunedConfig(_Model):
     # The class name of the optimizer the learning rate was tuned for ("SGD", "AdamW"); the rule
     # that rescales it with the batch is evidence.lr_scaling. None in configs written before.
     optimizer: str | None = None
+    # Its other constructor arguments as the workload built it (momentum, betas, eps,
+    # weight_decay, ...), without lr and the switches that change only how it runs (foreach,
+    # fused): an export rebuilds the same optimizer from them. None in configs written before.
+    optimizer_kwargs: dict[str, Any] | None = None
     evidence: Evidence
     environment: Environment
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+    @field_validator("optimizer_kwargs", mode="before")
+    @classmethod
+    def _kwargs_are_settings(cls, value: Any) -> Any:
+        # They become keyword arguments and command-line flags: a handful of named numbers,
+        # flags and short strings, as JSON holds them.
+        if not isinstance(value, dict):
+            return value  # None, or not a mapping: the type check says which
+        if len(value) > MAX_OPTIMIZER_KWARGS:
+            raise ValueError(
+                f"holds {len(value)} arguments, at most {MAX_OPTIMIZER_KWARGS} are read; "
+                "write the config again with `autotune search`"
+            )
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str) or not key.isidentifier() or len(key) > 64:
+                raise ValueError(
+                    f"argument name {short_repr(key)} is not a Python identifier; "
+                    "write the config again with `autotune search`"
+                )
+            item = list(item) if isinstance(item, tuple) else item
+            if not is_optimizer_setting(item):
+                raise ValueError(
+                    f"{key}={short_repr(item)} is not a number, true/false, a short string, null "
+                    "or a list of up to 8 numbers; write the config again with `autotune search`"
+                )
+            out[key] = item
+        return out
 
     @field_validator("grad_scaler")
     @classmethod

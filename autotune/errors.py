@@ -8,12 +8,14 @@ Bugs in autotune itself are ordinary Python exceptions and are not caught here.
     ├── WorkloadError             a workload reference cannot be loaded, or breaks its contract
     ├── DeviceError               a device does not exist or cannot run what was asked
     ├── ConfigError               a TunedConfig file is missing, malformed or tampered with
+    ├── ExportError               an export cannot hand a trainer what the config was tuned with
     ├── StorageError              the study storage cannot be opened or holds a different study
     │   └── StorageIOError        it failed a read or write mid-run (a full disk, a lost server)
     └── ServiceError              the tuning service cannot be reached, or refused a request
 
     AutotuneWarning (UserWarning)     root of autotune's warnings: filter this to silence them
-    └── EnvironmentMismatchWarning    a config is used on another GPU model, capability or torch
+    ├── EnvironmentMismatchWarning    a config is used on another GPU model, capability or torch
+    └── ExportWarning                 an export, or the run it feeds, leaves a tuned value behind
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ __all__ = [
     "ConfigError",
     "DeviceError",
     "EnvironmentMismatchWarning",
+    "ExportError",
+    "ExportWarning",
     "ServiceError",
     "SpecError",
     "StorageError",
@@ -57,6 +61,11 @@ class ConfigError(AutotuneError, ValueError):
     """A TunedConfig file is missing, malformed or has been tampered with."""
 
 
+class ExportError(AutotuneError):
+    """An export cannot hand its trainer what the config was tuned with (the optimizer the lr
+    belongs to, its settings), so it refuses rather than train something else."""
+
+
 class StorageError(AutotuneError):
     """The study storage cannot be opened, or holds a study that conflicts with the spec."""
 
@@ -85,6 +94,11 @@ class AutotuneWarning(UserWarning):
 class EnvironmentMismatchWarning(AutotuneWarning):
     """A TunedConfig is used on a GPU model, compute capability or torch version it was not
     tuned on: it still loads, but its measured speedup may not hold."""
+
+
+class ExportWarning(AutotuneWarning):
+    """An export could not place a tuned value (a batch size, an lr) where the trainer takes it,
+    or a run fed by one trains with another value than the config's."""
 
 
 class _ShortRepr(reprlib.Repr):

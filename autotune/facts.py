@@ -7,17 +7,33 @@ worker (a ``facts`` request) and get a :class:`WorkerFacts` back.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from autotune.config import Environment, current_environment
+from autotune.config import (
+    MAX_OPTIMIZER_KWARGS,
+    Environment,
+    current_environment,
+    is_optimizer_setting,
+)
 from autotune.precision import resolve_device, unsupported_modes
 from autotune.workloads import Workload, load_workload
 
-__all__ = ["WorkerFacts", "collect_facts", "device_memory", "workload_facts"]
+__all__ = [
+    "WorkerFacts",
+    "collect_facts",
+    "device_memory",
+    "optimizer_settings",
+    "workload_facts",
+]
+
+# Optimizer arguments that choose how the update runs (kernels, graph capture, autograd through
+# it), not what it computes: a config does not pin them to the tuning machine's choice.
+_HOW_IT_RUNS = frozenset({"foreach", "fused", "capturable", "differentiable"})
 
 
 class WorkerFacts(BaseModel):
@@ -33,6 +49,8 @@ class WorkerFacts(BaseModel):
     channels_last: bool
     # The class of what the workload's build_optimizer returns: the lr belongs to it.
     optimizer: str
+    # Its constructor's other settings (optimizer_settings); None when they cannot be recorded.
+    optimizer_kwargs: dict[str, Any] | None = None
     device: str
     # Modes this device cannot really run, each with the reason.
     unsupported: dict[str, str]
@@ -76,10 +94,37 @@ def device_memory(device: torch.device) -> tuple[int | None, int | None]:
         return None, None
 
 
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """An optimizer's constructor arguments besides ``params`` and ``lr``, as it was built.
+
+    What changes only how it runs (``foreach``, ``fused``, ...) is left out: an export rebuilds
+    the same update on another device. None when a setting is not a plain value (a tensor, a
+    callable) that a config can hold.
+
+    Example:
+        >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
+        >>> optimizer_settings(opt)
+        {'momentum': 0.9, 'dampening': 0, 'weight_decay': 0, 'nesterov': False, 'maximize': False}
+    """
+    params = inspect.signature(type(optimizer)).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    out: dict[str, Any] = {}
+    for key, value in optimizer.defaults.items():
+        if key in ("params", "lr") or key in _HOW_IT_RUNS or not (key in params or takes_any):
+            continue  # AdamW's defaults hold decoupled_weight_decay, which it does not take
+        value = list(value) if isinstance(value, tuple) else value
+        if not (key.isidentifier() and len(key) <= 64 and is_optimizer_setting(value)):
+            return None  # what a config cannot hold is not recorded at all
+        out[key] = value
+    if len(out) > MAX_OPTIMIZER_KWARGS:
+        return None
+    return out
+
+
 def workload_facts(workload: Workload) -> dict[str, object]:
     """The workload's own facts: name, base lr and batch, lr rule, memory format, optimizer."""
     probe = torch.nn.Parameter(torch.zeros(1))
-    optimizer = type(workload.build_optimizer([probe], workload.base_lr)).__name__
+    built = workload.build_optimizer([probe], workload.base_lr)
     return {
         "workload": workload.reference or workload.name,
         "name": workload.name,
@@ -87,7 +132,8 @@ def workload_facts(workload: Workload) -> dict[str, object]:
         "base_batch_size": workload.base_batch_size,
         "lr_scaling": workload.lr_scaling,
         "channels_last": workload.channels_last,
-        "optimizer": optimizer,
+        "optimizer": type(built).__name__,
+        "optimizer_kwargs": optimizer_settings(built),
     }
 
 

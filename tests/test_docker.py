@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer.main
 import yaml
+from _docs import page
 
 from autotune.cli import app
 
@@ -142,5 +143,4 @@ def test_the_systemd_unit_restarts_on_failure_and_drains_on_stop() -> None:
     # It listens beyond loopback, so it needs a token: from a file, never on the command line.
     assert args["--host"] == "0.0.0.0" and args["--token-file"].startswith("/")
     assert "--token" not in args and "AUTOTUNE_TOKEN" not in svc.get("Environment", "")
-    readme = (DOCKER.parent / "README.md").read_text()
-    assert "docker/autotune.service" in readme
+    assert "docker/autotune.service" in page("docs/service.md")

@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import pytest
+from _docs import page
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -344,12 +345,12 @@ def test_an_unknown_call_is_one_line_naming_the_calls() -> None:
     assert all(c in done.stderr for c in [*CALLS, "all"])
 
 
-def test_the_readme_gives_the_plans_totals_and_timeouts() -> None:
+def test_the_docs_give_the_plans_totals_and_timeouts() -> None:
     calls, _ = plan()
-    readme = (ROOT / "README.md").read_text()
+    text = page("docs/gpu-check.md")
     for name, call in calls.items():
         assert re.search(
-            rf"^\| `{name}` \|.*\| {call['total']} s \| {call['timeout']} s \|$", readme, re.M
+            rf"^\| `{name}` \|.*\| {call['total']} s \| {call['timeout']} s \|$", text, re.M
         ), name
 
 

@@ -1,39 +1,50 @@
 """The exports against the real Lightning, transformers and accelerate (the `integrations` extra).
 
-The README's export examples run verbatim on a config of each mode: they train in the tuned mode
-(the dtype a layer's output has, the GradScaler's scale) or are refused with a message naming the
-mode and the device. The files and flags `autotune export` prints are read by each library's own
-loader. Tiny models built from config objects, synthetic data, a few CPU steps, no download; each
-library is imported inside the tests that need it (Lightning costs seconds to import).
+The export examples in docs/exports.md run verbatim on a config of each mode, and every route
+trains a tiny model while a hook inside the training step reads back what it really runs: the
+optimizer and its lr (from its param groups), the batch size (the batch's first dimension), the
+autocast dtype and a layer's output dtype, and the GradScaler's scale. Each is the tuned one, or
+the export refused with a message naming the mode and the device. The files and flags
+`autotune export` prints are read by each library's own loader, and LightningCLI and the
+Trainer train from them. Tiny models built from config objects, synthetic data, a few CPU
+steps, no download; each library is imported inside the tests that need it (Lightning costs
+seconds to import).
 """
 
 from __future__ import annotations
 
-import re
+import functools
 import shlex
 import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from _configs import make_config, write_config
+from _docs import code_block
 from torch import nn
 
 import autotune
 from autotune.config import current_environment
-from autotune.errors import DeviceError
+from autotune.errors import DeviceError, ExportError, ExportWarning
 from autotune.precision import restore_backend_flags, snapshot_backend_flags
 
-ROOT = Path(__file__).resolve().parent.parent
 DTYPES = {
     "fp32": torch.float32,
     "tf32": torch.float32,
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
 }
+AUTOCAST = {"fp32": None, "tf32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Only fp16 carries a scaler; its tuned values differ from torch's 65536 and 2000 on purpose.
 INIT_SCALE, GROWTH_INTERVAL = 1024.0, 500
+# The tuned values differ from every library's and script's default, so a dropped one shows.
+BATCH_SIZE, LEARNING_RATE = 8, 0.05
+SGD = {"momentum": 0.9, "dampening": 0, "weight_decay": 0.0, "nesterov": False, "maximize": False}
 
 
 @pytest.fixture(autouse=True)
@@ -52,40 +63,85 @@ def _offline_and_no_trace(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> An
         state.AcceleratorState._reset_state(True)
 
 
-def readme_example(target: str) -> str:
-    """The README's Python example for one export target, as written there."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    found = [b for b in blocks if f'autotune.export(cfg, "{target}")' in b]
-    assert len(found) == 1, f"README must hold one {target} export example, found {len(found)}"
-    return found[0]
+EXAMPLES = "docs/exports.md"
 
 
-def tuned_config(precision: str, device: str) -> Path:
-    """A config of this mode tuned on ``device``, where the README's examples load it from."""
+def docs_example(target: str) -> str:
+    """The Python example for one export target in the docs, as written there."""
+    return code_block(EXAMPLES, f'autotune.export(cfg, "{target}"')
+
+
+def config(precision: str, device: str = "cpu", **fields: Any) -> autotune.TunedConfig:
+    """A config of this mode tuned on ``device`` for SGD with momentum, as a search writes it."""
     cfg = make_config(
         precision,
-        batch_size=8,
-        learning_rate=0.05,
-        optimizer="SGD",
+        batch_size=BATCH_SIZE,
+        learning_rate=LEARNING_RATE,
         init_scale=INIT_SCALE,
         growth_interval=GROWTH_INTERVAL,
+        **{"optimizer": "SGD", "optimizer_kwargs": SGD, **fields},
     )
     if device == "cuda":
         cfg = cfg.model_copy(update={"environment": current_environment(torch.device("cuda"))})
+    return cfg
+
+
+def tuned_config(precision: str, device: str) -> Path:
+    """The config where the docs' examples load it from."""
     path = Path("studies/resnet18/best.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    return write_config(path, cfg)
+    return write_config(path, config(precision, device))
 
 
 def run_example(target: str, namespace: dict[str, Any]) -> dict[str, Any]:
-    exec(compile(readme_example(target), f"README.md ({target} example)", "exec"), namespace)
+    exec(compile(docs_example(target), f"{EXAMPLES} ({target} example)", "exec"), namespace)
     return namespace
 
 
-def recorded_dtypes(layer: nn.Module) -> list[torch.dtype]:
-    seen: list[torch.dtype] = []
-    layer.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+# ---- what a training step really runs --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One training step, as a hook on a layer inside the forward pass saw it."""
+
+    optimizer: str
+    lr: float
+    momentum: float | None
+    batch: int
+    autocast: torch.dtype | None
+    output: torch.dtype
+
+
+def record_steps(layer: nn.Module, optimizer_of: Callable[[], Any]) -> list[Step]:
+    """Each forward of ``layer`` (one per step here) recorded as a :class:`Step`."""
+    seen: list[Step] = []
+
+    def hook(module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        device = args[0].device.type
+        opt = optimizer_of()
+        opt = getattr(opt, "optimizer", opt)  # accelerate's and the Trainer's wrappers
+        group = opt.param_groups[0]
+        enabled = torch.is_autocast_enabled(device)
+        seen.append(
+            Step(
+                optimizer=type(opt).__name__,
+                lr=float(group["lr"]),
+                momentum=group.get("momentum"),
+                batch=args[0].shape[0],
+                autocast=torch.get_autocast_dtype(device) if enabled else None,
+                output=out.dtype,
+            )
+        )
+
+    layer.register_forward_hook(hook)
     return seen
+
+
+def assert_trained_as_tuned(steps: list[Step], precision: str, batch: int = BATCH_SIZE) -> None:
+    assert steps, "no training step ran"
+    expected = Step("SGD", LEARNING_RATE, 0.9, batch, AUTOCAST[precision], DTYPES[precision])
+    assert set(steps) == {expected}, steps
 
 
 def classification_data(samples: int = 32) -> torch.utils.data.TensorDataset:
@@ -99,20 +155,22 @@ def small_net() -> nn.Sequential:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
-# ---- the three libraries' parts of a README example --------------------------------------------
+# ---- the three libraries' parts of a docs example ----------------------------------------------
 
 
-def lightning_namespace() -> dict[str, Any]:
+@functools.cache
+def lightning_classes() -> tuple[type, type, type]:
+    """A user's LightningModule, its DataModule, and a module on another optimizer."""
     lightning = pytest.importorskip("lightning")
 
     class LitModel(lightning.LightningModule):
-        """A user's LightningModule: its optimizer takes the tuned lr."""
+        """Its optimizer takes the lr from its init; the script's default lr is 0.1."""
 
         def __init__(self, learning_rate: float = 0.1) -> None:
             super().__init__()
             self.learning_rate = learning_rate
             self.net = small_net()
-            self.dtypes = recorded_dtypes(self.net[0])
+            self.steps = record_steps(self.net[0], lambda: self.trainer.optimizers[0])
 
         def training_step(self, batch: Any, index: int) -> torch.Tensor:
             x, y = batch
@@ -121,7 +179,26 @@ def lightning_namespace() -> dict[str, Any]:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=self.learning_rate, momentum=0.9)
 
-    return {"LitModel": LitModel, "dataset": classification_data()}
+    class LitData(lightning.LightningDataModule):
+        """Its loader takes the batch size from its init; the script's default is 32."""
+
+        def __init__(self, batch_size: int = 32) -> None:
+            super().__init__()
+            self.batch_size = batch_size
+
+        def train_dataloader(self) -> torch.utils.data.DataLoader:
+            return torch.utils.data.DataLoader(classification_data(), batch_size=self.batch_size)
+
+    class AdamModel(LitModel):
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=self.learning_rate)
+
+    return LitModel, LitData, AdamModel
+
+
+def lightning_namespace() -> dict[str, Any]:
+    model, data, _ = lightning_classes()
+    return {"LitModel": model, "LitData": data}
 
 
 class TokenData(torch.utils.data.Dataset):
@@ -139,22 +216,21 @@ def hf_namespace() -> dict[str, Any]:
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=64, n_positions=16)
     model = transformers.GPT2LMHeadModel(config)
-    return {
-        "model": model,
-        "dataset": TokenData(),
-        "dtypes": recorded_dtypes(model.transformer.h[0].mlp.c_fc),
-    }
+    ns: dict[str, Any] = {"model": model, "dataset": TokenData()}
+    ns["steps"] = record_steps(model.transformer.h[0].mlp.c_fc, lambda: ns["trainer"].optimizer)
+    return ns
 
 
 def accelerate_namespace() -> dict[str, Any]:
     pytest.importorskip("accelerate")
     model = small_net()
-    return {
+    ns: dict[str, Any] = {
         "model": model,
         "dataset": classification_data(),
         "loss_fn": nn.functional.cross_entropy,
-        "dtypes": recorded_dtypes(model[0]),
     }
+    ns["steps"] = record_steps(model[0], lambda: ns["optimizer"])
+    return ns
 
 
 NAMESPACES = {
@@ -164,38 +240,25 @@ NAMESPACES = {
 }
 
 
-def trained(target: str, ns: dict[str, Any]) -> tuple[list[torch.dtype], float | None]:
-    """The dtypes the first layer produced in training, and the GradScaler's scale (fp16)."""
+def trained(target: str, ns: dict[str, Any]) -> tuple[list[Step], float | None]:
+    """The steps the example trained, and the GradScaler's scale (fp16)."""
     if target == "lightning":
         scaler = getattr(ns["trainer"].precision_plugin, "scaler", None)
-        return ns["model"].dtypes, None if scaler is None else scaler.get_scale()
+        return ns["model"].steps, None if scaler is None else scaler.get_scale()
     accelerator = ns["accelerator"] if target == "accelerate" else ns["trainer"].accelerator
     scaler = accelerator.scaler
-    return ns["dtypes"], None if scaler is None else scaler.get_scale()
+    return ns["steps"], None if scaler is None else scaler.get_scale()
 
 
 # ---- on the CPU: every mode trains as tuned, or is refused ---------------------------------------
 
-CPU_CASES = [
-    ("lightning", "fp32"),
-    ("lightning", "tf32"),
-    ("lightning", "fp16"),
-    ("lightning", "bf16"),
-    ("hf", "fp32"),
-    ("hf", "tf32"),
-    ("hf", "fp16"),
-    ("hf", "bf16"),
-    ("accelerate", "fp32"),
-    ("accelerate", "tf32"),
-    ("accelerate", "fp16"),
-    ("accelerate", "bf16"),
-]
+CPU_CASES = [(t, p) for t in NAMESPACES for p in ("fp32", "tf32", "fp16", "bf16")]
 # What the libraries would do instead, so the export refuses (see autotune.export).
 REFUSED_ON_CPU = {("hf", "fp16"), ("accelerate", "fp16"), *((t, "tf32") for t in NAMESPACES)}
 
 
 @pytest.mark.parametrize(("target", "precision"), CPU_CASES)
-def test_the_readme_example_trains_in_the_tuned_mode_on_a_cpu(target: str, precision: str) -> None:
+def test_the_docs_example_trains_in_the_tuned_mode_on_a_cpu(target: str, precision: str) -> None:
     namespace = NAMESPACES[target]()
     tuned_config(precision, "cpu")
     if (target, precision) in REFUSED_ON_CPU:
@@ -204,9 +267,13 @@ def test_the_readme_example_trains_in_the_tuned_mode_on_a_cpu(target: str, preci
         ):
             run_example(target, namespace)
         return
-    ns = run_example(target, namespace)
-    dtypes, scale = trained(target, ns)
-    assert dtypes and set(dtypes) == {DTYPES[precision]}, dtypes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExportWarning)  # every tuned value found its place
+        ns = run_example(target, namespace)
+    steps, scale = trained(target, ns)
+    # The optimizer the lr was tuned for, at that lr on every step (no decaying schedule), on
+    # the tuned batch, under autocast in the tuned dtype.
+    assert_trained_as_tuned(steps, precision)
     if precision == "fp16":
         # The tuned scaler, not torch's 65536: a few steps of a tiny model never overflow.
         assert scale == INIT_SCALE
@@ -220,14 +287,14 @@ def test_the_readme_example_trains_in_the_tuned_mode_on_a_cpu(target: str, preci
 @pytest.mark.gpu
 @pytest.mark.parametrize("target", ["lightning", "hf", "accelerate"])
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
-def test_the_readme_example_trains_in_the_tuned_mode_on_a_gpu(target: str, precision: str) -> None:
+def test_the_docs_example_trains_in_the_tuned_mode_on_a_gpu(target: str, precision: str) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device; none is visible")
     namespace = NAMESPACES[target]()
     tuned_config(precision, "cuda")
     ns = run_example(target, namespace)
-    dtypes, scale = trained(target, ns)
-    assert dtypes and set(dtypes) == {DTYPES[precision]}, dtypes
+    steps, scale = trained(target, ns)
+    assert_trained_as_tuned(steps, precision)
     if precision == "fp16":
         # Hugging Face's TrainingArguments take no scaler: torch's default, as the export notes.
         assert scale == (2.0**16 if target == "hf" else INIT_SCALE)
@@ -239,14 +306,63 @@ def test_the_readme_example_trains_in_the_tuned_mode_on_a_gpu(target: str, preci
     assert torch.backends.cudnn.benchmark is True
 
 
+# ---- Lightning: the check that a run trains what was tuned ---------------------------------------
+
+
+def fit(model: Any, data: Any, ex: autotune.Export) -> None:
+    import lightning
+
+    trainer = lightning.Trainer(
+        **ex.kwargs,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, data)
+
+
+@pytest.mark.parametrize(
+    ("mistake", "warned"),
+    [
+        ("module at its default lr", "LitModel trains at lr=0.1, not the tuned learning_rate=0.05"),
+        ("loader at its default batch", "the first training batch holds 32 samples, not the tuned"),
+    ],
+)
+def test_lightning_warns_when_a_run_leaves_a_tuned_value_behind(mistake: str, warned: str) -> None:
+    model_cls, data_cls, _ = lightning_classes()
+    ex = autotune.export(config("bf16"), "lightning", model=model_cls, datamodule=data_cls)
+    model = model_cls() if "lr" in mistake else model_cls(**ex.model_kwargs)
+    data = data_cls() if "batch" in mistake else data_cls(**ex.datamodule_kwargs)
+    with pytest.warns(ExportWarning, match=warned):
+        fit(model, data, ex)
+
+
+def test_lightning_refuses_to_train_the_lr_with_another_optimizer() -> None:
+    _, data_cls, adam_cls = lightning_classes()
+    ex = autotune.export(config("bf16"), "lightning", model=adam_cls, datamodule=data_cls)
+    model = adam_cls(**ex.model_kwargs)
+    with pytest.raises(ExportError, match="tuned for SGD, but AdamModel.configure_optimizers"):
+        fit(model, data_cls(**ex.datamodule_kwargs), ex)
+    assert model.steps == []  # refused before the first step
+
+
 # ---- the files and flags, read by each library's own loader -------------------------------------
 
 
-def exported(precision: str, target: str, fmt: str, device: str = "cpu") -> str:
-    cfg = make_config(
-        precision, batch_size=8, learning_rate=0.05, init_scale=INIT_SCALE, growth_interval=500
-    )
-    return autotune.export(cfg, target, device=device).render(fmt)
+def exported(precision: str, target: str, fmt: str, device: str = "cpu", **options: Any) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExportWarning)  # what a test looks at, it asserts
+        return autotune.export(config(precision), target, device=device, **options).render(fmt)
+
+
+def cli_args(text: str, fmt: str) -> list[str]:
+    """LightningCLI's arguments for an exported file or flags."""
+    if fmt == "args":
+        return shlex.split(text)
+    Path(f"trainer.{fmt}").write_text(text)
+    return ["--config", str(Path(f"trainer.{fmt}").resolve())]
 
 
 @pytest.mark.parametrize("fmt", ["yaml", "json", "args"])
@@ -258,20 +374,55 @@ def test_lightning_cli_takes_the_config_file_and_flags(
     from lightning.pytorch.cli import LightningCLI
 
     monkeypatch.setattr(sys, "argv", ["train.py"])  # LightningCLI also looks at the real ones
-    model = lightning_namespace()["LitModel"]
-    text = exported(precision, "lightning", fmt)
-    if fmt == "args":
-        args = shlex.split(text)
-    else:
-        args = ["--config", str(Path(f"trainer.{fmt}").resolve())]
-        Path(f"trainer.{fmt}").write_text(text)
-    cli = LightningCLI(model, args=args, run=False, save_config_callback=None)
+    model, data, _ = lightning_classes()
+    text = exported(precision, "lightning", fmt, model=model, datamodule=data)
+    cli = LightningCLI(model, data, args=cli_args(text, fmt), run=False, save_config_callback=None)
     plugin = cli.trainer.precision_plugin
     assert plugin.precision == ("16-mixed" if precision == "fp16" else "bf16-mixed")
     if precision == "fp16":
         assert plugin.scaler.get_scale() == INIT_SCALE
         assert plugin.scaler.get_growth_interval() == 500
     assert torch.backends.cudnn.benchmark is True
+    assert (cli.model.learning_rate, cli.datamodule.batch_size) == (LEARNING_RATE, BATCH_SIZE)
+    assert [type(c).__name__ for c in cli.trainer.callbacks].count("TunedSettingsCheck") == 1
+
+
+@pytest.mark.parametrize("classes", [True, False], ids=["classes given", "no classes"])
+def test_lightning_cli_trains_from_the_exported_file(
+    classes: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("jsonargparse", reason="LightningCLI needs jsonargparse[signatures]")
+    from lightning.pytorch.cli import LightningCLI
+
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    model, data, _ = lightning_classes()
+    options = {"model": model, "datamodule": data} if classes else {}
+    text = exported("bf16", "lightning", "yaml", **options)
+    args = [
+        "fit",
+        *cli_args(text, "yaml"),
+        "--trainer.max_steps=2",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false",
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = LightningCLI(model, data, args=args, save_config_callback=None)
+    told = [str(w.message) for w in caught if w.category is ExportWarning]
+    if classes:
+        # The lr in the module's init, the batch size in the DataModule's: nothing to say.
+        assert_trained_as_tuned(cli.model.steps, "bf16")
+        assert told == []
+    else:
+        # The file's optimizer: section carries the lr with its optimizer; the batch size had
+        # no place, which the export said, and the run says again as it starts.
+        assert_trained_as_tuned(cli.model.steps, "bf16", batch=32)
+        assert told == [
+            "the first training batch holds 32 samples, not the tuned batch_size=8: pass "
+            "Export.datamodule_kwargs to your DataModule, or Export.elsewhere.batch_size to "
+            "your DataLoader"
+        ]
 
 
 @pytest.mark.parametrize("fmt", ["yaml", "json", "args"])
@@ -287,7 +438,26 @@ def test_hf_argument_parser_takes_the_file_and_flags(precision: str, fmt: str) -
         parse = parser.parse_json_file if fmt == "json" else parser.parse_yaml_file
         (args,) = parse(f"args.{fmt}")
     assert (args.bf16, args.fp16, args.use_cpu) == (precision == "bf16", False, True)
-    assert (args.per_device_train_batch_size, args.learning_rate) == (8, 0.05)
+    assert (args.per_device_train_batch_size, args.learning_rate) == (BATCH_SIZE, LEARNING_RATE)
+    assert (args.lr_scheduler_type.value, args.max_grad_norm) == ("constant", 0.0)
+    # The optimizer the Trainer builds from these arguments is the tuned one.
+    cls, kwargs = transformers.Trainer.get_optimizer_cls_and_kwargs(args)
+    assert (cls, kwargs) == (
+        torch.optim.SGD,
+        {"lr": LEARNING_RATE, "momentum": 0.9, "dampening": 0.0, "nesterov": False},
+    )
+
+
+def test_hf_trainer_trains_from_the_exported_file() -> None:
+    transformers = pytest.importorskip("transformers")
+    Path("args.json").write_text(exported("bf16", "hf", "json"))
+    (args,) = transformers.HfArgumentParser(transformers.TrainingArguments).parse_json_file(
+        "args.json"
+    )
+    ns = hf_namespace()
+    ns["trainer"] = transformers.Trainer(model=ns["model"], args=args, train_dataset=ns["dataset"])
+    ns["trainer"].train()
+    assert_trained_as_tuned(ns["steps"], "bf16")
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from _configs import make_config, write_config
+from _docs import code_block
 from torch import nn
 
 import autotune
@@ -40,7 +41,7 @@ def mismatch_warnings(record: list[warnings.WarningMessage]) -> list[str]:
 
 
 def train_steps(amp: AmpSession, steps: int = 3) -> tuple[nn.Module, list[float]]:
-    """The README's loop on tiny_mlp's data; asserts the tuned dtype inside autocast."""
+    """The docs' training loop on tiny_mlp's data; asserts the tuned dtype inside autocast."""
     wl = load_workload("tiny_mlp")
     model = amp.prepare(wl.build_model())
     opt = torch.optim.SGD(model.parameters(), lr=amp.learning_rate)
@@ -386,20 +387,24 @@ def test_loading_where_it_was_tuned_does_not_warn(tmp_path: Path, env: dict[str,
     assert mismatch_warnings(record) == []
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
-def test_the_readmes_tuned_loop_runs_verbatim_on_a_gpu(
-    precision: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import re
+# The loops the pages show: docs/training.md's tuned loop and short form, and the README's.
+LOOPS = {
+    "tuned loop": ("docs/training.md", "amp = autotune.session(cfg, "),
+    "short form": ("docs/training.md", "with autotune.session(cfg, "),
+    "README": ("README.md", "with autotune.session(cfg, "),
+}
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loop", list(LOOPS))
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
+def test_the_docs_training_loops_run_verbatim_on_a_gpu(
+    precision: str, loop: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from autotune.config import current_environment
 
-    block = next(
-        b
-        for b in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-        if "autotune.session(cfg, " in b
-    )
+    path, needle = LOOPS[loop]
+    block = code_block(path, needle)
     cfg = make_config(precision, batch_size=16, init_scale=1024.0, growth_interval=500)
     cfg = cfg.model_copy(update={"environment": current_environment(torch.device("cuda"))})
     monkeypatch.chdir(tmp_path)
@@ -418,8 +423,8 @@ def test_the_readmes_tuned_loop_runs_verbatim_on_a_gpu(
         "dataset": data,
         "loss_fn": nn.functional.cross_entropy,
     }
-    exec(compile(block, "README.md (tuned loop)", "exec"), ns)
+    exec(compile(block, f"{path} ({loop})", "exec"), ns)
     assert seen and set(seen) == {DTYPES.get(precision, torch.float32)}
     if precision == "fp16":
-        assert ns["scaler"].get_scale() == 1024.0
-    assert snapshot_backend_flags() == before  # amp.close() put the flags back
+        assert ns["amp"].scaler.get_scale() == 1024.0  # the tuned init_scale, not torch's
+    assert snapshot_backend_flags() == before  # closing the session put the flags back

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from autotune.cli._app import app, err_console, fail
-from autotune.cli._train import load_config_for_cli
+from autotune.cli._train import autotune_warnings_as_lines, load_config_for_cli
 from autotune.errors import AutotuneError, SpecError
 
 
@@ -35,6 +35,24 @@ def export(
         str | None,
         typer.Option(help="cpu or cuda: the device it will train on; the config's by default."),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="Your LightningModule as package.module:Class: the lr goes to its init argument "
+            "(lr or learning_rate) in the file's model: section.",
+            show_default=False,
+        ),
+    ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(
+            "--data",
+            help="Your LightningDataModule as package.module:Class: the batch size goes to its "
+            "batch_size init argument in the file's data: section.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Print the config as a trainer's config file or flags on stdout; notes go to stderr."""
     from autotune.export import FORMATS
@@ -45,9 +63,12 @@ def export(
             raise SpecError(
                 f"unknown format {format_!r}; use one of {', '.join(FORMATS)}, e.g. --format yaml"
             )
+        if (model or data) and to != "lightning":
+            raise SpecError("--model and --data are for --to lightning; leave them out for " + to)
         cfg = load_config_for_cli(config)
-        out = build(cfg, to, device=device)
-        text = out.render(format_)
+        with autotune_warnings_as_lines():
+            out = build(cfg, to, device=device, model=model, datamodule=data)
+            text = out.render(format_)
     except AutotuneError as exc:
         fail(str(exc))
         return

@@ -237,6 +237,7 @@ def build_config(
         compile_mode=cand.compile_mode,
         fp32_modules=list(cand.fp32_modules),
         optimizer=facts.optimizer,
+        optimizer_kwargs=facts.optimizer_kwargs,
         evidence=evidence,
         environment=facts.environment,
     )
