@@ -1,7 +1,7 @@
 """The tuning service for a shared box: ``autotune serve`` and its client.
 
 - :class:`TuningService` — the durable queue, the device monitor and the scheduler.
-- :func:`create_app` — the FastAPI app over it (OpenAPI at ``/docs``).
+- :func:`create_app` — the FastAPI app over it (OpenAPI at ``/docs``, a page for people at ``/``).
 - :class:`ServiceClient` — a typed HTTP client (what ``autotune submit/status/result/cancel``
   use).
 """

@@ -9,6 +9,10 @@ Endpoints (OpenAPI at ``/docs``)::
     POST /studies/{name}/cancel cancel a queued or running study                    token
     GET  /devices               free/total memory, what runs there, other processes, worker
     GET  /health                up or draining, with counts
+    GET  /                      the page: devices, queue, running and finished studies, live
+    GET  /page/live             the page's live part (HTML), which the page fetches again
+    GET  /studies/{name}/report the study's HTML report, as it stands
+    GET  /studies/{name}/best.json  its TunedConfig as a download (404 unknown, 409 not done)
 
 A changing request that a browser sends from another site's page is refused (403), and on
 loopback so is a request for a ``Host`` that is not a loopback name.
@@ -31,7 +35,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from loguru import logger
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -48,6 +52,16 @@ from autotune.service._models import (
     StudyDetail,
     StudyStatus,
     SubmitReply,
+)
+from autotune.service._page import (
+    best_json,
+    new_nonce,
+    overview,
+    page_headers,
+    render_live,
+    render_page,
+    report_headers,
+    report_html,
 )
 from autotune.service._service import RequestError, TuningService
 
@@ -346,6 +360,14 @@ def create_app(
     async def submit(
         request: Request,
         priority: Annotated[int, Query(ge=-1000, le=1000, description="higher runs first")] = 0,
+        owner: Annotated[
+            str | None,
+            Query(
+                max_length=64,
+                pattern=r"^[^\x00-\x1f\x7f]*$",
+                description="who submits it, shown beside the study (not checked)",
+            ),
+        ] = None,
     ) -> Response:
         """Queue a study spec (the body: YAML, or JSON with ``Content-Type: application/json``).
 
@@ -353,9 +375,9 @@ def create_app(
         of the service's devices.
         """
         body = await _read_body(request, max_body)
-        return await _answer(
-            service.submit, body, request.headers.get("content-type"), priority, status=201
-        )
+        content_type = request.headers.get("content-type")
+        owner = owner.strip() if owner else None
+        return await _answer(service.submit, body, content_type, priority, owner, status=201)
 
     @app.get("/studies", response_model=list[StudyStatus])
     async def studies() -> Response:
@@ -386,5 +408,36 @@ def create_app(
     async def devices() -> Response:
         """Each device: free/total memory, what runs there, other processes, the worker's pid."""
         return await _answer(service.devices)
+
+    # ---- the page (see _page): HTML for people, from the same calls -----------------------
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> Response:
+        """The page: devices, the queue, running and finished studies; it keeps itself live."""
+        ov = await run_in_threadpool(overview, service)
+        nonce = new_nonce()
+        return HTMLResponse(render_page(ov, nonce=nonce), headers=page_headers(nonce))
+
+    @app.get("/page/live", response_class=HTMLResponse)
+    async def page_live() -> Response:
+        """The page's live part, which the page fetches every two seconds (an HTML fragment)."""
+        ov = await run_in_threadpool(overview, service)
+        return HTMLResponse(render_live(ov), headers=page_headers())
+
+    @app.get("/studies/{name}/report", response_class=HTMLResponse, responses=_errors(404, 409))
+    async def report(name: str) -> Response:
+        """The study's HTML report as it stands (plots, every trial); 409 before it started."""
+        text = await run_in_threadpool(report_html, service, name)
+        return HTMLResponse(text, headers=report_headers())
+
+    @app.get("/studies/{name}/best.json", response_model=TunedConfig, responses=_errors(404, 409))
+    async def download(name: str) -> Response:
+        """The study's TunedConfig as a ``best.json`` download once it is done."""
+        filename, body = await run_in_threadpool(best_json, service, name)
+        return Response(
+            body,
+            media_type="application/json",
+            headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+        )
 
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 from typing import Any
 from urllib.parse import quote
@@ -29,6 +30,14 @@ SERVER_ENV = "AUTOTUNE_SERVER"
 
 def _q(name: str) -> str:
     return quote(name, safe="")
+
+
+def _user() -> str | None:
+    """This machine's user name, or None where the system has none (a bare container)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return None
 
 
 class ServiceClient:
@@ -106,15 +115,17 @@ class ServiceClient:
     def health(self) -> Health:
         return Health.model_validate(self._call("GET", "/health"))
 
-    def submit(self, spec: str, *, json_body: bool = False, priority: int = 0) -> SubmitReply:
-        """Queue a study spec given as YAML (or JSON with ``json_body=True``) text."""
+    def submit(
+        self, spec: str, *, json_body: bool = False, priority: int = 0, owner: str | None = None
+    ) -> SubmitReply:
+        """Queue a study spec given as YAML (or JSON with ``json_body=True``) text; ``owner``
+        (shown beside the study) is this machine's user name unless given."""
         kind = "application/json" if json_body else "application/yaml"
+        params: dict[str, Any] = {"priority": priority}
+        if owner := owner if owner is not None else _user():
+            params["owner"] = owner[:64]
         data = self._call(
-            "POST",
-            "/studies",
-            content=spec.encode(),
-            headers={"Content-Type": kind},
-            params={"priority": priority},
+            "POST", "/studies", content=spec.encode(), headers={"Content-Type": kind}, params=params
         )
         return SubmitReply.model_validate(data)
 

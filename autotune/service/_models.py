@@ -59,6 +59,9 @@ class StudyStatus(_Model):
     state: StudyState
     detail: str = Field(description="what the study is doing or waiting for, in words")
     priority: int
+    owner: str | None = Field(
+        default=None, description="who submitted it, as their client said (shown, not checked)"
+    )
     workload: str
     device: str | None = Field(description="where it runs or ran; None while queued")
     submitted_at: datetime

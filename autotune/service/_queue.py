@@ -53,7 +53,11 @@ QUEUE_TABLE = sa.Table(
     sa.Column("probe_seconds", sa.Float, nullable=False, default=0.0),
     # How many times the study was started: above 1 it resumes.
     sa.Column("runs", sa.Integer, nullable=False, default=0),
+    # Who submitted it, as their client said (a label for people, not an identity).
+    sa.Column("submitted_by", sa.String(64)),
 )
+# Columns later versions added, created in an older database when it is opened.
+_ADDED = {"submitted_by": "VARCHAR(64)"}
 
 
 @dataclass
@@ -73,6 +77,7 @@ class QueueRow:
     finished_at: float | None = None
     probe_seconds: float = 0.0
     runs: int = 0
+    submitted_by: str | None = None
 
     @classmethod
     def from_db(cls, row: Any) -> QueueRow:
@@ -120,6 +125,7 @@ class StudyQueue:
         try:
             self.engine = sa.create_engine(url, **kwargs)
             _META.create_all(self.engine, checkfirst=True)
+            self._add_columns()
             if url.startswith("sqlite"):
                 self._write_ahead_log()
         except (SQLAlchemyError, ImportError, ValueError) as exc:
@@ -128,6 +134,20 @@ class StudyQueue:
                 f"queue storage {mask_url(url)!r} cannot be opened: {detail}; check --storage"
             ) from None
         self._refresh_counts()
+
+    def _add_columns(self) -> None:
+        """Add the columns a queue table written by an older version lacks (another service
+        opening the same database may add them first)."""
+        for name, kind in _ADDED.items():
+            if name in {c["name"] for c in sa.inspect(self.engine).get_columns(QUEUE_TABLE.name)}:
+                continue
+            try:
+                with self.engine.begin() as conn:
+                    conn.exec_driver_sql(f"ALTER TABLE {QUEUE_TABLE.name} ADD COLUMN {name} {kind}")
+            except SQLAlchemyError:
+                columns = sa.inspect(self.engine).get_columns(QUEUE_TABLE.name)
+                if name not in {c["name"] for c in columns}:
+                    raise
 
     def _write_ahead_log(self) -> None:
         """Switch a SQLite file to write-ahead logging (it stays so, for every process).
@@ -207,7 +227,9 @@ class StudyQueue:
 
     # ---- changing ------------------------------------------------------------------------
 
-    def submit(self, name: str, spec: dict[str, Any], priority: int) -> QueueRow:
+    def submit(
+        self, name: str, spec: dict[str, Any], priority: int, *, submitted_by: str | None = None
+    ) -> QueueRow:
         """Queue a new study, or queue again one that failed or was cancelled (it resumes).
 
         Raises:
@@ -225,6 +247,7 @@ class StudyQueue:
             "started_at": None,
             "finished_at": None,
             "probe_seconds": 0.0,
+            "submitted_by": submitted_by,
         }
         try:
             with self._db(write=True) as conn:

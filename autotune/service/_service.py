@@ -196,9 +196,14 @@ class TuningService:
         return spec
 
     def submit(
-        self, body: bytes, content_type: str | None = None, priority: int = 0
+        self,
+        body: bytes,
+        content_type: str | None = None,
+        priority: int = 0,
+        owner: str | None = None,
     ) -> SubmitReply:
-        """Queue a study spec.
+        """Queue a study spec; ``owner`` is who submits it, as their client says (shown, not
+        checked).
 
         Raises:
             RequestError: 422/403 for a bad spec, 409 when the name is taken, 503 while the
@@ -218,7 +223,7 @@ class TuningService:
             raise self._taken(existing)
         stored = spec.model_dump(mode="json", exclude={"storage"})
         try:
-            row = self.queue.submit(spec.name, stored, priority)
+            row = self.queue.submit(spec.name, stored, priority, submitted_by=owner or None)
         except ValueError:  # taken between the check and the insert
             current = self.queue.get(spec.name)
             assert current is not None
@@ -339,6 +344,7 @@ class TuningService:
             "state": state,
             "detail": self._detail(row, standing, position),
             "priority": row.priority,
+            "owner": row.submitted_by,
             "workload": str(spec.get("workload", "")),
             "device": row.device if row.state != "queued" else None,
             "submitted_at": _when(row.submitted_at),
