@@ -175,7 +175,10 @@ def test_busy_device_holds_the_queue_and_the_result_comes_over_http_and_the_cli(
     request.addfinalizer(lambda: busy.unlink(missing_ok=True))
     tiny = TINY_YAML.replace("budget: 45s", "budget: 8s").replace("name: tiny", "name: tiny-a")
     r = service.http.post(
-        "/studies", content=tiny, headers={**AUTH, "content-type": "application/yaml"}
+        "/studies",
+        content=tiny,
+        params={"owner": "ada"},
+        headers={**AUTH, "content-type": "application/yaml"},
     )
     assert r.status_code == 201, r.text
     # A workload under --workload-dir is accepted; cancelled while still queued.
@@ -207,6 +210,7 @@ def test_busy_device_holds_the_queue_and_the_result_comes_over_http_and_the_cli(
     assert json.loads(out.read_text())["study"] == "tiny-a"
     cli = CliRunner().invoke(app, ["status", "--server", service.url])
     assert cli.exit_code == 0 and "tiny-a" in cli.output and "done" in cli.output
+    assert "by ada" in cli.output  # who submitted it
 
     # A finished study cannot be cancelled or submitted again; nothing changes.
     before = snapshot(service)

@@ -232,3 +232,37 @@ def test_the_end_of_a_search_waits_out_a_trial_nobody_recorded_running(
     assert fail_ownerless(study, poll=0.1) == [orphan.number]
     assert study.trials[orphan.number].state == optuna.trial.TrialState.FAIL
     assert study.trials[live.number].state == optuna.trial.TrialState.RUNNING
+
+
+def test_every_optuna_storage_call_autotune_relies_on_exists_in_the_installed_optuna() -> None:
+    """The storage wrapper guards Optuna's calls by name, and writes a trial's record through
+    two of its private pieces: a release that renames one must fail here, not go unguarded."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb import storage as rdb
+
+    from autotune.storage import GUARDED_PRIVATE
+
+    for name in GUARDED_PRIVATE:
+        assert callable(getattr(optuna.storages.RDBStorage, name, None)), name
+    assert callable(getattr(optuna.storages.RDBStorage, "_set_trial_attr_without_commit", None))
+    assert callable(getattr(rdb, "_create_scoped_session", None))
+    assert hasattr(models, "TrialUserAttributeModel")
+    # Optuna's trial cache hands attribute writes to the storage it wraps, as _backend.
+    assert "_backend" in vars(optuna.storages._CachedStorage(optuna.storages.InMemoryStorage()))
+
+
+def test_a_trial_record_is_written_whole_and_read_back(tmp_path: Path) -> None:
+    from autotune.storage import open_storage
+    from autotune.trials import TrialRecord, record
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'r.db'}")
+    study = optuna.create_study(study_name="r", storage=storage)
+    trial = study.ask()
+    TrialRecord(outcome="completed", reason="measured", throughput=12.5, losses=[2.0, 1.5]).write(
+        trial
+    )
+    assert trial.user_attrs["throughput"] == 12.5  # the running trial sees it at once
+    study.tell(trial, 1.0)
+    stored = record(optuna.load_study(study_name="r", storage=storage).trials[0])
+    assert (stored.outcome, stored.reason, stored.throughput) == ("completed", "measured", 12.5)
+    assert stored.losses == [2.0, 1.5]

@@ -234,7 +234,7 @@ def _print_studies(studies: list[Any], devices: list[Any]) -> None:
     for s in studies:
         p = s.progress
         table.add_row(
-            s.name,
+            escape(s.name) + (f"\n[dim]by {escape(s.owner)}[/]" if s.owner else ""),
             f"[{_STATE_STYLE[s.state]}]{s.state}[/]",
             str(s.priority),
             s.device or "—",
