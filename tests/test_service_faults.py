@@ -59,7 +59,8 @@ def post(svc: Service, body: str | bytes, kind: str = "application/yaml") -> htt
 def test_alias_bombs_are_refused_at_once_and_the_service_keeps_answering(
     service: Service,
 ) -> None:
-    assert service.submit(sleepy("clock", budget="12s")).status_code == 201
+    # A budget no step waits for: the study is cancelled once the bombs are answered.
+    assert service.submit(sleepy("clock", budget="60s")).status_code == 201
     service.wait_trial_running("clock", 90)
     with ThreadPoolExecutor(4) as pool:
         bombs = [pool.submit(post, service, bomb()) for _ in range(4)]
@@ -69,11 +70,10 @@ def test_alias_bombs_are_refused_at_once_and_the_service_keeps_answering(
     assert all("expands to more than 10,000 values" in r.json()["detail"] for r in replies)
     assert all(len(r.json()["detail"]) < 600 for r in replies)
     assert all(h.status_code == 200 for h in health)
-    # The study that ran meanwhile was not charged for them (it would be, by minutes, had they
-    # held the service).
+    # The study that ran meanwhile runs on, and stops when asked.
+    assert service.study("clock")["state"] == "running"
     assert service.http.post("/studies/clock/cancel", headers=AUTH).status_code == 200
-    stopped = service.wait_state("clock", ("cancelled", "done"), 60)
-    assert stopped["progress"]["budget_used_seconds"] <= 12 + 2
+    service.wait_state("clock", ("cancelled",), 60)
 
 
 @pytest.mark.parametrize(
