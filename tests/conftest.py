@@ -17,7 +17,24 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+# The files that take longest (real services, workers and PostgreSQL), longest first. Each test
+# process takes a whole file at a time, in collection order: started first, they run beside the
+# many short files instead of being the tail of the run that one process waits out alone.
+_LONGEST_FIRST = (
+    "test_service.py",
+    "test_service_faults.py",
+    "test_distributed.py",
+    "test_box.py",
+    "test_train_cli.py",
+    "test_worker.py",
+    "test_storage_faults.py",
+    "test_search.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files keep order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; none is visible")
