@@ -17,7 +17,7 @@ import re
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import torch
 from pydantic import (
@@ -57,7 +57,7 @@ __all__ = [
     "warn_if_environment_differs",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 # A config is a few kilobytes (its evidence included); these bound a wrong or hostile file.
 _MAX_CONFIG_BYTES = 4 << 20
 _MAX_CONFIG_VALUES = 200_000

@@ -98,12 +98,12 @@ def keep_in_fp32(
         for name in names:
             module = modules[name]
             patched.append((module, vars(module).get("forward")))
-            module.forward = _fp32_forward(module.forward, device_type)  # type: ignore[method-assign]
+            module.forward = _fp32_forward(module.forward, device_type)
         yield model
     finally:
         for module, own in reversed(patched):
             if own is not None:
-                module.forward = own  # type: ignore[method-assign]
+                module.forward = own
             else:
                 del module.forward
 

@@ -24,13 +24,17 @@ import math
 import os
 import sys
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from autotune.files import make_dirs, open_for_writing
 from autotune.redact import mask_url
+
+if TYPE_CHECKING:
+    from loguru import Record  # only in loguru's stubs
 
 __all__ = [
     "FILE_FORMAT",
@@ -76,7 +80,7 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def json_line(record: dict[str, Any]) -> str:
+def json_line(record: Mapping[str, Any]) -> str:
     """One loguru record as one line of JSON (no newline inside, whatever the message holds).
 
     Example:
@@ -101,7 +105,7 @@ def json_line(record: dict[str, Any]) -> str:
     return json.dumps(payload, ensure_ascii=False, allow_nan=False)
 
 
-def _json_format(record: dict[str, Any]) -> str:
+def _json_format(record: Record) -> str:
     # loguru formats the returned template with the record: hand it the finished line through an
     # extra field, so braces inside messages are never read as placeholders.
     record["extra"]["_json"] = json_line(record)
@@ -121,7 +125,9 @@ class _ToLoguru(logging.Handler):
         except ValueError:
             level = record.levelno
         logger.patch(
-            lambda r: r.update(name=record.name, function=record.funcName, line=record.lineno)
+            lambda r: r.update(
+                {"name": record.name, "function": record.funcName, "line": record.lineno}
+            )
         ).opt(exception=record.exc_info).log(level, record.getMessage())
 
 

@@ -287,8 +287,9 @@ def apply_backend_flags(mode: PrecisionMode, *, cudnn_benchmark: bool = True) ->
         # 2. Explicit new values: the legacy cudnn setter writes "none" for off, which would
         # inherit a "tf32" a user set on cudnn or generic.
         torch.backends.cuda.matmul.fp32_precision = value
-        torch.backends.cudnn.conv.fp32_precision = value
-        torch.backends.cudnn.rnn.fp32_precision = value
+        # torch swaps cudnn for a CudnnModule at import; its stubs list neither property.
+        torch.backends.cudnn.conv.fp32_precision = value  # type: ignore[attr-defined]
+        torch.backends.cudnn.rnn.fp32_precision = value  # type: ignore[attr-defined]
     else:  # pragma: no cover - torch < 2.9
         torch.backends.cuda.matmul.allow_tf32 = mode.tf32
         torch.backends.cudnn.allow_tf32 = mode.tf32

@@ -99,7 +99,7 @@ class ReferenceRecord(BaseModel):
 
     def candidate(self) -> Candidate:
         return Candidate(
-            precision=self.precision,  # type: ignore[arg-type]
+            precision=self.precision,
             batch_size=self.batch_size,
             learning_rate=self.learning_rate,
         )

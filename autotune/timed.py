@@ -11,18 +11,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from loguru import logger
 
 from autotune.memory import memory_cap, restart_peak
 from autotune.parity import parity_gap
-from autotune.spec import DEFAULT_MIN_TIME, EarlyStop, ProbeSettings, format_duration
+from autotune.precision import PrecisionMode
+from autotune.spec import DEFAULT_MIN_TIME, Candidate, EarlyStop, ProbeSettings, format_duration
 from autotune.stats import median_interval, spread
-from autotune.step import Block, StepEngine
+from autotune.step import Block
 
-__all__ = ["TimedRun", "min_time_for"]
+__all__ = ["Engine", "TimedRun", "min_time_for"]
 
 # A timed phase needs this many blocks for its interval to mean anything ...
 _MIN_BLOCKS = 5
@@ -43,6 +44,29 @@ def min_time_for(settings: ProbeSettings, device: torch.device) -> float:
     if settings.min_time is not None:
         return settings.min_time
     return DEFAULT_MIN_TIME.get(device.type, DEFAULT_MIN_TIME["cpu"])
+
+
+class Engine(Protocol):
+    """What a :class:`TimedRun` drives: a :class:`~autotune.step.StepEngine`, or a simulated
+    device's engine."""
+
+    @property
+    def candidate(self) -> Candidate: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def mode(self) -> PrecisionMode: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def losses(self) -> list[float]: ...
+    @property
+    def skipped(self) -> int: ...
+
+    def build(self) -> None: ...
+    def run_steps(self, n: int) -> Block: ...
+    def read_losses(self) -> list[float]: ...
+    def scale(self) -> float: ...
 
 
 class TimedRun:
@@ -76,7 +100,7 @@ class TimedRun:
 
     def __init__(
         self,
-        engine: StepEngine,
+        engine: Engine,
         settings: ProbeSettings,
         started: float,
         early_stop: EarlyStop | None = None,

@@ -24,7 +24,8 @@ throughput             samples/s of the timed steps (the median over timed block
 throughput_low/high    its confidence interval
 reference_throughput   the fp32 reference measured close in time (the speedup's divisor)
 speedup(+_low/_high)   throughput over that reference, with its interval
-losses / scales        the loss of every step (None where not finite) and GradScaler scales
+z_losses / z_scales    the loss of every step (None where not finite) and GradScaler scales;
+                       named to sort last in optuna-dashboard (older studies: losses, scales)
 parity_gap             relative loss gap to the reference at equal samples seen
 parity_samples         the samples seen (by both) where the parity gap was measured
 decided_by             the fidelity that decided the trial (a full probe, or an early stop)
@@ -38,18 +39,13 @@ validated_trial        the search trial that config's validation measured (``blo
 from __future__ import annotations
 
 import math
-import os
-import socket
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import optuna
-import sqlalchemy as sa
-from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from autotune.config import TunedConfig
 from autotune.spec import Candidate
 
 __all__ = [
@@ -74,10 +70,9 @@ __all__ = [
     "record",
     "role_trials",
     "set_constraints",
-    "store_config",
     "stored_ceilings",
-    "stored_config",
     "worst_diverged",
+    "write_attrs",
 ]
 
 ROLE_REFERENCE = "reference"
@@ -89,6 +84,7 @@ DEFAULT_INIT_SCALE = 2.0**16
 # reads only the older form, a list under "constraints" itself.
 CONSTRAINTS_KEY = "constraints"
 _CEILINGS = "ceilings"
+_LIMITS = "ceiling_limits"  # what limited each: memory, margin, time, cap, crash
 # The study attribute holding the tuned config, as JSON text (see store_config).
 CONFIG_KEY = "tuned_config"
 
@@ -96,6 +92,27 @@ CONFIG_KEY = "tuned_config"
 def at_base_role(mode: str) -> str:
     """The role of a mode run at the reference's own settings: ``bf16`` → ``bf16_at_base``."""
     return f"{mode}_at_base"
+
+
+def write_attrs(
+    storage: optuna.storages.BaseStorage, trial_id: int, attrs: Mapping[str, Any]
+) -> None:
+    """Store user attributes on a running trial: in one transaction where the storage can (the
+    project's database storage, under Optuna's cache), else one by one."""
+    backend = getattr(storage, "_backend", storage)
+    many = getattr(backend, "set_trial_user_attrs", None)
+    if many is not None:
+        many(trial_id, attrs)
+        return
+    for key, value in attrs.items():
+        storage.set_trial_user_attr(trial_id, key, value)
+
+
+def _series(name: str) -> Any:  # stored as z_<name>; read as that, or as older studies stored it
+    key = f"z_{name}"
+    return Field(
+        default_factory=list, validation_alias=AliasChoices(key, name), serialization_alias=key
+    )
 
 
 class TrialRecord(BaseModel):
@@ -132,8 +149,9 @@ class TrialRecord(BaseModel):
     probe_seconds: float | None = None
     compile_seconds: float | None = None
     fp32_modules: list[str] = []
-    losses: list[float | None] = []
-    scales: list[tuple[int, float]] = []
+    # Bulky series, stored last: optuna-dashboard lists a trial's attributes by name.
+    losses: list[float | None] = _series("losses")
+    scales: list[tuple[int, float]] = _series("scales")
     # Parity against the fp32 reference, and the samples seen where it was decided.
     loss: float | None = None
     ref_loss: float | None = None
@@ -159,14 +177,16 @@ class TrialRecord(BaseModel):
             return cls.model_validate({k: v for k, v in attrs.items() if k not in bad})
 
     def to_attrs(self) -> dict[str, Any]:
-        """The fields that were set, JSON-safe (non-finite floats become None)."""
-        data = self.model_dump(mode="json", include=self.model_fields_set)
-        return {k: _json_safe(v) for k, v in data.items()}
+        """The fields that were set and hold a value, JSON-safe: None (a non-finite float too)
+        is left out, never stored as null: absent means absent."""
+        data = self.model_dump(mode="json", include=self.model_fields_set, by_alias=True)
+        return {k: v for k, v in ((k, _json_safe(v)) for k, v in data.items()) if v is not None}
 
     def write(self, trial: optuna.Trial) -> None:
         """Store the fields that were set on a running trial."""
-        for key, value in self.to_attrs().items():
-            trial.set_user_attr(key, value)
+        attrs = self.to_attrs()
+        write_attrs(trial.storage, trial._trial_id, attrs)
+        trial._cached_frozen_trial.user_attrs.update(attrs)  # as Trial.set_user_attr does
 
     @property
     def finite_losses(self) -> list[float]:
@@ -362,14 +382,15 @@ def role_trials(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
 # ---- batch ceilings, stored per machine and device -------------------------------------------
 
 
-def ceilings_key(host: str, device: str) -> str:
-    """The study attribute the ceilings of one device of one machine are stored under.
+def ceilings_key(host: str, device: str, *, limits: bool = False) -> str:
+    """The study attribute the ceilings of one device of one machine are stored under (with
+    ``limits``: what limited each, ``{mode: "memory"}``; absent in older studies).
 
     Example:
         >>> ceilings_key("box1", "cuda:0")
         'ceilings:box1:cuda:0'
     """
-    return f"{_CEILINGS}:{host}:{device}"
+    return f"{_LIMITS if limits else _CEILINGS}:{host}:{device}"
 
 
 def parse_ceilings_key(key: str) -> tuple[str, str] | None:
@@ -396,98 +417,6 @@ def stored_ceilings(attrs: Mapping[str, Any]) -> dict[tuple[str, str], dict[str,
         if where is not None and isinstance(value, dict):
             out[where] = {str(m): int(b) for m, b in value.items()}
     return out
-
-
-# ---- the tuned config, stored on the study ------------------------------------------------------
-
-
-def store_config(study: optuna.Study, config: TunedConfig) -> None:
-    """Store the tuned config on the study, where every box of a shared study can read it, and
-    make it the study's best trial (see :func:`_crown`).
-
-    As JSON text: optuna-dashboard shows a text attribute whole, but cuts any other value's JSON
-    at 1,024 characters (a config is longer), which would leave invalid JSON on the screen.
-    """
-    study.set_user_attr(CONFIG_KEY, config.model_dump_json())
-    try:
-        _crown(study, config)
-    except sa.exc.SQLAlchemyError as exc:  # best.json and the stored config are written
-        logger.warning("the config could not be made the study's best trial: {}", exc)
-
-
-def _crown(study: optuna.Study, config: TunedConfig) -> None:
-    """The config, with the figure validation stands behind, as the study's best trial (the
-    highest value of a COMPLETE one: optuna-dashboard's "Best Trial", ``study.best_trial``),
-    marked ``tuned_config``, with the parameters of the search trial validated (none for the
-    fp32 reference). Search figures (unpaired: they run high) at or above it are told just
-    under it in their order, each keeping its ``speedup``; those below, their own again. The
-    search reads only the order of values, so a resumed study searches on as before. Database
-    storages only (Optuna changes no finished trial: this writes the values), speedup only.
-    """
-    engine = getattr(getattr(study._storage, "_backend", study._storage), "engine", None)
-    if engine is None or study.direction != optuna.study.StudyDirection.MAXIMIZE:
-        return
-    ev, value = config.evidence, config.evidence.speedup
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    key = (config.precision, config.batch_size, ev.search_speedup)
-    source = next((t for t in done if ev.validated and _point(t) == key), None)
-    params, dists = (source.params, source.distributions) if source else (None, None)
-    made = optuna.trial.create_trial(value=value, params=params, distributions=dists)
-    made.user_attrs = TrialRecord(
-        tuned_config=True,
-        reason=ev.validation_note,
-        learning_rate=config.learning_rate,
-        blocks=ev.paired_blocks,
-        validated_trial=source.number if source else None,
-        worker=f"{socket.gethostname()}:{os.getpid()}",  # who validated: as storage.owner_id
-        **{k: getattr(ev, k) for k in _EVIDENCE},
-    ).to_attrs()
-    study.add_trial(made)
-    figures = {t._trial_id: _searched(t) for t in done}
-    floor = max((v for v in figures.values() if v < value), default=-math.inf)
-    told = [{"i": i, "v": v} for i, v in figures.items() if math.isfinite(v) and v < value]
-    for i in sorted((i for i, v in figures.items() if v >= value), key=lambda i: -figures[i]):
-        value = max(math.nextafter(value, -math.inf), math.nextafter(floor, math.inf))
-        told.append({"i": i, "v": value})
-    table = sa.table("trial_values", *map(sa.column, ("trial_id", "objective", "value")))
-    where = (table.c.trial_id == sa.bindparam("i")) & (table.c.objective == 0)
-    with engine.begin() as conn:
-        if told:
-            conn.execute(table.update().where(where).values(value=sa.bindparam("v")), told)
-
-
-# What the config's trial records of its evidence, under the same names.
-_EVIDENCE = ("throughput", "throughput_low", "throughput_high", "speedup", "speedup_low")
-_EVIDENCE += ("speedup_high", "peak_memory_bytes", "loss", "parity_gap", "compile_seconds")
-
-
-def _point(t: FrozenTrial) -> tuple[Any, ...]:
-    return t.params.get("precision"), t.params.get("batch_size"), record(t).speedup
-
-
-def _searched(t: FrozenTrial) -> float:
-    speedup = record(t).speedup
-    return speedup if speedup is not None and is_feasible(t) else float(t.value or 0.0)
-
-
-def stored_config(study: optuna.Study | Mapping[str, Any]) -> TunedConfig | None:
-    """The tuned config stored on a study (or its user attributes), also as older versions
-    stored it (a JSON object); None when there is none or it does not validate.
-
-    Example:
-        >>> stored_config({}) is None
-        True
-    """
-    attrs = study if isinstance(study, Mapping) else study.user_attrs
-    stored = attrs.get(CONFIG_KEY)
-    try:
-        if isinstance(stored, str):
-            return TunedConfig.model_validate_json(stored)
-        if isinstance(stored, dict):
-            return TunedConfig.model_validate(stored)
-    except ValidationError:
-        return None
-    return None
 
 
 # ---- why a candidate was not chosen -------------------------------------------------------------

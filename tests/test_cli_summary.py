@@ -1,6 +1,7 @@
 """The summary `autotune search` prints and logs at the end: the winner's speedup with its
 interval and paired blocks, the search's figure beside it, the fp32 reference's latest
-measurement, the device's noise, and the validation rejections (read as data)."""
+measurement, the device's noise, and the validation rejections (read as data). The table fits
+80 columns, each row's settings written the same way."""
 
 from __future__ import annotations
 
@@ -109,11 +110,11 @@ def test_summary_shows_intervals_the_search_figure_and_the_noise(tmp_path: Path,
     text = out.get()
     winner = next(line for line in text.splitlines() if "winner" in line)
     assert "1.93x (1.85–2.01)" in winner and "validated over 24 paired blocks" in winner
-    assert "1,800.0" in winner
-    search = next(line for line in text.splitlines() if "in the search" in line)
+    assert "1,800.0 ±1.1%" in winner
+    search = next(line for line in text.splitlines() if "in search" in line)
     assert "2.10x" in search and "search optimism +8.8%" in search
     ref = next(line for line in text.splitlines() if "fp32 reference" in line)
-    assert "950.0 (940.0–960.0)" in ref and "measured 2 times" in ref
+    assert "950.0 ±1.1%" in ref and "measured 2 times" in ref
     amp = next(line for line in text.splitlines() if "plain AMP recipe" in line)
     assert "0.90x (0.88–0.92)" in amp
     assert "timing noise: 2.4%" in text
@@ -181,5 +182,114 @@ def test_an_amp_recipe_that_did_not_complete_shows_why(tmp_path: Path, wide) -> 
     result.study = study
     with console.capture() as out:
         _search._print_summary(result)
-    amp = next(line for line in out.get().splitlines() if "plain AMP recipe" in line)
-    assert "diverged: loss=inf at step 3" in amp
+    amp = [line for line in out.get().splitlines() if "plain AMP recipe" in line]
+    assert "diverged" in amp[0] and "loss=inf" not in amp[0]  # the table: its outcome
+    assert amp[1] == "plain AMP recipe: diverged: loss=inf at step 3"  # below: why
+
+
+# ---- 80 columns ----------------------------------------------------------------------------
+
+LONG_REASON = (
+    "GradScaler skipped 5 of 20 steps after warmup (limit 25%) at step 25, scale=2048; the "
+    "loss was 2.3 at step 24"
+)
+
+
+@pytest.fixture
+def narrow() -> Iterator[None]:
+    """A terminal of 80 columns."""
+    width = console.width
+    console.width = 80
+    yield
+    console.width = width
+
+
+def _with_amp(result: SimpleNamespace, tmp_path: Path, **fields: object) -> SimpleNamespace:
+    study = optuna.create_study(study_name="a", storage=f"sqlite:///{tmp_path / 'a.db'}")
+    study.add_trial(
+        create_trial(
+            state=TrialState.PRUNED,
+            params={"precision": "fp16", "batch_size": 32, "init_scale": 65536.0},
+            distributions={
+                "precision": CategoricalDistribution(["fp16"]),
+                "batch_size": CategoricalDistribution([32]),
+                "init_scale": CategoricalDistribution([65536.0]),
+            },
+            user_attrs=TrialRecord(role="amp_recipe", learning_rate=0.1, **fields).to_attrs(),
+        )
+    )
+    result.study = study
+    return result
+
+
+def test_the_table_fits_80_columns_and_no_cell_runs_past_two_lines(tmp_path: Path, narrow) -> None:
+    result = _with_amp(_result(tmp_path), tmp_path, outcome="diverged", reason=LONG_REASON)
+    with console.capture() as out:
+        _search._print_summary(result)
+    lines = out.get().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    # The table: a header, its rule, then four rows (winner, in search, reference, AMP recipe),
+    # two lines each at most: before, the AMP recipe's reason ran over five.
+    rule = next(i for i, line in enumerate(lines) if "────" in line)
+    end = next(i for i, line in enumerate(lines) if line.startswith("plain AMP recipe:"))
+    assert end - rule - 1 <= 2 * 4
+    table = "\n".join(lines[:end])
+    # Figures and settings are never cut inside a word.
+    for whole in ("init_scale=65536", "(1.85–2.01)", "1,800.0", "±1.1%", "measured 2"):
+        assert whole in table
+    # The reason in full, below the table.
+    assert " ".join(lines[end:]).startswith(f"plain AMP recipe: diverged: {LONG_REASON}")
+
+
+def test_the_noise_agrees_with_the_reference_interval(tmp_path: Path, wide) -> None:
+    """A reference run of 3 blocks has no spread (0 by convention): its interval, ±3.9%, is
+    the noise shown, not 0.0%."""
+    result = _result(tmp_path, noise=0.0)
+    result.reference = REFERENCE.model_copy(
+        update={
+            "measurements": [
+                ReferenceMeasurement(
+                    at=1.0, throughput=32.1, low=30.9, high=33.4, blocks=3, spread=0.0
+                )
+            ]
+        }
+    )
+    with console.capture() as out:
+        _search._print_summary(result)
+    text = out.get()
+    assert "32.1 ±3.9%" in text
+    assert "timing noise: ±3.9% (the fp32 reference's 95% interval" in text
+    assert "0.0%" not in text
+
+
+@pytest.mark.parametrize(
+    ("params", "shown"),
+    [
+        # The workload's own memory format, which the fp32 reference runs too: not a setting.
+        ({"precision": "bf16", "batch_size": 64}, False),
+        # A searched choice: said, as in the trials' labels.
+        ({"precision": "bf16", "batch_size": 64, "channels_last": True}, True),
+    ],
+)
+def test_every_row_shows_its_settings_the_same_way(
+    tmp_path: Path, wide, params: dict, shown: bool
+) -> None:
+    result = _result(tmp_path)
+    result.config = result.config.model_copy(update={"channels_last": True})
+    # The config's own trial (store_config's), with the parameters of the trial it validated.
+    result.study = optuna.create_study(study_name="c", storage=f"sqlite:///{tmp_path / 'c.db'}")
+    result.study.add_trial(
+        create_trial(
+            value=1.93,
+            params=params,
+            distributions={k: CategoricalDistribution([v]) for k, v in params.items()},
+            user_attrs=TrialRecord(tuned_config=True, learning_rate=0.1).to_attrs(),
+        )
+    )
+    with console.capture() as out:
+        _search._print_summary(result)
+    rows = out.get().splitlines()
+    winner = next(line for line in rows if line.startswith("winner"))
+    ref = next(line for line in rows if line.startswith("fp32 reference"))
+    assert ("channels_last" in winner) is shown
+    assert "bf16 bs=64 lr=0.1" in winner and "fp32 bs=32 lr=0.1" in ref

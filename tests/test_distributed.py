@@ -13,7 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.trials import stored_config
+from autotune.crown import stored_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,11 +150,12 @@ def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
                 p.kill()
     study = optuna.load_study(study_name="dist", storage=storage_url)
     if study.trials[killed_trial].state == TrialState.FAIL:
-        # On a busy machine the survivor's budget may end before the retry ran: resume the study
-        # (a new run takes WAITING trials first) until it has, waiting on the state, not a time.
+        # On a busy machine the survivor's budget may end before the retry ran (it is then
+        # failed as not run): resume the study (a new run queues it again and takes it first)
+        # until it has, waiting on the state, not a time.
         for _ in range(3):
             retries = [t for t in study.trials if t.user_attrs.get("retry_of") == killed_trial]
-            if not retries or retries[0].state != TrialState.WAITING:
+            if not retries or retries[-1].user_attrs.get("outcome") != "not_run":
                 break
             resume(spec, storage_url, tmp_path / "resume", budget="30s")
             study = optuna.load_study(study_name="dist", storage=storage_url)
@@ -163,9 +164,9 @@ def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
     assert dead.state == TrialState.FAIL
     # Its FAIL record says why; its retry says which trial it runs again.
     assert dead.user_attrs["outcome"] == "stale" and dead.user_attrs["reason"]
-    retries = [t for t in trials if t.user_attrs.get("retry_of") == killed_trial]
-    assert retries and retries[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
-    assert retries[0].params == dead.params
+    retries = [t for t in trials if t.user_attrs.get("retry_of") == killed_trial and t.params]
+    assert retries and retries[-1].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert retries[-1].params == dead.params
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert stored_config(study).study == "dist"
 

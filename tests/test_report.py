@@ -3,6 +3,9 @@ summary, the CLI command and its errors; a headless-Chromium look where Chromium
 
 from __future__ import annotations
 
+import html
+import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -186,9 +189,13 @@ def test_every_plot_section_is_there_and_drawn(searched: SimpleNamespace) -> Non
     assert throughput["circle"] == len(measured)
     with_interval = [t for t in measured if record(t).throughput_low is not None]
     assert throughput["errorbar"] == len(with_interval) + (ref.latest().blocks > 0)
+    # Each ceiling says what limited it, as the search stored it.
+    limits = collect(study, out_dir=searched.path.parent).ceiling_limits
     for mode, size in searched.result.ceilings.items():
         if size > 0:
-            assert f"{mode} ceiling {size}" in page.svg_text["throughput"]
+            assert limits[mode] in ("memory", "margin", "time", "cap", "crash")
+            words = {"margin": "memory margin"}.get(limits[mode], limits[mode])
+            assert f"{mode} ceiling {size} ({words})" in page.svg_text["throughput"]
     # The reference's loss curve, on a samples-seen axis.
     (parity,) = page.svgs["parity"]
     assert parity["polyline"] + parity["circle"] >= 1
@@ -523,7 +530,7 @@ def test_every_outcome_renders_with_its_reason(handmade: SimpleNamespace) -> Non
     assert "infeasible" in page.row_text[2] and "+12.0%" in page.row_text[2]
     # The history draws the infeasible trial at the speedup it measured, not at -inf.
     assert "1.50×" in render_html(data)
-    assert "same parameters as trial 1" in page.row_text[6]
+    assert "Same parameters as trial 1: measurement reused." in page.row_text[6]
     assert "waiting" in page.row_text[7]
     # No best.json: the summary says so, and the winner is the best feasible trial.
     assert any("No best.json" in n for n in page.notes["summary"])
@@ -720,6 +727,140 @@ def test_storage_password_is_hidden(handmade: SimpleNamespace) -> None:
     assert "s3cret" not in html and "me:***@db" in html
 
 
+def test_each_ceiling_says_what_limited_it(handmade: SimpleNamespace) -> None:
+    """A ceiling is where memory ran out, or where a try ran out of time, or the space's cap;
+    a study written before the cause was stored shows a bare ceiling, and none says OOM."""
+    handmade.study.set_user_attr(
+        ceilings_key("box", "cpu", limits=True), {"fp32": "memory", "fp16": "time", "bf16": "cap"}
+    )
+    data = collect(handmade.study, storage=handmade.storage)
+    html_text = render_html(data)
+    labels = set(parse(html_text).svg_text["throughput"])
+    assert {
+        "fp32 ceiling 128 (memory)",
+        "fp16 ceiling 64 (time)",
+        "bf16 ceiling 64 (cap)",
+    } <= labels
+    assert "fp16 ceiling 64: a larger batch&#x27;s try would not fit its time limit" in html_text
+    assert "bf16 ceiling 64: the space&#x27;s cap, its largest batch size" in html_text
+    assert "OOM" not in html_text and "where memory runs out" not in html_text
+    text = render_text(data)
+    assert "  fp32 ceiling 128: memory runs out above it" in text
+    (handmade.tmp / "old").mkdir()
+    old = build_legacy(handmade.tmp / "old")
+    old_html = render_html(collect(old.study, storage=old.storage))
+    assert {"fp32 ceiling 128", "fp16 ceiling 64"} <= set(parse(old_html).svg_text["throughput"])
+    assert "did not record what limited it" in old_html and "OOM" not in old_html
+
+
+def test_a_diverged_fp16_trial_is_on_the_gradscaler_plot(tmp_path: Path) -> None:
+    """A probe that diverged before its first check recorded no scale, only its skipped steps:
+    it is drawn all the same, from its init_scale, and marked where it stopped."""
+    storage = f"sqlite:///{tmp_path / 'd.db'}"
+    study = optuna.create_study(study_name="div", storage=storage, direction="maximize")
+    study.set_user_attr("spec", SPEC)
+    study.add_trial(
+        _trial(
+            TrialState.PRUNED,
+            {**FP16, "init_scale": 256.0},
+            outcome="diverged",
+            reason="loss=nan at step 3",
+            losses=[2.3, 2.2, None],
+            skipped_steps=2,
+            scales=[],
+        )
+    )
+    page = parse(render_html(collect(study, storage=storage)))
+    (scaler,) = page.svgs["scaler"]
+    assert scaler["polyline"] == 1 and scaler["path"] >= 1  # its line, and × where it stopped
+    html_text = render_html(collect(study, storage=storage))
+    assert "trial 0 · init_scale 256 · diverged: loss=nan at step 3" in html_text
+    assert (
+        "diverged at step 2; the scale there is init_scale halved at each of its 2 skipped"
+        in html_text
+    )
+    assert "diverged: where it stopped" in html_text
+
+
+def _text_of(html_text: str) -> str:
+    """What a reader reads: the page without its tags, tooltips included."""
+    titles = " ".join(re.findall(r"<title>(.*?)</title>", html_text))
+    return html.unescape(re.sub(r"<[^>]+>", " ", html_text) + " " + titles)
+
+
+def test_no_sentence_starts_lower_case_after_a_full_stop(handmade: SimpleNamespace) -> None:
+    study = handmade.study
+    study.add_trial(
+        _trial(
+            TrialState.PRUNED,
+            {**BASE, "precision": "bf16", "batch_size": 128},
+            outcome="slower",
+            reason="slower: upper bound 1,100 < best 1,700 samples/s after 6 blocks",
+            duplicate_of=4,
+        )
+    )
+    out = handmade.tmp / "out"
+    out.mkdir()
+    cfg = make_config("fp32", batch_size=32, learning_rate=0.2)
+    note = (
+        "no feasible candidate's speedup reached 1.05x the fp32 reference in the search: "
+        "falling back to the fp32 reference, the safe mode"
+    )
+    ev = cfg.evidence.model_copy(
+        update={"throughput": 900.0, "speedup": 1.0, "validated": False, "validation_note": note}
+    )
+    write_config(out / "best.json", cfg.model_copy(update={"study": "hand", "evidence": ev}))
+    text = _text_of(render_html(collect(study, out_dir=out, storage=handmade.storage)))
+    assert "Same parameters as trial 4: measurement reused. Slower: upper bound 1,100" in text
+    assert "No feasible candidate" in text
+    # "e.g." is no full stop.
+    assert not re.findall(r"(?<!e\.g)(?<!i\.e)\. [a-z]\w*", text)
+
+
+def test_the_noise_agrees_with_the_reference_interval(tmp_path: Path) -> None:
+    """A reference measured over 3 blocks has no spread (0 by convention): the noise shown is
+    its interval's ±3.9%, never 0.0% beside an interval of 30.9–33.4."""
+    storage = f"sqlite:///{tmp_path / 'n.db'}"
+    study = optuna.create_study(study_name="noise", storage=storage, direction="maximize")
+    study.set_user_attr("spec", SPEC)
+    short = ReferenceMeasurement(at=T0, throughput=32.1, low=30.9, high=33.4, blocks=3)
+    record_ = ReferenceRecord(batch_size=32, learning_rate=0.2, losses=CURVE, measurements=[short])
+    study.set_user_attr(reference_key("box", "cpu"), record_.model_dump(mode="json"))
+    data = collect(study, storage=storage)
+    text = render_text(data)
+    assert "fp32 reference: fp32 bs=32 lr×1: 32.1 samples/s (30.9–33.4)" in text
+    assert "timing noise: ±3.9% (the fp32 reference's 95% interval" in text
+    html_text = render_html(data)
+    assert "±3.9% (the fp32 reference&#x27;s 95% interval" in html_text
+    assert "0.0%" not in text and "0.0%" not in html_text
+
+
+def test_a_trial_that_never_ran_is_counted_apart_and_shows_what_was_queued(
+    handmade: SimpleNamespace,
+) -> None:
+    handmade.study.add_trial(
+        create_trial(
+            state=TrialState.FAIL,
+            system_attrs={"fixed_params": FP16},
+            user_attrs=TrialRecord(
+                role="amp_recipe", outcome="not_run", reason="queued, but the search ended"
+            ).to_attrs(),
+        )
+    )
+    data = collect(handmade.study, storage=handmade.storage)
+    page = parse(render_html(data))
+    row = page.row_text[8]
+    assert "not_run" in row and "fp16bs=32lr=" in row.replace(" ", "") and "queued" in row
+    assert "1 failed, 1 queued but never run" in render_text(data)
+    # Nothing to draw for it: the history has the crashed trial's cross, not a second one.
+    crosses = page.svgs["history"][0]["path"]
+    handmade.study.add_trial(
+        _trial(TrialState.FAIL, {**BASE, "batch_size": 64}, outcome="crashed", reason="died")
+    )
+    again = parse(render_html(collect(handmade.study, storage=handmade.storage)))
+    assert again.svgs["history"][0]["path"] == crosses + 1
+
+
 # ---- a look at it, as a person would -----------------------------------------------------------
 
 
@@ -751,6 +892,51 @@ def test_report_renders_in_headless_chromium(searched: SimpleNamespace, tmp_path
     # Not a blank page: the plots and tables put plenty of dark pixels on it.
     dark = sum(image.histogram()[:128])
     assert dark > 0.005 * image.width * image.height, dark
+
+
+# Measures the laid-out page and writes what it found where --dump-dom shows it.
+_MEASURE = """<script>
+addEventListener('load', () => {
+  const table = document.querySelector('table.trials');
+  const reasons = [...table.querySelectorAll('td.reason')].map(c => c.getBoundingClientRect());
+  document.body.setAttribute('data-fit', JSON.stringify({
+    table: table.scrollWidth, box: table.parentElement.clientWidth, window: innerWidth,
+    right: Math.max(...reasons.map(r => r.right)), narrowest: Math.min(...reasons.map(r => r.width)),
+  }));
+});
+</script>"""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium package")
+def test_the_trials_table_fits_a_1400_pixel_window_with_its_reason_in_view(
+    searched: SimpleNamespace, tmp_path: Path
+) -> None:
+    page = tmp_path / "measured.html"
+    page.write_text(searched.html.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    dom = subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1400,3000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    fit = json.loads(html.unescape(re.search(r'data-fit="([^"]*)"', dom).group(1)))
+    # No sideways scrolling, and every reason inside the window, wide enough to read.
+    assert fit["table"] <= fit["box"], fit
+    assert fit["right"] <= fit["window"] and fit["narrowest"] >= 180, fit
 
 
 def test_the_report_shows_what_each_knob_brought_and_what_compiling_cost(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from autotune import load_config
 from autotune.errors import StorageError
 from autotune.search import batch_ladder, lr_for, reference_factor, run_search
 from autotune.spec import StudySpec, load_spec
+from autotune.trials import role_trials
 from autotune.worker import InProcessRunner
 
 STUDIES = Path(__file__).resolve().parent.parent / "studies"
@@ -63,7 +64,7 @@ def test_end_to_end_search_writes_a_config_that_loads_and_keeps_its_budget(tmp_p
     assert all(t.params.get("precision") != "fp32" or t.user_attrs.get("role") is None
                for t in result.study.trials)  # fmt: skip
     # The plain AMP recipe is the first fp16 trial (enqueued, whether or not it ran).
-    amp = next(t for t in result.study.trials if t.user_attrs.get("role") == "amp_recipe")
+    amp = role_trials(result.study.trials)["amp_recipe"]
     assert amp.system_attrs["fixed_params"] == {
         "precision": "fp16",
         "batch_size": 32,
@@ -105,7 +106,7 @@ def test_fp16_overflow_trials_are_pruned_with_the_reason_and_fp32_islands_tried(
             break
         # Too busy to reach the islands trial within the search phase: run the same command
         # again, as a user would; the study resumes with it waiting first.
-    amp = next(t for t in result.study.trials if t.user_attrs.get("role") == "amp_recipe")
+    amp = role_trials(result.study.trials)["amp_recipe"]
     assert amp.state == TrialState.PRUNED
     assert amp.user_attrs["outcome"] == "diverged"
     assert "loss=nan at step 0" in amp.user_attrs["reason"]
@@ -120,7 +121,7 @@ def test_fp16_overflow_trials_are_pruned_with_the_reason_and_fp32_islands_tried(
     # its own, measured and parity-checked like any other: it trains where plain fp16 did not.
     assert diagnosis["fp32_modules"] == ["amplify"]
     assert diagnosis["islands"] == "tried: fp16 with amplify kept in fp32"
-    islands = next(t for t in result.study.trials if t.user_attrs.get("role") == "fp32_islands")
+    islands = role_trials(result.study.trials)["fp32_islands"]
     diagnosed = next(t for t in result.study.trials if t.number == diagnosis["trial"])
     assert islands.params == {**diagnosed.params, "fp32_islands": "diagnosed"}
     assert islands.user_attrs["fp32_modules"] == ["amplify"]

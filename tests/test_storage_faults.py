@@ -105,7 +105,7 @@ def test_cli_search_on_a_full_disk_says_so_and_resumes(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     after = {t.number: t for t in trials(db, "full")}
     # What each trial measured is kept (its objective value may be set just below the written
-    # config's, so the dashboard crowns the config: see trials.store_config).
+    # config's, so the dashboard crowns the config: see crown.store_config).
     assert all(after[n].state == before[n][0] for n in before)
     assert all(after[n].user_attrs.get("speedup") == measured[n] for n in before if n in measured)
     assert not [t for t in after.values() if t.state == optuna.trial.TrialState.RUNNING]

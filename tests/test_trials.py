@@ -25,6 +25,7 @@ from _configs import make_config
 from _sim import landscape
 
 from autotune.config import TunedConfig
+from autotune.crown import store_config, stored_config
 from autotune.sim import Landscape, simulate
 from autotune.spec import load_spec, parse_spec
 from autotune.storage import open_storage, open_study
@@ -34,8 +35,6 @@ from autotune.trials import (
     is_feasible,
     objective_value,
     set_constraints,
-    store_config,
-    stored_config,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,12 +6,11 @@ import shlex
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from loguru import logger
 from rich.markup import escape
-from rich.table import Table
 
 import autotune
 from autotune.cli._app import app, console, err_console, fail, parse_sets, setup_logging, warn
@@ -20,8 +19,6 @@ from autotune.logs import JSON_ENV, log_to_file
 from autotune.redact import mask_url
 
 # Torch, optuna and the storage are imported in the functions that use them: `--help` loads none.
-if TYPE_CHECKING:
-    from autotune.reference import ReferenceRecord
 
 DEFAULT_SPEC = Path("studies/resnet18.yaml")
 
@@ -290,134 +287,11 @@ def _write_report(spec: Any, out_dir: Path) -> None:
     console.print(f"report written to [bold]{escape(str(path))}[/]", highlight=False)
 
 
-def _reference_row(reference: ReferenceRecord | None) -> tuple[str, ...]:
-    """The fp32 reference's row: its latest measurement with its interval."""
-    from autotune.report import throughput_text
-    from autotune.trials import label
-
-    if reference is None:
-        return ("fp32 reference", "—", "—", "—", "not measured")
-    settings = label({"precision": reference.precision, "batch_size": reference.batch_size})
-    m = reference.latest()
-    if m is None:
-        return ("fp32 reference", settings, "—", "—", "not measured")
-    n = len(reference.measurements)
-    outcome = f"measured {n} time{'s' if n != 1 else ''}" + (", latest shown" if n > 1 else "")
-    low, high = (m.low, m.high) if m.blocks > 0 else (None, None)
-    return ("fp32 reference", settings, throughput_text(m.throughput, low, high), "1.00x", outcome)
-
-
-def _amp_row(result: Any) -> tuple[str, ...]:
-    """The plain AMP recipe's row, read through its trial's record."""
-    from optuna.trial import TrialState
-
-    from autotune.report import ratio_text, throughput_text
-    from autotune.trials import ROLE_AMP, display_outcome, label, record, role_trials
-
-    t = role_trials(result.study.get_trials(deepcopy=False)).get(ROLE_AMP)
-    if t is None:
-        return ("plain AMP recipe", "—", "—", "—", "not run")
-    rec = record(t)
-    outcome = display_outcome(t) or t.state.name.lower()
-    if rec.reason and outcome != "completed":
-        outcome += f": {rec.reason}"
-    if t.state != TrialState.COMPLETE:
-        return ("plain AMP recipe", label(t.params), "—", "—", outcome)
-    return (
-        "plain AMP recipe",
-        label(t.params),
-        throughput_text(rec.throughput),
-        ratio_text(rec.speedup, rec.speedup_low, rec.speedup_high),
-        outcome,
-    )
-
-
-def _noise(result: Any) -> float | None:
-    """This device's timing noise: what validation recorded, else the reference's latest."""
-    ev = result.config.evidence
-    if ev.noise is not None:
-        return ev.noise
-    latest = result.reference.latest() if result.reference is not None else None
-    return latest.spread if latest is not None and latest.blocks > 0 else None
-
-
 def _print_summary(result: Any) -> None:
-    from autotune.report import knob_lines, noise_text, optimism_text, ratio_text, throughput_text
-    from autotune.result import knob_text
+    """The end-of-search summary table and notes (see :mod:`autotune.report._summary`)."""
+    from autotune.report import print_summary
 
-    cfg = result.config
-    ev = cfg.evidence
-    table = Table(title=f"study {cfg.study!r}: {cfg.workload} on {cfg.environment.device}")
-    for col in ("", "settings", "samples/s", "vs fp32", "outcome"):
-        # Wrap at spaces, never cut a figure short.
-        table.add_column(col, overflow="fold")
-    winner = f"{cfg.precision} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}"
-    if cfg.grad_scaler.enabled:
-        winner += f" init_scale={cfg.grad_scaler.init_scale:g}"
-    winner += knob_text(cfg.candidate(), nchw=False)
-    status = "validated" if ev.validated else "NOT validated: fp32 fallback"
-    if ev.validated and ev.paired_blocks:
-        status += f" over {ev.paired_blocks} paired blocks"
-    table.add_row(
-        "winner",
-        winner,
-        # The speedup carries the interval; samples/s alone keeps the table narrow.
-        throughput_text(ev.throughput),
-        ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high),
-        status,
-    )
-    if ev.search_speedup is not None:
-        table.add_row(
-            "  in the search",
-            "the same",
-            "",
-            f"{ev.search_speedup:.2f}x",
-            f"search optimism {optimism_text(ev.search_optimism)}",
-        )
-    table.add_row(*_reference_row(result.reference))
-    table.add_row(*_amp_row(result))
-    console.print(table)
-    console.print(f"timing noise: {noise_text(_noise(result))}", highlight=False)
-    if ev.cut:
-        console.print("[bold]cut from the space:[/]")
-        for key, why in ev.cut.items():
-            console.print(f"  {key}: {why}", highlight=False)
-    diagnosis = ev.fp16_diagnosis or {}
-    if diagnosis.get("islands"):
-        console.print(
-            f"fp16 diagnosis: {diagnosis.get('reason', '')}; fp32 islands {diagnosis['islands']}",
-            highlight=False,
-            markup=False,
-        )
-    knobs = knob_lines(result.study.get_trials(deepcopy=False))
-    if knobs:
-        console.print("[bold]what each knob brought[/] (best with it, vs the same point without):")
-        for line in knobs:
-            console.print(f"  {escape(line)}", highlight=False)
-    if cfg.compile and ev.compile_seconds is not None:
-        pays = (
-            f"pays off after {ev.compile_break_even_steps:,} training steps"
-            if ev.compile_break_even_steps is not None
-            else "its payoff is unknown (no uncompiled twin measured faster or slower)"
-        )
-        console.print(
-            f"compile: {ev.compile_seconds:.1f}s in the untimed warm-up (charged to the "
-            f"budget); {pays}",
-            highlight=False,
-        )
-    if result.rejected:
-        console.print("[bold]main rejections:[/]")
-        for r in result.rejected[:6]:
-            console.print(f"  {escape(str(r))}", highlight=False)
-    t = ev.trials
-    console.print(
-        f"trials: {t.complete} complete, {t.pruned} pruned, {t.failed} failed; "
-        f"lr scaling: {ev.lr_scaling}; {result.elapsed:.1f}s elapsed",
-        highlight=False,
-    )
-    if ev.validation_note:
-        console.print(f"validation: {ev.validation_note}", highlight=False)
-    console.print(f"config written to [bold]{result.path}[/]", highlight=False)
+    print_summary(result, console)
 
 
 @app.command()

@@ -7,6 +7,7 @@ import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Annotated, Any
 
 import typer
@@ -203,9 +204,14 @@ class _Progress:
             self.bar.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self.bar is not None:
-            self.bar.__exit__(*exc)
+            self.bar.__exit__(exc_type, exc, tb)
 
     def __call__(self, label: str, done: int, total: int, loss: float | None) -> None:
         if loss is not None:

@@ -120,8 +120,8 @@ def _finish_spent(study: Any, spec: Any) -> bool:
     it still needs a config (True) or is done (False, said on the terminal)."""
     from optuna.trial import TrialState
 
+    from autotune.crown import stored_config
     from autotune.storage import fail_stale
-    from autotune.trials import stored_config
 
     failed = fail_stale(study)
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))

@@ -224,8 +224,8 @@ def advise(
             )
 
     # 5. A starting scale so high that the first steps are skipped (harmless, but wasted).
-    scale_high = high is not None and 2.0**high < ev.candidate.init_scale
-    if mode.scales_loss and ev.skipped and not under and scale_high:
+    skipped_steps = mode.scales_loss and ev.skipped and not under
+    if skipped_steps and high is not None and 2.0**high < ev.candidate.init_scale:
         recs.append(
             Recommendation(
                 kind="lower_init_scale",

@@ -8,7 +8,7 @@ carries the optimizer with the lr, or refuses with the reason (:class:`ExportErr
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,9 @@ def build_optimizer(
     name: str | None, kwargs: dict[str, Any] | None, lr: float, params: Iterable[Any]
 ) -> torch.optim.Optimizer:
     """``torch.optim.<name>(params, lr=lr, **kwargs)``, refusing what the config cannot say."""
-    cls = torch_optimizer(name)
+    # A concrete optimizer's constructor: it takes lr and its own settings, which the base
+    # class's (params, defaults) does not.
+    cls: Callable[..., torch.optim.Optimizer] = torch_optimizer(name)
     if kwargs is None:
         raise ExportError(
             f"the config records the optimizer ({name}) but not its settings (momentum, betas, "
@@ -63,7 +65,7 @@ def build_optimizer(
 # Each torch optimizer the Trainer builds by name, and where its settings go: a TrainingArguments
 # field, or optim_args (which the Trainer parses for these optimizers only). weight_decay is a
 # field for all of them: the Trainer puts it on the parameter groups, over any optim_args value.
-_HF = {
+_HF: dict[str, tuple[str, dict[str, str | tuple[str, str]]]] = {
     "SGD": ("sgd", {"momentum": "optim_args", "dampening": "optim_args", "nesterov": "optim_args"}),
     "AdamW": ("adamw_torch", {"betas": ("adam_beta1", "adam_beta2"), "eps": "adam_epsilon"}),
     "Adagrad": ("adagrad", {"lr_decay": "optim_args", "eps": "optim_args"}),

@@ -8,7 +8,8 @@ search measured it against what validation measured (the search's optimism), the
 reference's measurements over time (drift), the GradScaler scale of fp16 trials, the
 optimization history, parameter importances, and a table of every trial with its outcome,
 speedup interval and reason; and what each knob (torch.compile, channels_last, fp32 islands)
-brought at the same mode and batch, with what compiling cost.
+brought at the same mode and batch, with what compiling cost. And the summary ``autotune search``
+prints when it ends (:func:`print_summary`), in 80 columns.
 
 Example:
     >>> from autotune.report import write_report
@@ -27,6 +28,7 @@ from autotune.report._data import DEFAULT_STORAGE, ReportData, collect, load_stu
 from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.report._html import render_html
 from autotune.report._knobs import KnobGain, knob_gains, knob_lines
+from autotune.report._summary import print_summary
 from autotune.report._text import render_text
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "load_study",
     "noise_text",
     "optimism_text",
+    "print_summary",
     "ratio_text",
     "render_html",
     "render_text",

@@ -9,12 +9,13 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TunedConfig, load_config
+from autotune.crown import stored_config
 from autotune.errors import ConfigError, StorageError
 from autotune.reference import ReferenceMeasurement, ReferenceRecord, stored_references
 from autotune.spec import StudySpec
@@ -25,13 +26,13 @@ from autotune.trials import (
     ROLE_AMP,
     ROLE_REFERENCE,
     TrialRecord,
+    ceilings_key,
     feasible_trials,
     is_feasible,
     parse_ceilings_key,
     record,
     role_trials,
     stored_ceilings,
-    stored_config,
 )
 
 __all__ = ["DEFAULT_STORAGE", "ReportData", "collect", "load_study", "measured_interval"]
@@ -63,6 +64,8 @@ class ReportData:
     config: TunedConfig | None = None
     config_path: Path | None = None
     ceilings: dict[str, int] = field(default_factory=dict)
+    # What limited each ceiling (memory, margin, time, cap, crash); empty for older studies.
+    ceiling_limits: dict[str, str] = field(default_factory=dict)
     ceiling_device: str | None = None
     reference: ReferenceRecord | None = None
     # Where the reference was measured: "host:device", or "trial N" for an older study.
@@ -107,11 +110,21 @@ class ReportData:
     @property
     def noise(self) -> float | None:
         """This device's timing noise: what validation recorded, else the median spread of the
-        reference's timed blocks over its measurements; None where nothing measured it."""
-        if self.config is not None and self.config.evidence.noise is not None:
+        reference's timed blocks over its measurements; None where nothing measured it (a
+        spread of 0 is a run of fewer than 4 blocks, which gives none: see noise_interval)."""
+        if self.config is not None and self.config.evidence.noise:
             return self.config.evidence.noise
-        spreads = [m.spread for m in self.reference_measurements() if m.blocks > 0]
+        spreads = [m.spread for m in self.reference_measurements() if m.blocks > 0 and m.spread]
         return statistics.median(spreads) if spreads else None
+
+    @property
+    def noise_interval(self) -> float | None:
+        """The relative half-width of the reference's latest 95% interval: what stands in for
+        the noise where no spread was measured."""
+        m = self.reference_latest
+        if m is None or m.blocks <= 0 or m.throughput <= 0:
+            return None
+        return (m.high - m.low) / 2 / m.throughput
 
     def reference_measurements(self) -> list[ReferenceMeasurement]:
         return list(self.reference.measurements) if self.reference is not None else []
@@ -134,8 +147,9 @@ class ReportData:
         return None, None, None
 
     def counts(self) -> dict[str, int]:
-        """Trials by state, infeasible (COMPLETE but breaking parity) counted apart too."""
-        out = {"complete": 0, "infeasible": 0, "pruned": 0, "failed": 0, "other": 0}
+        """Trials by state, infeasible (COMPLETE but breaking parity) counted apart too, and
+        failed ones that never ran (queued, then the search ended: no parameters) apart."""
+        out = {"complete": 0, "infeasible": 0, "pruned": 0, "failed": 0, "not_run": 0, "other": 0}
         for t in self.trials:
             if t.state == TrialState.COMPLETE:
                 out["complete"] += 1
@@ -143,7 +157,7 @@ class ReportData:
             elif t.state == TrialState.PRUNED:
                 out["pruned"] += 1
             elif t.state == TrialState.FAIL:
-                out["failed"] += 1
+                out["failed" if t.params else "not_run"] += 1
             else:
                 out["other"] += 1
         return out
@@ -202,10 +216,15 @@ def _pick(where: list[tuple[str, str]], device: str) -> tuple[str, str] | None:
     )
 
 
-def _pick_ceilings(attrs: dict[str, Any], device: str) -> tuple[dict[str, int], str | None]:
+def _pick_ceilings(
+    data: ReportData, attrs: dict[str, Any], device: str
+) -> tuple[dict[str, int], str | None]:
     stored = stored_ceilings(attrs)
     where = _pick(list(stored), device)
     if where is not None:
+        limits = attrs.get(ceilings_key(*where, limits=True))
+        if isinstance(limits, dict):
+            data.ceiling_limits = {str(m): str(why) for m, why in limits.items()}
         return stored[where], f"{where[0]}:{where[1]}"
     # Older studies stored one table per device, without the machine: "ceilings:<device>".
     legacy = {
@@ -330,7 +349,7 @@ def _winner(data: ReportData) -> tuple[FrozenTrial | None, str]:
         return None, "the config's settings match no trial of this study"
     best = sorted(
         (t for t in feasible_trials(done) if t.value is not None),
-        key=lambda t: t.value,
+        key=lambda t: cast(float, t.value),
         reverse=data.maximize,
     )
     if not best:
@@ -404,7 +423,7 @@ def collect(
         validated=[t for t in trials if t.number in crowned],
     )
     data.records = records
-    data.ceilings, data.ceiling_device = _pick_ceilings(attrs, str(spec.get("device", "")))
+    data.ceilings, data.ceiling_device = _pick_ceilings(data, attrs, str(spec.get("device", "")))
     data.config, data.config_path = _find_config(
         study, Path(out_dir) if out_dir is not None else None, data.notes
     )

@@ -9,7 +9,13 @@ from datetime import datetime
 
 from autotune.reference import ReferenceMeasurement
 from autotune.report._data import ReportData, measured_interval
-from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
+from autotune.report._format import (
+    noise_text,
+    optimism_text,
+    ratio_text,
+    sentences,
+    throughput_text,
+)
 from autotune.report._plots import REF_COLOR, Figure, ref_label
 from autotune.report._svg import Plot, esc, mode_color, nice_range
 from autotune.spec import ValidationSettings
@@ -91,7 +97,8 @@ def reference_figure(data: ReportData) -> Figure:
         when = datetime.fromtimestamp(m.at).strftime("%H:%M:%S")
         tip = (
             f"{when}: {throughput_text(m.throughput, low, high, unit=' samples/s')}, "
-            f"{m.blocks} timed blocks, spread {m.spread:.1%}"
+            f"{m.blocks} timed blocks, "
+            + (f"spread {m.spread:.1%}" if m.spread else "too few for a spread")
         ) + (": moved outside the previous interval (drift)" if drift else "")
         color = _DRIFT if drift else REF_COLOR
         if low is not None and high is not None:
@@ -111,7 +118,7 @@ def reference_figure(data: ReportData) -> Figure:
             f"samples/s ({rng:.1%} of the median); {sum(moved)} of {len(ms) - 1} "
             "re-measurements moved outside the previous interval (drift)."
         )
-    caption += f" Timing noise: {noise_text(data.noise)}."
+    caption += f" Timing noise: {noise_text(data.noise, data.noise_interval)}."
     legend = [("measurement", REF_COLOR, "dot")]
     if any(moved):
         legend.append(("drifted from the previous one", _DRIFT, "dot"))
@@ -128,9 +135,10 @@ def validation_figure(data: ReportData) -> Figure:
     if not ev.validated:
         return Figure(
             None,
-            note=(
+            note=sentences(
                 "No candidate's lower bound cleared the bar: the config is the fp32 reference "
-                f"(1.00×). {ev.validation_note}".strip()
+                "(1.00×)",
+                ev.validation_note,
             ),
         )
     win = data.winner

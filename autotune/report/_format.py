@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["noise_text", "optimism_text", "ratio_text", "throughput_text"]
+__all__ = [
+    "ceiling_text",
+    "noise_text",
+    "optimism_text",
+    "ratio_text",
+    "sentences",
+    "throughput_text",
+]
 
 
 def _number(value: object) -> float | None:
@@ -80,17 +87,80 @@ def optimism_text(optimism: float | None) -> str:
     return "—" if v is None else f"{v:+.1%}"
 
 
-def noise_text(spread: float | None) -> str:
+def noise_text(spread: float | None, interval: float | None = None) -> str:
     """A device's timing noise: the spread of the fp32 reference's timed blocks (their
     interquartile range over their median), in words a reader can place.
+
+    A spread of 0 says nothing measured it (fewer than 4 blocks give none): ``interval``, the
+    relative half-width of the reference's 95% interval, stands in, named as what it is, so
+    the figure never claims a quiet device beside an interval that is not.
 
     Example:
         >>> print(noise_text(0.021))
         2.1% (spread of the fp32 reference's timed blocks: interquartile range over median)
-        >>> noise_text(None)
-        '—'
+        >>> print(noise_text(0.0, 0.04))
+        ±4.0% (the fp32 reference's 95% interval; its timed blocks were too few for a spread)
+        >>> noise_text(None), noise_text(0.0)
+        ('—', '—')
     """
-    v = _number(spread)
-    if v is None:
-        return "—"
-    return f"{v:.1%} (spread of the fp32 reference's timed blocks: interquartile range over median)"
+    v, w = _number(spread), _number(interval)
+    if v:
+        return (
+            f"{v:.1%} (spread of the fp32 reference's timed blocks: interquartile range over "
+            "median)"
+        )
+    if w:
+        return (
+            f"±{w:.1%} (the fp32 reference's 95% interval; its timed blocks were too few for a "
+            "spread)"
+        )
+    return "—"
+
+
+def _capital(text: str) -> str:
+    """A sentence's first word capitalised when it is a plain word (``slower`` → ``Slower``);
+    a name stays as written (``fp16``, ``init_scale``, ``torch.compile``)."""
+    word = text.split(" ", 1)[0].rstrip(":,;")
+    return text[0].upper() + text[1:] if word.isalpha() and word.islower() else text
+
+
+def sentences(*parts: str) -> str:
+    """Sentences joined into one text: each starts with a capital and ends with a full stop
+    (empty parts are skipped), so no sentence starts lower-case after a full stop.
+
+    Example:
+        >>> sentences("same parameters as trial 3: measurement reused", "slower: upper bound")
+        'Same parameters as trial 3: measurement reused. Slower: upper bound.'
+        >>> sentences("No interval.", "fp16 diverged at step 3")
+        'No interval. fp16 diverged at step 3.'
+    """
+    out = []
+    for part in parts:
+        part = part.strip()
+        if part:
+            out.append(_capital(part) + ("" if part.endswith((".", "!", "?")) else "."))
+    return " ".join(out)
+
+
+# What limited a mode's batch ceiling (autotune.ceilings.Ceiling.limited_by), in words.
+_LIMITS = {
+    "memory": "memory runs out above it",
+    "margin": "a larger batch leaves less than the memory margin free",
+    "time": "a larger batch's try would not fit its time limit",
+    "cap": "the space's cap, its largest batch size",
+    "crash": "a larger batch crashed the worker",
+}
+
+
+def ceiling_text(mode: str, batch_size: int, limited_by: str | None) -> str:
+    """A batch ceiling with what limited it; a bare ceiling where that is not known (a study
+    written before it was stored).
+
+    Example:
+        >>> ceiling_text("fp16", 512, "memory")
+        'fp16 ceiling 512: memory runs out above it'
+        >>> ceiling_text("bf16", 2048, None)
+        'bf16 ceiling 2048'
+    """
+    why = _LIMITS.get(limited_by or "")
+    return f"{mode} ceiling {batch_size}" + (f": {why}" if why else "")

@@ -10,8 +10,15 @@ from autotune.config import TunedConfig
 from autotune.progress import scale_text
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._evidence import reference_figure, validation_figure
-from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
-from autotune.report._knobs import knobs_html, trial_knobs
+from autotune.report._format import (
+    ceiling_text,
+    noise_text,
+    optimism_text,
+    ratio_text,
+    sentences,
+    throughput_text,
+)
+from autotune.report._knobs import config_knobs, knobs_html, trial_knobs
 from autotune.report._plots import (
     Figure,
     history_figure,
@@ -22,7 +29,6 @@ from autotune.report._plots import (
     throughput_figure,
 )
 from autotune.report._svg import esc
-from autotune.result import knob_text
 from autotune.trials import ROLE_AMP, ROLE_REFERENCE, display_outcome
 from autotune.trials import label as params_label
 
@@ -52,8 +58,12 @@ th { background:#f1f3f5; font-weight:600; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
 .scroll { overflow-x:auto; }
 table.trials { font-size:12.5px; }
-table.trials td:last-child { min-width:220px; }
 table.trials th { position:sticky; top:0; }
+table.trials th.num, table.trials td.wrap { white-space:normal; }
+table.trials td.settings { min-width:10em; }
+table.trials td.reason { min-width:16em; overflow-wrap:anywhere; }
+table.trials .tok { white-space:nowrap; }
+table.trials .state { display:block; font-size:11px; color:var(--muted); }
 table.trials tr.pruned td, table.trials tr.fail td { color:#7a4b4b; }
 table.trials tr.infeasible td { color:#7a6a3b; }
 table.trials tr.waiting td, table.trials tr.running td { color:#999; }
@@ -147,7 +157,7 @@ def _winner_card(data: ReportData, cfg: TunedConfig) -> str:
     settings = f"{cfg.precision} · batch {cfg.batch_size} · lr {cfg.learning_rate:.3g}"
     if cfg.grad_scaler.enabled:
         settings += f" · GradScaler init_scale {scale_text(cfg.grad_scaler.init_scale)}"
-    if knobs := knob_text(cfg.candidate(), nchw=False).strip():
+    if knobs := config_knobs(cfg, data.winner.params if data.winner else None).strip():
         settings += f" · {knobs}"
     badge = (
         '<span class="badge">validated</span>'
@@ -187,11 +197,15 @@ def _winner_card(data: ReportData, cfg: TunedConfig) -> str:
         facts.append(f"{ev.skipped_steps} skipped steps in validation")
     if data.noise is not None:
         facts.append(f"timing noise of this device {data.noise:.1%}")
+    elif data.noise_interval:
+        facts.append(
+            f"timing noise of this device ±{data.noise_interval:.1%} (the reference's interval)"
+        )
     return (
         f'<div class="winner-card{"" if ev.validated else " fallback"}">'
         f'<div class="big">{esc(settings)}{badge}</div><div>{line}</div>'
         f"<div>{esc(' · '.join(facts))}</div>"
-        f'<div class="note">{esc(ev.validation_note)}</div></div>'
+        f'<div class="note">{esc(sentences(ev.validation_note))}</div></div>'
     )
 
 
@@ -308,7 +322,9 @@ def _facts(data: ReportData) -> str:
         (
             "trials",
             f"{c['complete']} complete ({c['infeasible']} infeasible), {c['pruned']} pruned, "
-            f"{c['failed']} failed" + (f", {c['other']} not finished" if c["other"] else ""),
+            f"{c['failed']} failed"
+            + (f", {c['not_run']} queued but never run" if c["not_run"] else "")
+            + (f", {c['other']} not finished" if c["other"] else ""),
         ),
     ]
     if cfg is not None:
@@ -321,9 +337,11 @@ def _facts(data: ReportData) -> str:
             ),
         )
         items.append(("learning rate", f"{cfg.evidence.lr_scaling} scaling with the batch size"))
-    items.append(("timing noise", noise_text(data.noise)))
+    items.append(("timing noise", noise_text(data.noise, data.noise_interval)))
     if data.ceilings:
-        text = ", ".join(f"{m} ≤ {b}" for m, b in data.ceilings.items())
+        text = "; ".join(
+            ceiling_text(m, b, data.ceiling_limits.get(m)) for m, b in data.ceilings.items()
+        )
         items.append((f"batch ceilings ({data.ceiling_device})", text))
     if cfg is not None and cfg.evidence.cut:
         items.append(
@@ -342,32 +360,52 @@ def _facts(data: ReportData) -> str:
     return f'<dl class="facts">{body}</dl>'
 
 
+def _settings_cell(data: ReportData, t: FrozenTrial) -> str:
+    """What a trial ran, in one cell that wraps between settings: ``fp16 bs=64 lr=0.4 (×1)
+    init_scale=256 compile``. A trial that never ran shows what it was queued with."""
+    rec = data.rec(t)
+    p = t.params or t.system_attrs.get("fixed_params") or {}
+    if not p:
+        return "—"
+    lr = "—" if rec.learning_rate is None else f"{rec.learning_rate:.3g}"
+    if "lr_multiplier" in p:
+        lr += f" (×{float(p['lr_multiplier']):.3g})"
+    toks = [str(p.get("precision", "—")), f"bs={p.get('batch_size', '—')}", f"lr={lr}"]
+    if p.get("init_scale") is not None:
+        toks.append(f"init_scale={scale_text(float(p['init_scale']))}")
+    if (knobs := trial_knobs(t)) != "—":
+        toks += knobs.split(" · ")
+    return _toks(*toks)
+
+
+def _toks(*texts: str) -> str:
+    """Texts that a cell wraps between, never inside one (``(1.47–1.54)`` stays whole)."""
+    return " ".join(f'<span class="tok">{esc(text)}</span>' for text in texts)
+
+
 def _trials_table(data: ReportData) -> str:
     head = (
-        "<tr><th class='num'>#</th><th>role</th><th>state</th><th>outcome</th><th>precision</th>"
-        "<th class='num'>batch</th><th class='num'>lr</th><th class='num'>init_scale</th>"
-        "<th>knobs</th>"
+        "<tr><th class='num'>#</th><th>role</th><th>outcome</th><th>settings</th>"
         "<th class='num'>samples/s</th><th class='num'>vs fp32 (95% interval)</th>"
-        "<th class='num'>peak memory</th>"
-        "<th class='num'>parity gap</th><th class='num'>probe s</th><th>reason</th></tr>"
+        "<th class='num'>peak memory</th><th class='num'>parity gap</th>"
+        "<th class='num'>probe s</th><th>reason</th></tr>"
     )
     rows = []
     winner = data.winner.number if data.winner is not None else None
     for t in sorted(data.trials + data.validated, key=lambda t: t.number):
-        rec, p = data.rec(t), t.params
-        outcome = _outcome(t)
-        classes = [t.state.name.lower()]
+        rec = data.rec(t)
+        outcome, state = _outcome(t), t.state.name.lower()
+        classes = [state]
         if outcome == "infeasible":
             classes.append("infeasible")
         if t.number == winner:
             classes.append("winner")
         role = _role(data, t) + (" ★ winner" if t.number == winner else "")
-        lr_text = "—" if rec.learning_rate is None else f"{rec.learning_rate:.3g}"
-        if "lr_multiplier" in p:
-            lr_text += f" (×{float(p['lr_multiplier']):.3g})"
         reason = rec.reason
         if rec.duplicate_of is not None:
-            reason = f"same parameters as trial {rec.duplicate_of}: measurement reused. " + reason
+            reason = sentences(
+                f"same parameters as trial {rec.duplicate_of}: measurement reused", reason
+            )
         gap, secs = rec.parity_gap, rec.probe_seconds
         done = t.state == TrialState.COMPLETE
         tp_tip = ""
@@ -380,23 +418,19 @@ def _trials_table(data: ReportData) -> str:
         ratio_tip = ""
         if done and rec.reference_throughput:
             ratio_tip = f"against the fp32 reference at {rec.reference_throughput:,.1f} samples/s"
-        init = p.get("init_scale")
+        # The Optuna state beside the outcome where it says more ("slower", pruned).
+        extra = "" if outcome.startswith(state) else f'<span class="state">{esc(state)}</span>'
         cells = [
             f"<td class='num'>{t.number}</td>",
             f"<td>{esc(role.strip())}</td>",
-            f"<td>{esc(t.state.name.lower())}</td>",
-            f"<td>{esc(outcome)}</td>",
-            f"<td>{esc(p.get('precision', '—'))}</td>",
-            f"<td class='num'>{esc(p.get('batch_size', '—'))}</td>",
-            f"<td class='num'>{esc(lr_text)}</td>",
-            f"<td class='num'>{'—' if init is None else scale_text(float(init))}</td>",
-            f"<td>{esc(trial_knobs(t))}</td>",
+            f"<td>{esc(outcome)}{extra}</td>",
+            f"<td class='settings'>{_settings_cell(data, t)}</td>",
             f"<td class='num' title='{esc(tp_tip)}'>{_tp(rec.throughput if done else None)}</td>",
-            f"<td class='num' title='{esc(ratio_tip)}'>{esc(_ratio(*data.speedup(t)))}</td>",
+            f"<td class='num wrap' title='{esc(ratio_tip)}'>{_toks(*_ratio(*data.speedup(t)).split(' '))}</td>",
             f"<td class='num'>{_mib(rec.peak_memory_bytes)}</td>",
             f"<td class='num'>{'—' if gap is None else f'{gap:+.1%}'}</td>",
             f"<td class='num'>{'—' if secs is None else f'{secs:.1f}'}</td>",
-            f"<td>{esc(reason.strip())}</td>",
+            f"<td class='reason'>{esc(reason.strip())}</td>",
         ]
         rows.append(
             f'<tr class="{" ".join(classes)}" data-trial="{t.number}">{"".join(cells)}</tr>'
@@ -431,7 +465,8 @@ def render_html(data: ReportData) -> str:
             "throughput",
             "Throughput by batch size",
             throughput_figure(data),
-            "What each precision mode delivers at each batch size, and where memory runs out.",
+            "What each precision mode delivers at each batch size, and how large a batch each "
+            "runs (what limited it: memory, time or the space's cap).",
         ),
         _figure(
             "parity",

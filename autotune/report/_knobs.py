@@ -5,16 +5,19 @@ and for compiling, what it cost and after how many steps it pays off.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from optuna.trial import FrozenTrial
 
+from autotune.config import TunedConfig
 from autotune.knobs import break_even_steps
 from autotune.report._svg import esc
+from autotune.result import knob_text
 from autotune.trials import display_outcome, feasible_trials, label, record
 
-__all__ = ["KnobGain", "knob_gains", "knob_lines", "knobs_html", "trial_knobs"]
+__all__ = ["KnobGain", "config_knobs", "knob_gains", "knob_lines", "knobs_html", "trial_knobs"]
 
 # Each knob: its name, whether a trial's params have it on, and the params that turn it.
 _KNOBS = (
@@ -82,7 +85,7 @@ def knob_gains(trials: Iterable[FrozenTrial]) -> list[KnobGain]:
         rec = record(best)
         s_on = rec.speedup or 0.0
         measured = without is not None and without.number in ok
-        s_off = record(without).speedup if measured else None
+        s_off = record(without).speedup if without is not None and measured else None
         gain = s_on / s_off - 1 if s_off else None
         seconds = rec.compile_seconds if knob == "compile" else None
         steps = None
@@ -136,6 +139,25 @@ def trial_knobs(trial: FrozenTrial) -> str:
     if rec.fp32_modules and p.get("fp32_islands", "none") != "none":
         parts.append(f"fp32: {', '.join(rec.fp32_modules)}")
     return " · ".join(parts) or "—"
+
+
+def config_knobs(cfg: TunedConfig, params: Mapping[str, Any] | None) -> str:
+    """A config's knobs as the trials' labels show them (`` compile channels_last``): the
+    memory format only where the search chose it (a parameter of the trial behind the config,
+    ``params``); otherwise it is the workload's own, which the fp32 reference ran too.
+
+    Example:
+        >>> from autotune.config import GradScalerSettings
+        >>> cfg = TunedConfig.model_construct(precision="bf16", batch_size=64, learning_rate=0.1,
+        ...     grad_scaler=GradScalerSettings(enabled=False), channels_last=True, compile=False,
+        ...     compile_mode="default", fp32_modules=[])
+        >>> config_knobs(cfg, {"precision": "bf16"}), config_knobs(cfg, {"channels_last": True})
+        ('', ' channels_last')
+    """
+    cand = cfg.candidate()
+    if not params or "channels_last" not in params:
+        cand = cand.model_copy(update={"channels_last": None})
+    return knob_text(cand)
 
 
 def knobs_html(trials: list[FrozenTrial]) -> str:

@@ -15,7 +15,7 @@ from autotune.parity import smoothed_loss_at
 from autotune.progress import scale_text
 from autotune.reference import ReferenceRecord
 from autotune.report._data import ReportData, measured_interval
-from autotune.report._format import ratio_text, throughput_text
+from autotune.report._format import ceiling_text, ratio_text, sentences, throughput_text
 from autotune.report._svg import PALETTE, Plot, mode_color, nice_range
 from autotune.trials import (
     DEFAULT_INIT_SCALE,
@@ -36,6 +36,14 @@ __all__ = [
 ]
 
 REF_COLOR = "#4d4d4d"
+# A ceiling's cause, short enough for its label on the chart (the tooltip says it in full).
+_LIMIT_WORDS = {
+    "memory": "memory",
+    "margin": "memory margin",
+    "time": "time",
+    "cap": "cap",
+    "crash": "crash",
+}
 _BAD = "#c0392b"
 
 
@@ -50,8 +58,13 @@ class Figure:
 
 
 def _measured(data: ReportData) -> list[FrozenTrial]:
-    """Trials that ran their own probe (a duplicate reuses a twin's, so it would double-count)."""
-    return [t for t in data.trials if t.params and data.rec(t).duplicate_of is None]
+    """Trials that ran their own probe (a duplicate reuses a twin's, so it would double-count;
+    a trial whose start a full disk cut off may hold its precision and no batch size)."""
+    return [
+        t
+        for t in data.trials
+        if {"precision", "batch_size"} <= t.params.keys() and data.rec(t).duplicate_of is None
+    ]
 
 
 def _tip(t: FrozenTrial, tail: str) -> str:
@@ -89,7 +102,7 @@ def throughput_figure(data: ReportData) -> Figure:
         tops.append(ref_m.high)
     _, y_hi, y_ticks = nice_range(0, max(tops, default=1.0) * 1.08)
     plot = Plot((lo, hi), (0, y_hi), x_log2=True, label="throughput by batch size per mode")
-    ticks = sorted(set(sizes))
+    ticks: list[float] = sorted(set(sizes))
     if len(ticks) > 9:
         ticks = _pow2_ticks(lo, hi)
     plot.axes(ticks, y_ticks, x_label="batch size (log scale)", y_label="samples/s")
@@ -98,12 +111,14 @@ def throughput_figure(data: ReportData) -> Figure:
     for row, mode in enumerate(sorted(data.ceilings, key=lambda m: data.ceilings[m])):
         b = data.ceilings[mode]
         if b > 0:
+            why = data.ceiling_limits.get(mode)
             plot.vline(
                 b,
                 mode_color(mode),
-                label=f"{mode} ceiling {b}",
+                label=f"{mode} ceiling {b}"
+                + (f" ({_LIMIT_WORDS[why]})" if why in _LIMIT_WORDS else ""),
                 row=row,
-                title=f"{mode}: largest batch that fits with the memory margin: {b}",
+                title=ceiling_text(mode, b, why),
             )
     bars = 0
     if ref is not None and ref_m is not None:
@@ -157,13 +172,18 @@ def throughput_figure(data: ReportData) -> Figure:
     if ref is not None and ref_m is not None:
         legend.append(("fp32 reference (latest)", REF_COLOR, "square"))
     legend += [("infeasible (loss parity)", "#777", "ring"), ("pruned or failed", "#777", "cross")]
-    legend.append(("OOM ceiling", "#777", "dash"))
+    legend.append(("batch ceiling", "#777", "dash"))
     caption = (
         "Each point is one probe's throughput: the median over its timed blocks"
         + (", with its 95% interval as a bar" if bars else "")
         + "; the faint line joins each mode's best per batch size. Pruned and failed trials sit "
-        "on the axis (hover for the reason). Dashed lines: the largest batch each mode fits "
-        "with the memory margin."
+        "on the axis (hover for the reason). Dashed lines: each mode's largest batch, and "
+        + (
+            "what limited it: memory, the memory margin, the time a try may take, or the "
+            "space's cap."
+            if data.ceiling_limits
+            else "the largest batch each mode ran (this study did not record what limited it)."
+        )
     )
     note = ""
     if not bars and done:
@@ -205,7 +225,7 @@ def loss_figure(data: ReportData) -> Figure:
             color = PALETTE[1]
         name = f"winner · trial {win.number} · {params_label(win.params)}"
         curves.append((name, _curve(int(win.params["batch_size"]), win_rec.losses), color))
-    points = [p for _, pts, _ in curves for p in pts if p[1] is not None]
+    points = [(x, y) for _, pts, _ in curves for x, y in pts if y is not None]
     if not points:
         return Figure(None, note="Every recorded loss is non-finite: nothing to draw.")
     x_hi = max(x for x, _ in points)
@@ -241,23 +261,46 @@ def loss_figure(data: ReportData) -> Figure:
         if ev is not None and ev.parity_gap is not None:
             caption += f" The validation reruns, with a fresh seed, measured {ev.parity_gap:+.1%}."
     else:
-        caption += f" {data.winner_note or 'The winner is the fp32 reference itself.'}"
+        caption = sentences(caption, data.winner_note or "The winner is the fp32 reference itself")
     for name, pts, color in curves:
         plot.line(pts, color, width=2.2, title=name)
     return Figure(plot.render(), caption=caption, legend=[(n, c, "line") for n, _, c in curves])
 
 
+def _scale_points(data: ReportData, t: FrozenTrial) -> tuple[list[tuple[float, float]], str]:
+    """The scales a probe recorded at its check points; a diverged probe's run on to the step
+    where its loss turned non-finite (a probe that diverged before its first check recorded
+    none), at the scale its skipped steps left: GradScaler halves it at each, and a short
+    probe never grows it. The second value says so, for the derived point's tooltip."""
+    rec = data.rec(t)
+    pts = [(float(s), v) for s, v in rec.scales if v and v > 0]
+    if rec.outcome != "diverged":
+        return pts, ""
+    at = float(next((i for i, v in enumerate(rec.losses) if v is None), len(rec.losses)))
+    if pts and at <= pts[-1][0]:
+        return pts, ""
+    init = float(t.params.get("init_scale", DEFAULT_INIT_SCALE))
+    skipped = rec.skipped_steps or 0
+    note = (
+        f"diverged at step {at:g}; the scale there is init_scale halved at each of its "
+        f"{skipped} skipped steps"
+    )
+    return ([] if pts else [(0.0, init)]) + pts + [(at, init / 2**skipped)], note
+
+
 def scale_figure(data: ReportData) -> Figure:
-    """GradScaler scale at each check point of every fp16 probe (log2 axis)."""
+    """GradScaler scale at each check point of every fp16 probe (log2 axis); a diverged one is
+    drawn too, its last point marked ×."""
     runs = [
-        t for t in _measured(data) if t.params.get("precision") == "fp16" and data.rec(t).scales
+        (t, *_scale_points(data, t)) for t in _measured(data) if t.params.get("precision") == "fp16"
     ]
+    runs = [(t, pts, note) for t, pts, note in runs if pts or data.rec(t).scales]
     if not runs:
         wanted = "fp16" in (data.spec.get("space") or {}).get("precisions", ["fp16"])
         why = "no fp16 trial recorded a scale" if wanted else "fp16 is not in this study's space"
         return Figure(None, note=f"No GradScaler to show: {why}.")
-    values = [v for t in runs for _, v in data.rec(t).scales if v and v > 0]
-    steps = [s for t in runs for s, _ in data.rec(t).scales]
+    values = [v for _, pts, _ in runs for _, v in pts]
+    steps = [s for _, pts, _ in runs for s, _ in pts]
     if not values:
         return Figure(None, note="No GradScaler to show: every recorded scale is zero.")
     lo = 2.0 ** math.floor(math.log2(min(values)) - 1)
@@ -274,25 +317,35 @@ def scale_figure(data: ReportData) -> Figure:
     if lo <= 1:
         plot.hline(1, _BAD, label="scale < 1: diverging")
     legend = []
-    for i, t in enumerate(runs):
+    diverged = 0
+    for i, (t, pts, note) in enumerate(runs):
         color = PALETTE[i % len(PALETTE)]
-        pts = [(float(s), v) for s, v in data.rec(t).scales if v and v > 0]
         outcome = display_outcome(t) or t.state.name.lower()
         init = scale_text(float(t.params.get("init_scale", DEFAULT_INIT_SCALE)))
         name = f"trial {t.number} · init_scale {init} · {outcome}"
         plot.line(pts, color, width=2, dash=None if t.state == TrialState.COMPLETE else "6 3")
-        for s, v in pts:
-            plot.marker(s, v, color, r=3.5, title=f"{name}: step {s:g}, scale {scale_text(v)}")
+        for j, (s, v) in enumerate(pts):
+            derived = note and j == len(pts) - 1
+            tip = f"{name}: step {s:g}, scale {scale_text(v)}" + (f"; {note}" if derived else "")
+            plot.marker(s, v, color, r=3.5, title=tip)
+        if data.rec(t).outcome == "diverged" and pts:
+            diverged += 1
+            s, v = pts[-1]
+            why = data.rec(t).reason or "diverged"
+            plot.marker(s, v, _BAD, kind="cross", r=6, title=f"{name}: {why}")
         if i < 10:
             legend.append((name, color, "line"))
     if len(runs) > 10:
         legend.append((f"… and {len(runs) - 10} more", "#777", "line"))
+    if diverged:
+        legend.append(("diverged: where it stopped", _BAD, "cross"))
     return Figure(
         plot.render(),
         caption=(
             "The scale at each check point. A drop is a skipped step (an overflow). With the "
             "default growth_interval of 2000 a short probe never sees the scale grow, only back "
-            "off from init_scale. Dashed: the trial did not complete."
+            "off from init_scale. Dashed: the trial did not complete; ×: it diverged there, at "
+            "the step its loss turned non-finite (the scale there is what its skipped steps left)."
         ),
         legend=legend,
     )
@@ -316,7 +369,7 @@ def _value_text(data: ReportData, value: float) -> str:
 def _objective_measured(data: ReportData, trial: FrozenTrial) -> float | None:
     """A trial's objective as measured: the speedup it recorded (an infeasible trial is told
     the worst value, see trials.objective_value, and one above the validated config just under
-    it, see trials.store_config), else its value, else the throughput it measured."""
+    it, see crown.store_config), else its value, else the throughput it measured."""
     rec = data.rec(trial)
     if data.objective == "speedup" and rec.speedup is not None:
         return rec.speedup
@@ -328,11 +381,10 @@ def _objective_measured(data: ReportData, trial: FrozenTrial) -> float | None:
 def history_figure(data: ReportData) -> Figure:
     """The objective per trial in order (a speedup with its interval), with the best feasible
     value so far as a step line."""
-    measured = {t.number: _objective_measured(data, t) for t in data.trials}
-    done = [
-        t for t in data.trials if t.state == TrialState.COMPLETE and measured[t.number] is not None
-    ]
-    lost = [t for t in data.trials if t.state in (TrialState.PRUNED, TrialState.FAIL)]
+    measured = {t.number: v for t in data.trials if (v := _objective_measured(data, t)) is not None}
+    done = [t for t in data.trials if t.state == TrialState.COMPLETE and t.number in measured]
+    # A trial that never ran (queued, then the search ended) has no parameters and no place.
+    lost = [t for t in data.trials if t.state in (TrialState.PRUNED, TrialState.FAIL) and t.params]
     if not done and not lost:
         return Figure(None, note="No trial has finished yet.")
     last = max(t.number for t in done + lost)

@@ -303,7 +303,8 @@ class Plot:
             f'stroke="{color}" stroke-width="1.5" stroke-dasharray="5 4">{tip}</line>'
         )
         if label:
-            near_right = sx > self.plot_right - 90
+            # About 6.5 px a character at 11 px: a label that would run off the right ends there.
+            near_right = sx > self.plot_right - max(90.0, 6.5 * len(label))
             anchor, dx = ("end", -4) if near_right else ("start", 4)
             self.parts.append(
                 f'<text x="{sx + dx}" y="{self.plot_top + 12 + 14 * row}" text-anchor="{anchor}" '

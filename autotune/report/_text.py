@@ -6,10 +6,15 @@ from optuna.trial import TrialState
 
 from autotune.progress import scale_text
 from autotune.report._data import ReportData, measured_interval
-from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
-from autotune.report._knobs import knob_lines
+from autotune.report._format import (
+    ceiling_text,
+    noise_text,
+    optimism_text,
+    ratio_text,
+    throughput_text,
+)
+from autotune.report._knobs import config_knobs, knob_lines
 from autotune.report._plots import ref_label
-from autotune.result import knob_text
 from autotune.trials import display_outcome, feasible_trials
 from autotune.trials import label as params_label
 
@@ -55,7 +60,7 @@ def render_text(data: ReportData) -> str:
         settings = f"{cfg.precision} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}"
         if cfg.grad_scaler.enabled:
             settings += f" init_scale={scale_text(cfg.grad_scaler.init_scale)}"
-        settings += knob_text(cfg.candidate(), nchw=False)
+        settings += config_knobs(cfg, data.winner.params if data.winner else None)
         status = "validated" if ev.validated else "NOT validated: fp32 fallback"
         blocks = f" over {ev.paired_blocks} paired blocks" if ev.paired_blocks else ""
         lines.append(
@@ -82,7 +87,7 @@ def render_text(data: ReportData) -> str:
     else:
         lines.append(f"no winner yet: {data.winner_note or 'no best.json'}")
     lines.append(_reference_line(data))
-    lines.append(f"timing noise: {noise_text(data.noise)}")
+    lines.append(f"timing noise: {noise_text(data.noise, data.noise_interval)}")
     t = data.amp_recipe
     if t is None or not t.params:
         lines.append("plain AMP recipe: not run")
@@ -100,7 +105,9 @@ def render_text(data: ReportData) -> str:
     c = data.counts()
     lines.append(
         f"trials: {c['complete']} complete ({c['infeasible']} infeasible), {c['pruned']} pruned, "
-        f"{c['failed']} failed" + (f", {c['other']} not finished" if c["other"] else "")
+        f"{c['failed']} failed"
+        + (f", {c['not_run']} queued but never run" if c["not_run"] else "")
+        + (f", {c['other']} not finished" if c["other"] else "")
     )
     ranked = sorted(
         feasible_trials(data.trials),
@@ -128,6 +135,9 @@ def render_text(data: ReportData) -> str:
         lines.append("main rejections:")
         lines += [f"  {r}" for r in cfg.evidence.rejected[:_TOP]]
     if data.ceilings:
-        lines.append("batch ceilings: " + ", ".join(f"{m} ≤ {b}" for m, b in data.ceilings.items()))
+        lines.append("batch ceilings:")
+        lines += [
+            f"  {ceiling_text(m, b, data.ceiling_limits.get(m))}" for m, b in data.ceilings.items()
+        ]
     lines += [f"note: {n}" for n in data.notes]
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 Optuna's storage is the only coordination: heartbeats mark a trial alive, a trial without one
 is failed as stale (and retried once), and a row in the ``autotune_claims`` table says who
-validates a budget window.
+validates a budget window. What a search queued and never ran is failed when it ends (Optuna
+cannot delete a trial), and queued again when a search resumes the study.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import optuna
+from loguru import logger
 from optuna.trial import TrialState
 
 from autotune import clock
@@ -21,9 +23,22 @@ from autotune.storage import (
     owner_id,
     retry_stale_trial,
 )
-from autotune.trials import TrialRecord, record
+from autotune.trials import TrialRecord, record, write_attrs
 
-__all__ = ["SETTLE_WAIT", "claim_validation", "fail_orphans", "fail_ownerless", "settle"]
+__all__ = [
+    "NOT_RUN",
+    "SETTLE_WAIT",
+    "claim_validation",
+    "fail_orphans",
+    "fail_ownerless",
+    "fail_waiting",
+    "requeue_not_run",
+    "settle",
+]
+
+# The outcome of a trial the search queued (enqueue_trial) and never ran.
+NOT_RUN = "not_run"
+NOT_RUN_REASON = "queued, but the search ended before it ran; a resumed search runs it first"
 
 ORPHAN_REASON = (
     "left running by a write the storage refused mid-trial (a full disk, a lost database); "
@@ -88,8 +103,8 @@ def fail_orphans(study: optuna.Study) -> list[int]:
         if record(trial).worker != me:
             continue
         try:
-            for key, value in TrialRecord(outcome="stale", reason=ORPHAN_REASON).to_attrs().items():
-                storage.set_trial_user_attr(trial._trial_id, key, value)
+            stale = TrialRecord(outcome="stale", reason=ORPHAN_REASON).to_attrs()
+            write_attrs(storage, trial._trial_id, stale)
             if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
                 continue
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -116,3 +131,53 @@ def fail_ownerless(study: optuna.Study, poll: float = 0.5) -> list[int]:
         if not any(record(t).worker is None for t in running) or clock.now() >= deadline:
             return failed
         clock.sleep(poll)
+
+
+def fail_waiting(study: optuna.Study) -> list[int]:
+    """At the end of a search: fail what it queued and never ran (WAITING: the first trials, a
+    knob flipped, fp32 islands, a retry the budget left no time for), each with outcome
+    ``not_run`` and the reason, so a finished study leaves nothing waiting in optuna-dashboard.
+
+    Returns:
+        The numbers of the trials failed.
+    """
+    storage = study._storage
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        try:
+            if storage.get_trial(trial._trial_id).state != TrialState.WAITING:
+                continue  # another worker has just started it
+            attrs = TrialRecord(outcome=NOT_RUN, reason=NOT_RUN_REASON).to_attrs()
+            write_attrs(storage, trial._trial_id, attrs)
+            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                failed.append(trial.number)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+    if failed:
+        logger.info("{} queued trials never ran: failed as not_run ({})", len(failed), failed)
+    return failed
+
+
+def requeue_not_run(study: optuna.Study) -> list[int]:
+    """When a search resumes a study: queue again, with their attributes (a role, fp32 modules,
+    a retry's origin), the trials an earlier search failed as ``not_run``, unless a later trial
+    holds the same parameters.
+
+    Returns:
+        The numbers of the trials queued again.
+    """
+    trials = study.get_trials(deepcopy=False)
+    queued = []
+    for t in trials:
+        params, rec = t.system_attrs.get("fixed_params"), record(t)
+        if t.state != TrialState.FAIL or rec.outcome != NOT_RUN or not params:
+            continue
+        later = [
+            u.system_attrs.get("fixed_params", u.params) for u in trials if u.number > t.number
+        ]
+        if params in later:
+            continue
+        attrs = {k: v for k, v in rec.to_attrs().items() if k not in ("outcome", "reason")}
+        study.enqueue_trial(dict(params), user_attrs=attrs)
+        queued.append(t.number)
+    return queued

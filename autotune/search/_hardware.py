@@ -7,7 +7,8 @@
    first try's peak memory and step time, scaled with the batch, say how far the doubling may
    skip ahead on a CPU (:func:`jump_size`): with memory to spare the next try is the cap.
    The ceilings are stored with the study per machine and device, so a resumed run or another
-   worker on the same machine does not measure them again.
+   worker on the same machine does not measure them again; beside them, what limited each
+   (memory, margin, time, the space's cap), for the report.
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ def check_hardware(ctx: SearchContext, modes: list[str]) -> list[str]:
     return runnable
 
 
-def _key(ctx: SearchContext) -> str:
+def _key(ctx: SearchContext, *, limits: bool = False) -> str:
     # Per machine and device: workers on other boxes may have other GPUs.
-    return ceilings_key(socket.gethostname(), ctx.device)
+    return ceilings_key(socket.gethostname(), ctx.device, limits=limits)
 
 
 def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
@@ -67,12 +68,13 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
     base = ctx.space.base_batch
     start = min(max(base, space.batch_size.min), space.batch_size.max)
     cap = max(space.batch_sizes) if space.batch_sizes else space.batch_size.max
+    limits: dict[str, str] = {}
     for i, mode in enumerate(modes):
         ctx.emit(PhaseStarted(phase="ceilings", mode=mode))
         share = (phase_end - ctx.budget.elapsed()) / (len(modes) - i)
         if share < 0.5:
             # Out of ceiling time: the mode keeps the base batch size, which the baselines run.
-            ctx.ceilings[mode] = start
+            ctx.ceilings[mode], limits[mode] = start, "time"
             ctx.cut[f"{mode} batch>{start}"] = (
                 f"{mode} ceiling not measured above {start}: no time left"
             )
@@ -112,6 +114,10 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
             tried.append(bs)
             return ctx.run_probe(ctx.space.candidate(mode, bs), use)
 
+        def stop_when(r: ProbeResult, limit: float = limit) -> bool:
+            # Stop doubling once a try at twice this size would not fit in the limit.
+            return r.outcome == "crashed" or (r.step_time or 0.0) * 2 * 2 > limit
+
         ceiling = _measure(
             try_batch,
             mode,
@@ -122,14 +128,11 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
             # measured there (it would save tries too: the simulated A100's ceiling phase of a
             # two-minute search takes 12 s with it, 24 s without).
             skip_limit=limit if ctx.device.startswith("cpu") else None,
-            # Stop doubling once a try at twice this size would not fit in the limit.
-            stop_when=lambda r, limit=limit: (
-                r.outcome == "crashed" or (r.step_time or 0.0) * 2 * 2 > limit
-            ),
+            stop_when=stop_when,
         )
         # A try cut short by the stop says nothing about memory: store no ceiling.
         ctx.stop_if_asked()
-        ctx.ceilings[mode] = ceiling.batch_size
+        ctx.ceilings[mode], limits[mode] = ceiling.batch_size, ceiling.limited_by
         if ceiling.batch_size == 0:
             # Not even the first size ran: the mode cannot run here (or not within this budget).
             first = ceiling.tries[0] if ceiling.tries else None
@@ -145,6 +148,7 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
             )
         ctx.emit(CeilingFound(mode=mode, ceiling=ceiling))
     study.set_user_attr(key, dict(ctx.ceilings))
+    study.set_user_attr(_key(ctx, limits=True), limits)
 
 
 def jump_size(
@@ -233,3 +237,6 @@ def lower_ceiling(ctx: SearchContext, study: optuna.Study, mode: str, batch_size
         logger.info("{} bs={} → OOM, ceiling now {}", mode, batch_size, lower)
         ctx.ceilings[mode] = lower
         study.set_user_attr(_key(ctx), dict(ctx.ceilings))
+        limits = study.user_attrs.get(_key(ctx, limits=True))
+        limits = dict(limits) if isinstance(limits, dict) else {}
+        study.set_user_attr(_key(ctx, limits=True), {**limits, mode: "memory"})

@@ -18,7 +18,7 @@ divergence, and each searched on/off knob turned the other way on the leader.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Any, cast
 
 import optuna
 from loguru import logger
@@ -182,7 +182,7 @@ def _flip_leader(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
     if not done:
         return
     pick = max if ctx.maximize else min
-    best = pick(done, key=lambda t: t.value)
+    best = pick(done, key=lambda t: cast(float, t.value))  # COMPLETE, so valued
     if best.number != trial.number:
         return
     modules = record(best).fp32_modules

@@ -7,7 +7,7 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
 from loguru import logger
@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 
 from autotune import clock
 from autotune.config import TunedConfig
+from autotune.crown import store_config, stored_config
 from autotune.errors import AutotuneError, DeviceError, StorageError, StorageIOError
 from autotune.parity import parity_gap
 from autotune.reference import ReferenceRecord
@@ -34,6 +35,8 @@ from autotune.search._coordination import (
     claim_validation,
     fail_orphans,
     fail_ownerless,
+    fail_waiting,
+    requeue_not_run,
     settle,
 )
 from autotune.search._events import EventSink, PhaseStarted
@@ -65,8 +68,6 @@ from autotune.trials import (
     at_base_role,
     candidate,
     role_trials,
-    store_config,
-    stored_config,
 )
 from autotune.worker import ProbeWorker, Runner
 from autotune.workloads import normalize_reference
@@ -107,7 +108,7 @@ def _fix_choices(study: optuna.Study, spec: StudySpec, runnable: list[str]) -> l
         return [str(m) for m in stored]
     choices = [m for m in spec.space.precisions if m in runnable] or list(spec.space.precisions)
     study.set_user_attr(_CHOICES, choices)
-    return choices
+    return cast(list[str], choices)  # precision names, read as plain strings
 
 
 def _enqueue_first_trials(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
@@ -368,7 +369,7 @@ def run_search(
             budget.left(),
             len(study.trials),
         )
-        runnable = [m for m in spec.space.precisions if m not in facts.unsupported]
+        runnable: list[str] = [m for m in spec.space.precisions if m not in facts.unsupported]
         if "fp32" in facts.unsupported:
             raise DeviceError(
                 f"device {facts.device} cannot run the fp32 reference: {facts.unsupported['fp32']}"
@@ -394,6 +395,7 @@ def run_search(
         # A resumed study first fails what its dead workers left RUNNING (labelled, retried once),
         # even when no time is left for a trial: nothing stays RUNNING after a run.
         fail_stale(study)
+        requeue_not_run(study)  # what the last run queued and never ran
         modes = check_hardware(ctx, list(spec.space.precisions))
         with ctx.clock("ceilings"):
             find_ceilings(ctx, study, modes)
@@ -488,6 +490,7 @@ def run_search(
         config = stored_config(study)
     # Nothing of this search runs any more: what it left RUNNING (a refused write), and what
     # nobody owns (a start cut off by a full disk), is failed with its reason and retried.
+    fail_waiting(study)  # what it queued and never ran: nothing stays WAITING either
     for number in fail_orphans(study) + fail_ownerless(study):
         logger.warning("trial {} was left running: failed, and retried", number)
     spent = dict(ctx.spent) if ctx is not None else {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import cast
 
 import optuna
 from loguru import logger
@@ -40,6 +41,7 @@ from autotune.trials import (
     objective_value,
     record,
     set_constraints,
+    write_attrs,
 )
 
 __all__ = ["TrialStep", "standing"]
@@ -65,7 +67,7 @@ def standing(study: optuna.Study, reference: ReferenceMeasurement | None) -> Sta
     if not best_trials:
         return Standing(reference_throughput=ref_tp)
     pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
-    best = pick(best_trials, key=lambda t: t.value)
+    best = pick(best_trials, key=lambda t: cast(float, t.value))  # COMPLETE, so valued
     rec = record(best)
     return Standing(
         best=best.value,
@@ -229,7 +231,7 @@ class TrialStep:
         done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         contested = {_settings(t) for t in done if not is_feasible(t)}
         bars = [t for t in feasible_trials(done) if _settings(t) not in contested]
-        return max(bars, key=lambda t: t.value) if bars else None
+        return max(bars, key=lambda t: cast(float, t.value)) if bars else None
 
     # ---- telling ---------------------------------------------------------------------------------
 
@@ -421,8 +423,7 @@ class TrialStep:
         attrs["duplicate_of"] = twin.number
         if MEASUREMENT_ATTR in twin.user_attrs:
             attrs[MEASUREMENT_ATTR] = twin.user_attrs[MEASUREMENT_ATTR]
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
+        write_attrs(trial.storage, trial._trial_id, attrs)
         if twin.state == TrialState.COMPLETE:
             set_constraints(trial, twin.constraints)
             self.study.tell(trial, twin.value)

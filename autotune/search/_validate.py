@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -67,7 +68,8 @@ def shortlist(
         if speedup is None or speedup < min_speedup:
             continue
         ranked.append(t)
-    ranked.sort(key=lambda t: t.value, reverse=maximize)
+    # Feasible trials are COMPLETE: Optuna has recorded their value.
+    ranked.sort(key=lambda t: cast(float, t.value), reverse=maximize)
     seen: set[tuple] = set()
     unique = []
     for t in ranked:
@@ -211,7 +213,7 @@ def select(
             continue
         out.accepted.append(rerun)
     if out.accepted:
-        out.winner = max(out.accepted, key=lambda r: r.paired.speedup_low)  # type: ignore[union-attr]
+        out.winner = max(out.accepted, key=_speedup_low)
     else:
         # The fallback's reason: it would have been measured, given the time.
         out.notes.extend(too_few)
@@ -220,6 +222,12 @@ def select(
 
 def _pairs(n: int) -> str:
     return f"{n} pair" if n == 1 else f"{n} pairs"
+
+
+def _speedup_low(rerun: Rerun) -> float:
+    # Only a paired rerun whose lower bound cleared min_speedup is accepted.
+    assert rerun.paired is not None and rerun.paired.speedup_low is not None
+    return rerun.paired.speedup_low
 
 
 def with_gap(rerun: Rerun) -> Rerun:

@@ -37,6 +37,7 @@ import optuna
 from loguru import logger
 
 from autotune import clock
+from autotune.crown import stored_config
 from autotune.errors import AutotuneError, StorageIOError
 from autotune.logs import log_to_file
 from autotune.search import (
@@ -55,7 +56,6 @@ from autotune.service._queue import QueueRow, StudyQueue
 from autotune.service._run import DeviceRunner, StudyRun, accepts, preemptor
 from autotune.spec import Candidate, parse_spec
 from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
-from autotune.trials import stored_config
 from autotune.worker import ProbeWorker
 
 __all__ = ["DRAIN_GRACE", "Scheduler"]

@@ -15,7 +15,7 @@ import optuna
 
 import autotune
 from autotune.errors import AutotuneError, SpecError, WorkloadError
-from autotune.inputs import load_text
+from autotune.inputs import Format, load_text
 from autotune.service._access import WorkloadPolicy, WorkloadRefused
 from autotune.service._devices import DeviceMonitor, SimulatedHardware
 from autotune.service._models import (
@@ -161,7 +161,7 @@ class TuningService:
             raise RequestError(
                 422, "the body is empty; send a study spec as YAML or JSON, e.g. studies/tiny.yaml"
             )
-        fmt = "json" if "json" in (content_type or "") else "yaml"
+        fmt: Format = "json" if "json" in (content_type or "") else "yaml"
         try:
             data = load_text(text, fmt, "the body")
         except SpecError as exc:

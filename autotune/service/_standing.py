@@ -12,18 +12,18 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.crown import stored_config
 from autotune.reference import ReferenceMeasurement, stored_references
 from autotune.service._models import TrialInfo
 from autotune.trials import (
     display_outcome,
     feasible_trials,
     record,
-    stored_config,
 )
 
 __all__ = ["Standing", "StandingCache", "latest_reference", "read_standing", "trial_info"]
@@ -96,7 +96,7 @@ def read_standing(study: optuna.Study) -> Standing:
     feasible = [t for t in feasible_trials(trials) if t.value is not None]
     if feasible:
         pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
-        out.best = trial_info(pick(feasible, key=lambda t: t.value))
+        out.best = trial_info(pick(feasible, key=lambda t: cast(float, t.value)))
     out.latest = [trial_info(t) for t in trials[-_LATEST:]][::-1]
     stored = stored_config(attrs)
     out.tuned_config = stored.model_dump(mode="json") if stored is not None else None

@@ -17,7 +17,7 @@ import bisect
 import json
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 LANDSCAPE_DIR = Path(__file__).parent / "landscapes"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 
 class _M(BaseModel):

@@ -198,9 +198,9 @@ class SimulatedRunner(Runner):
                 timer=self.clock.monotonic,
             )
         except HardTimeout:
-            why = self._timed_out(candidate, settings, timeout)
             return PairedResult(
-                candidate=why, reference=self._timed_out(reference, settings, timeout)
+                candidate=self._timed_out(candidate, settings, timeout),
+                reference=self._timed_out(reference, settings, timeout),
             )
         except Killed:
             return PairedResult(
@@ -219,12 +219,13 @@ class SimulatedRunner(Runner):
         """Modes the device cannot run, with the reason: the landscape's, and those it has no
         figures for."""
         land = self.landscape
-        missing = {
+        reasons: dict[str, str] = {
             m: f"the simulated device {land.name!r} has no figures for {m}"
             for m in PRECISIONS
             if m not in land.modes
         }
-        return {**missing, **land.unsupported}
+        reasons.update(land.unsupported.items())
+        return reasons
 
     # ---- helpers ------------------------------------------------------------------------------
 

@@ -138,7 +138,7 @@ def compare(
     if not paired:
         tuned = run_alone(setup, settings, "tuned")
         baseline = run_alone(base_cand, base_settings, str(against))
-        return Comparison(tuned=tuned, baseline=baseline, against=against)  # type: ignore[arg-type]
+        return Comparison(tuned=tuned, baseline=baseline, against=against)
     with contextlib.ExitStack() as stack:
         runs = [
             stack.enter_context(
@@ -170,7 +170,7 @@ def compare(
     est = claimed(est) if est is not None else None
     # Fewer pairs give only the ratios' range, not a 95% interval: the point stays, the
     # interval is not claimed.
-    interval = est is not None and not est.too_few
+    interval = est if est is not None and not est.too_few else None
     if est is not None and est.too_few:
         logger.warning(
             "{} of blocks: too few for a 95% interval on the speedup ({} are needed), so none "
@@ -181,10 +181,10 @@ def compare(
     return Comparison(
         tuned=tuned,
         baseline=baseline,
-        against=against,  # type: ignore[arg-type]
+        against=against,
         paired_speedup=est.value if est else None,
-        speedup_low=est.low if interval else None,
-        speedup_high=est.high if interval else None,
+        speedup_low=interval.low if interval is not None else None,
+        speedup_high=interval.high if interval is not None else None,
         pairs=est.n if est else 0,
     )
 
