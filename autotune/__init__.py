@@ -67,6 +67,7 @@ __all__ = [
     "load_spec",
     "load_workload",
     "session",
+    "tune",
 ]
 
 # Where each name loaded on first use lives.
@@ -84,6 +85,7 @@ _LAZY = {
     "load_spec": "autotune.spec",
     "load_workload": "autotune.workloads",
     "session": "autotune.session",
+    "tune": "autotune.tuning",
 }
 # Functions named like their module: loading the module must not make the package's attribute
 # the module instead of the function.

@@ -25,6 +25,7 @@ from pydantic import (
 
 from autotune.errors import SpecError, format_validation_error, short_repr
 from autotune.inputs import check_shape, file_problem, load_text, read_text
+from autotune.workload_spec import workload_reference
 
 __all__ = [
     "COMPILE_MODES",
@@ -57,10 +58,10 @@ MIN_BUDGET = 4.0
 # A search answers in minutes to hours; a week is already generous. A budget past it is a typo
 # (--budget 1e9 is 31 years) that would hold a device until someone notices.
 MAX_BUDGET = 7 * 24 * 3600.0
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+PRECISIONS: tuple[PrecisionName, ...] = ("fp32", "tf32", "fp16", "bf16")
 # torch.compile's modes; the cudagraph ones ("reduce-overhead", "max-autotune") need CUDA.
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
-COMPILE_MODES: tuple[str, ...] = (
+COMPILE_MODES: tuple[CompileMode, ...] = (
     "default",
     "reduce-overhead",
     "max-autotune",
@@ -312,7 +313,9 @@ class SearchSpace(_Model):
     # outside the timed window, and its wall time is charged to the budget.
     compile: list[bool] = Field(default_factory=lambda: [False], min_length=1)
     # The compile modes searched when compiling (max-autotune compiles for far longer).
-    compile_modes: list[CompileMode] = Field(default_factory=lambda: ["default"], min_length=1)
+    compile_modes: list[CompileMode] = Field(
+        default_factory=lambda: list[CompileMode](["default"]), min_length=1
+    )
     # channels_last for 4-d inputs, searched ([false, true]) or fixed; None: the workload's own
     # preference (a convnet's channels_last=True), not searched.
     channels_last: list[bool] | None = Field(default=None, min_length=1)
@@ -357,7 +360,9 @@ class StudySpec(_Model):
     """
 
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    workload: str = Field(min_length=1)
+    # A reference (package.module:function, a built-in name) or the user's own classes
+    # ({lightning: ...}, {huggingface: ...}, {loop: ...}), held as one reference string.
+    workload: Annotated[str, BeforeValidator(workload_reference), Field(min_length=1)]
     device: str = "auto"
     budget: Duration = 1800.0
     space: SearchSpace = Field(default_factory=SearchSpace)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
 import re
-import sys
 from typing import Any
 
 from autotune.errors import WorkloadError
+from autotune.workloads._adapters import adapter_workload, check_adapter, is_adapter_reference
 from autotune.workloads._base import Workload
 from autotune.workloads._builtin import BUILTINS
 from autotune.workloads._factory import (
@@ -18,6 +16,7 @@ from autotune.workloads._factory import (
     factory_problem,
     is_stdlib,
 )
+from autotune.workloads._objects import import_user_module, resolve
 
 __all__ = ["check_factory", "is_reference", "load_workload", "normalize_reference"]
 
@@ -74,21 +73,7 @@ def _shape(reference: str) -> tuple[str, str, str]:
 
 
 def _import(reference: str, module_name: str) -> Any:
-    # A console script's sys.path lacks the working directory; user packages live there.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise WorkloadError(
-            f"workload {reference!r}: cannot import module {module_name!r} ({exc}); check the "
-            "spelling and that its package is installed or on PYTHONPATH"
-        ) from None
-    except Exception as exc:  # the user's module raised while importing
-        raise WorkloadError(
-            f"workload {reference!r}: importing module {module_name!r} raised "
-            f"{type(exc).__name__}: {exc}"
-        ) from None
+    return import_user_module(f"workload {reference!r}", module_name)
 
 
 def _no_attribute(reference: str, module: Any, attr: str) -> WorkloadError:
@@ -103,6 +88,8 @@ def check_factory(reference: str) -> str:
     """Check that a reference names a workload factory, calling nothing (see
     :mod:`autotune.workloads._factory` for the rules). Its module is imported: a user's
     package can only be checked that way; a standard-library one is refused before that.
+
+    An adapter reference (``{"lightning": {...}}``) passes when each object it names imports.
 
     Args:
         reference: a built-in name or ``package.module:function``, e.g. from a config file.
@@ -121,6 +108,10 @@ def check_factory(reference: str) -> str:
         ...
         autotune.errors.WorkloadError: workload 'os:abort': module 'os' is part of Python itself, not a workload; name a function of your own package (e.g. mypkg.train:workload) or a built-in (resnet18, tiny_gpt, tiny_convnet, tiny_mlp)
     """
+    if is_adapter_reference(reference):
+        return check_adapter(reference)
+    if reference.startswith("pickle:"):
+        return reference  # written by autotune.tune(); loading it runs what it holds
     ref, module_name, attr = _shape(reference)
     builtins = f"a built-in ({', '.join(BUILTINS)})"
     if is_stdlib(module_name):
@@ -158,9 +149,10 @@ def load_workload(reference: str) -> Workload:
     """Import and build the workload a reference names.
 
     Args:
-        reference: a built-in name (``resnet18``, ``tiny_gpt``, ``tiny_convnet``, ``tiny_mlp``)
-            or ``package.module:function`` where ``function()`` returns a :class:`Workload`
-            (the attribute may also be a Workload itself).
+        reference: a built-in name (``resnet18``, ``tiny_gpt``, ``tiny_convnet``, ``tiny_mlp``),
+            ``package.module:function`` where ``function()`` returns a :class:`Workload`
+            (the attribute may also be a Workload itself), or an adapter reference naming the
+            user's own classes (a spec's ``workload: {lightning: ...}``, as its JSON text).
 
     Returns:
         The workload, with ``reference`` set to the normalized reference.
@@ -173,11 +165,17 @@ def load_workload(reference: str) -> Workload:
         >>> load_workload("tiny_mlp").name
         'tiny_mlp'
     """
-    ref, module_name, attr = _shape(reference)
-    module = _import(reference, module_name)
-    if not hasattr(module, attr):
-        raise _no_attribute(reference, module, attr)
-    target = getattr(module, attr)
+    if is_adapter_reference(reference):
+        return adapter_workload(reference)
+    if reference.startswith("pickle:"):
+        # A workload function autotune.tune() sent by value from a notebook.
+        ref, target, attr = reference, resolve("workload", reference), "workload"
+    else:
+        ref, module_name, attr = _shape(reference)
+        module = _import(reference, module_name)
+        if not hasattr(module, attr):
+            raise _no_attribute(reference, module, attr)
+        target = getattr(module, attr)
     if isinstance(target, Workload):
         workload = target
     elif callable(target):
