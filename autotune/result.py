@@ -159,8 +159,12 @@ class PairedResult(BaseModel):
         if not self.reference.ok:
             return f"{head} → reference arm {self.reference.outcome}: {self.reference.reason}"
         if self.speedup is None:
-            return f"{head} → no speedup: {self.pairs} pairs of timed blocks measured"
+            return f"{head} → no speedup: {_pairs(self.pairs)} of timed blocks measured"
         return (
             f"{head} → {self.speedup:.2f}x ({self.speedup_low:.2f}–{self.speedup_high:.2f}) the "
-            f"fp32 reference over {self.pairs} pairs"
+            f"fp32 reference over {_pairs(self.pairs)}"
         )
+
+
+def _pairs(n: int) -> str:
+    return f"{n} pair" if n == 1 else f"{n} pairs"
