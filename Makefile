@@ -29,11 +29,17 @@ search: $(VENV)/.runtime
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
-# Two test processes, a test file each at a time: most of the suite waits on budgets and sleeping
-# workloads, not on the cores.
-test: lint
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+# ruff, then the type check beside the tests (half a minute of a core, while the tests mostly
+# wait on workers and services): either failing fails the target. Two test processes, a test
+# file each at a time.
+test: $(VENV)/.dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy & checker=$$!; \
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile; tests=$$?; \
+	wait $$checker && exit $$tests
 
 # The documentation site, offline, into site/ (open site/index.html). --strict: a broken link,
 # anchor or API reference fails the build; the suite builds it the same way (tests/test_docs.py).
@@ -54,4 +60,4 @@ gpu-check:
 	bash scripts/gpu-check.sh $(if $(CALL),$(CALL) $(OUT),--plan)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache site
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache site
