@@ -52,6 +52,7 @@ __all__ = [
     "TunedConfig",
     "current_environment",
     "environment_differences",
+    "is_lr_schedule",
     "is_optimizer_setting",
     "load_config",
     "warn_if_environment_differs",
@@ -78,6 +79,21 @@ MAX_INIT_SCALE = 2.0**64
 # An optimizer's constructor takes a handful of settings; a config holding more was not written
 # by a search.
 MAX_OPTIMIZER_KWARGS = 32
+# An lr schedule's name: "constant", a transformers lr_scheduler_type ("linear") or a
+# scheduler's class name ("CosineAnnealingLR"), several chained with "+".
+_LR_SCHEDULE = re.compile(r"[A-Za-z_]\w{0,63}(\+[A-Za-z_]\w{0,63}){0,7}", re.ASCII)
+
+
+def is_lr_schedule(value: Any) -> bool:
+    """A schedule's name a config may hold: a word, or a few joined with ``+``.
+
+    Example:
+        >>> is_lr_schedule("linear"), is_lr_schedule("LinearLR+CosineAnnealingLR")
+        (True, True)
+        >>> is_lr_schedule("linear decay"), is_lr_schedule("")
+        (False, False)
+    """
+    return isinstance(value, str) and _LR_SCHEDULE.fullmatch(value) is not None
 
 
 def is_optimizer_setting(value: Any) -> bool:
@@ -207,6 +223,10 @@ class TunedConfig(_Model):
     # weight_decay, ...), without lr and the switches that change only how it runs (foreach,
     # fused): an export rebuilds the same optimizer from them. None in configs written before.
     optimizer_kwargs: dict[str, Any] | None = None
+    # The lr schedule the learning rate was tuned under: "constant", the lr_scheduler_type of a
+    # Hugging Face workload's TrainingArguments ("linear"), or the class names of a
+    # LightningModule's schedulers. None in configs written before: a constant lr.
+    lr_schedule: str | None = None
     evidence: Evidence
     environment: Environment
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
@@ -238,6 +258,17 @@ class TunedConfig(_Model):
                 )
             out[key] = item
         return out
+
+    @field_validator("lr_schedule")
+    @classmethod
+    def _schedule_is_a_name(cls, value: str | None) -> str | None:
+        # It becomes a TrainingArguments value and a command-line flag: a word, not a sentence.
+        if value is not None and not is_lr_schedule(value):
+            raise ValueError(
+                f"{short_repr(value)} is not a schedule's name (a word such as 'constant', "
+                "'linear' or 'CosineAnnealingLR'); write the config again with `autotune search`"
+            )
+        return value
 
     @field_validator("grad_scaler")
     @classmethod

@@ -18,8 +18,10 @@ from autotune.config import (
     MAX_OPTIMIZER_KWARGS,
     Environment,
     current_environment,
+    is_lr_schedule,
     is_optimizer_setting,
 )
+from autotune.errors import WorkloadError
 from autotune.precision import resolve_device, unsupported_modes
 from autotune.workloads import Workload, load_workload
 
@@ -51,6 +53,9 @@ class WorkerFacts(BaseModel):
     optimizer: str
     # Its constructor's other settings (optimizer_settings); None when they cannot be recorded.
     optimizer_kwargs: dict[str, Any] | None = None
+    # The lr schedule the workload trains under ("constant", "linear", "CosineAnnealingLR");
+    # None where the worker does not say (a simulated device).
+    lr_schedule: str | None = None
     device: str
     # Modes this device cannot really run, each with the reason.
     unsupported: dict[str, str]
@@ -122,7 +127,18 @@ def optimizer_settings(optimizer: torch.optim.Optimizer) -> dict[str, Any] | Non
 
 
 def workload_facts(workload: Workload) -> dict[str, object]:
-    """The workload's own facts: name, base lr and batch, lr rule, memory format, optimizer."""
+    """The workload's own facts: name, base lr and batch, lr rule, memory format, optimizer,
+    lr schedule.
+
+    Raises:
+        WorkloadError: the workload's ``lr_schedule`` is not a name a config can hold.
+    """
+    if not is_lr_schedule(workload.lr_schedule):
+        # Checked here, before the search, not when the config is written at its end.
+        raise WorkloadError(
+            f"workload {workload.name!r}: lr_schedule={workload.lr_schedule!r} is not a "
+            "schedule's name; use a word such as 'constant', 'linear' or 'CosineAnnealingLR'"
+        )
     probe = torch.nn.Parameter(torch.zeros(1))
     built = workload.build_optimizer([probe], workload.base_lr)
     return {
@@ -134,6 +150,7 @@ def workload_facts(workload: Workload) -> dict[str, object]:
         "channels_last": workload.channels_last,
         "optimizer": type(built).__name__,
         "optimizer_kwargs": optimizer_settings(built),
+        "lr_schedule": workload.lr_schedule,
     }
 
 

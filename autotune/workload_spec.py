@@ -51,6 +51,7 @@ __all__ = [
     "Source",
     "canonical_reference",
     "is_object_reference",
+    "named_objects",
     "object_references",
     "parse_source",
     "workload_label",
@@ -251,6 +252,26 @@ def workload_reference(value: Any) -> Any:
     return value  # the field's own type check names it
 
 
+def named_objects(reference: str) -> list[tuple[str, str]]:
+    """The objects an adapter reference names, each with the field that names it, so a checker
+    can say which one it refuses.
+
+    Raises:
+        ValueError: the reference is not an adapter form with valid fields (see
+            :func:`parse_source`).
+
+    Example:
+        >>> named_objects('{"lightning": {"datamodule": "m:Data", "module": "m:Lit"}}')
+        [('lightning.module', 'm:Lit'), ('lightning.datamodule', 'm:Data')]
+    """
+    kind, source = parse_source(reference)
+    return [
+        (f"{kind}.{k}", getattr(source, k))
+        for k in type(source).model_fields
+        if k in _REF_FIELDS and getattr(source, k)
+    ]
+
+
 def object_references(reference: str) -> list[str]:
     """The objects a reference names: itself for ``package.module:function``, each named class
     or function for an adapter reference (so a checker can look at every one).
@@ -263,12 +284,7 @@ def object_references(reference: str) -> list[str]:
     """
     if not reference.lstrip().startswith("{"):
         return [reference]
-    _, source = parse_source(reference)
-    return [
-        getattr(source, k)
-        for k in type(source).model_fields
-        if k in _REF_FIELDS and getattr(source, k)
-    ]
+    return [ref for _, ref in named_objects(reference)]
 
 
 # The fields of a source that name objects (the rest are args and numbers).

@@ -59,6 +59,10 @@ def _classes() -> dict[str, type]:
             opt = torch.optim.SGD(self.parameters(), lr=0.1)
             return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)]
 
+    class NoSchedule(NoLr):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
     class ReadsStrategy(NoLr):
         """Reads what the stand-in trainer does not answer."""
 
@@ -81,7 +85,16 @@ def _classes() -> dict[str, type]:
 
     return {
         c.__name__: c
-        for c in (Points, FixedBatch, NoLr, ReadsStrategy, TwoOptimizers, Manual, Broken)
+        for c in (
+            Points,
+            FixedBatch,
+            NoLr,
+            NoSchedule,
+            ReadsStrategy,
+            TwoOptimizers,
+            Manual,
+            Broken,
+        )
     }
 
 

@@ -141,6 +141,8 @@ def test_lightning_takes_its_base_from_the_objects_and_trains_as_lightning_would
     # lr=0.05 is LitClassifier's hparam default; batch_size=32 the data module's.
     assert (wl.base_lr, wl.base_batch_size, wl.lr_scaling) == (0.05, 32, "linear")
     assert "SGD from configure_optimizers, then CosineAnnealingLR (interval=step)" in wl.description
+    # The schedule the config records, so an export trains under it too.
+    assert wl.lr_schedule == "CosineAnnealingLR"
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         run = train(wl, 3, batch_size=16, lr=0.2)
@@ -164,7 +166,7 @@ def test_lightning_module_that_keeps_no_lr_has_its_groups_and_schedule_moved() -
         ref("lightning", module="_lightning_objects:NoLr", datamodule="_lightning_objects:Points")
     )
     # Its lr is the one configure_optimizers writes; the batch size the data module's.
-    assert (wl.base_lr, wl.base_batch_size) == (0.1, 16)
+    assert (wl.base_lr, wl.base_batch_size, wl.lr_schedule) == (0.1, 16, "StepLR")
     run = train(wl, 5, batch_size=16, lr=0.4)
     opt, trainer = run["optimizer"], run["model"].trainer
     sched = trainer.lr_scheduler_configs[0]["scheduler"]
@@ -228,8 +230,10 @@ def test_lightning_stand_in_trainer_names_what_it_cannot_answer() -> None:
 def test_huggingface_trains_with_what_the_trainer_would_build() -> None:
     training_args = "examples.huggingface.model:training_args"
     wl = load_workload(ref("huggingface", **HF, training_args=training_args))
-    # TrainingArguments(learning_rate=1e-3, per_device_train_batch_size=32); AdamW: sqrt rule.
+    # TrainingArguments(learning_rate=1e-3, per_device_train_batch_size=32); AdamW: sqrt rule;
+    # their lr_scheduler_type, transformers' default linear decay.
     assert (wl.base_lr, wl.base_batch_size, wl.lr_scaling) == (1e-3, 32, "sqrt")
+    assert wl.lr_schedule == "linear"
     run = train(wl, 2, batch_size=16, lr=2e-3)
     opt = run["optimizer"]
     assert type(opt).__name__ == "AdamW"
@@ -285,6 +289,35 @@ def test_huggingface_builds_the_model_from_a_class_config_or_factory(form: str) 
     assert set(run["first"]) == {"input_ids", "labels"}
 
 
+@pytest.mark.parametrize(
+    ("form", "schedule"),
+    [
+        ("lightning, no scheduler", "constant"),
+        ("huggingface, lr_scheduler_type", "cosine_with_restarts"),
+    ],
+)
+def test_the_schedule_a_workload_trains_under_reaches_its_facts(
+    form: str, schedule: str, tmp_path: Path
+) -> None:
+    from autotune.facts import workload_facts
+    from autotune.workloads import huggingface_workload
+
+    if form.startswith("lightning"):
+        points = "_lightning_objects:Points"
+        wl = load_workload(
+            ref("lightning", module="_lightning_objects:NoSchedule", datamodule=points)
+        )
+    else:
+        import transformers
+
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path), lr_scheduler_type=schedule, report_to=[]
+        )
+        model = _config(architectures=["BertForSequenceClassification"])
+        wl = huggingface_workload(model, _rows(), training_args=args)
+    assert workload_facts(wl)["lr_schedule"] == schedule
+
+
 def test_huggingface_refuses_a_config_without_a_class_and_a_model_without_labels() -> None:
     from autotune.workloads import huggingface_workload
 
@@ -322,6 +355,7 @@ def test_loop_takes_its_base_from_the_factories_defaults() -> None:
 
     wl = loop_workload(lambda: torch.nn.Linear(8, 2), _loader_factory(seen), make_optimizer)
     assert (wl.base_lr, wl.base_batch_size, wl.lr_scaling) == (3e-3, 32, "sqrt")
+    assert wl.lr_schedule == "constant"  # the factory builds an optimizer, no schedule
     run = train(wl, 2, batch_size=16, lr=6e-3)
     assert run["optimizer"].param_groups[0]["lr"] == pytest.approx(6e-3)
     assert run["first"][0].shape == (16, 8)

@@ -35,6 +35,10 @@ def test_huggingface_example_searched_from_the_command_line_and_trained(tmp_path
     assert json.loads(workload)["huggingface"]["training_args"].endswith(":training_args")
     # AdamW, as the Trainer builds it from the example's TrainingArguments (weight_decay=0).
     assert cfg.optimizer == "AdamW" and cfg.optimizer_kwargs["weight_decay"] == 0.0
+    # Tuned under the arguments' schedule (transformers' default linear decay), which the best.json
+    # records and the export hands back to the Trainer, so training decays as the search did.
+    assert json.loads((out / "best.json").read_text())["lr_schedule"] == "linear"
+    assert autotune.export(cfg, "hf").kwargs["lr_scheduler_type"] == "linear"
     assert (out / "report.html").is_file()
 
     trained = subprocess.run(

@@ -54,6 +54,8 @@ def test_lightning_example_tuned_from_a_notebook_and_trained(tmp_path: Path) -> 
     # The notebook's objects and the spec's names are the same workload, so the same study.
     assert cfg.workload == load_spec(ROOT / "examples/lightning/tune.yaml").workload
     assert (cfg.optimizer, cfg.study) == ("SGD", "LitClassifier")
+    # Tuned under its configure_optimizers' cosine decay; its own Trainer run builds it again.
+    assert cfg.lr_schedule == "CosineAnnealingLR"
     assert (out / "report.html").is_file()
 
     trained = subprocess.run(

@@ -21,7 +21,14 @@ from typer.testing import CliRunner
 
 import autotune
 from autotune.cli import app
-from autotune.errors import ConfigError, DeviceError, ExportError, ExportWarning, SpecError
+from autotune.errors import (
+    ConfigError,
+    DeviceError,
+    ExportError,
+    ExportWarning,
+    SpecError,
+    WorkloadError,
+)
 from autotune.facts import workload_facts
 from autotune.precision import restore_backend_flags, snapshot_backend_flags
 from autotune.workloads import load_workload
@@ -380,6 +387,68 @@ def test_a_config_s_optimizer_settings_are_checked_when_it_loads(
     data = tuned().model_dump(mode="json")
     data["optimizer_kwargs"] = settings
     with pytest.raises(ConfigError, match=f"optimizer_kwargs: {needle}"):
+        autotune.load_config(write_config(tmp_path / "best.json", data))
+
+
+# ---- the schedule the lr was tuned under ----------------------------------------------------------
+
+
+def test_a_search_records_the_schedule_the_workload_trains_under() -> None:
+    workload = load_workload("autotune.workloads:tiny_mlp")
+    assert workload_facts(workload)["lr_schedule"] == "constant"  # a built-in: a constant lr
+    workload.lr_schedule = "warm-up then decay"
+    with pytest.raises(WorkloadError, match="lr_schedule='warm-up then decay' is not a schedule"):
+        workload_facts(workload)  # in the worker, before the search, not when it writes best.json
+
+
+@pytest.mark.parametrize(
+    ("recorded", "scheduler_type"),
+    [
+        (None, "constant"),  # a config written before autotune recorded the schedule
+        ("constant", "constant"),
+        ("linear", "linear"),  # transformers' default, with the warm-up the user's args say
+        ("cosine_with_restarts", "cosine_with_restarts"),
+    ],
+)
+def test_hf_trains_under_the_schedule_the_lr_was_tuned_under(
+    tmp_path: Path, recorded: str | None, scheduler_type: str
+) -> None:
+    data = tuned("bf16", lr_schedule=recorded).model_dump(mode="json")
+    if recorded is None:
+        del data["lr_schedule"]  # as an older best.json holds it: no such key
+    cfg = autotune.load_config(write_config(tmp_path / "best.json", data))
+    ex = autotune.export(cfg, "hf")
+    assert ex.kwargs["lr_scheduler_type"] == scheduler_type
+    assert f"--lr_scheduler_type {scheduler_type} " in ex.render("args")
+    assert ex.elsewhere.lr_schedule == scheduler_type
+    for target in ("hf", "lightning", "accelerate"):
+        notes = " ".join(quiet_export(cfg, target).notes)
+        assert ("at a constant rate" in notes) == (scheduler_type == "constant"), target
+        assert (f"the {scheduler_type} schedule" in notes) == (scheduler_type != "constant")
+
+
+def test_hf_refuses_a_schedule_its_trainer_cannot_name() -> None:
+    # A LightningModule's scheduler class: lr_scheduler_type has no name for it.
+    cfg = tuned("bf16", lr_schedule="CosineAnnealingLR")
+    with pytest.raises(
+        ExportError, match="tuned under the CosineAnnealingLR lr schedule, which "
+    ) as e:
+        autotune.export(cfg, "hf")
+    assert "pass Trainer(..., optimizers=(optimizer, scheduler))" in str(e.value)
+    # Lightning's own configure_optimizers builds it; accelerate's script is told to step it.
+    assert any(
+        "configure_optimizers returns that scheduler" in n
+        for n in quiet_export(cfg, "lightning").notes
+    )
+    steps = "the lr was tuned under the CosineAnnealingLR schedule (Export.elsewhere.lr_schedule)"
+    assert any(n.startswith(steps) for n in autotune.export(cfg, "accelerate").notes)
+
+
+@pytest.mark.parametrize("schedule", ["linear decay", "x" * 65, ""])
+def test_a_config_s_schedule_is_a_name_when_it_loads(tmp_path: Path, schedule: str) -> None:
+    data = tuned().model_dump(mode="json")
+    data["lr_schedule"] = schedule
+    with pytest.raises(ConfigError, match="lr_schedule: .* is not a schedule's name"):
         autotune.load_config(write_config(tmp_path / "best.json", data))
 
 

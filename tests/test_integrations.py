@@ -460,6 +460,23 @@ def test_hf_trainer_trains_from_the_exported_file() -> None:
     assert_trained_as_tuned(ns["steps"], "bf16")
 
 
+def test_hf_trainer_trains_under_the_schedule_the_config_was_tuned_under() -> None:
+    # A Hugging Face workload tuned under its TrainingArguments' linear decay, no warm-up.
+    transformers = pytest.importorskip("transformers")
+    ex = autotune.export(config("bf16", lr_schedule="linear"), "hf")
+    args = transformers.TrainingArguments(output_dir="out", max_steps=4, report_to=[], **ex.kwargs)
+    ns = hf_namespace()
+    ns["trainer"] = transformers.Trainer(model=ns["model"], args=args, train_dataset=ns["dataset"])
+    ns["trainer"].train()
+    # Inside each step, the lr the decay gives it (0.05 at step 0, 0 after step 4), not 0.05.
+    assert [s.lr for s in ns["steps"]] == pytest.approx(
+        [LEARNING_RATE * (1 - i / 4) for i in range(4)]
+    )
+    assert {(s.optimizer, s.batch, s.autocast) for s in ns["steps"]} == {
+        ("SGD", BATCH_SIZE, torch.bfloat16)
+    }
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_accelerate_launch_takes_the_config_file_and_flags(precision: str, device: str) -> None:

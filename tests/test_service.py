@@ -31,6 +31,7 @@ from autotune.errors import SpecError, WorkloadError  # noqa: E402
 from autotune.service import (  # noqa: E402
     FAKE_BUSY_ENV,
     MAX_BODY,
+    RequestError,
     StudyQueue,
     TuningService,
     WorkloadPolicy,
@@ -375,6 +376,69 @@ def test_workload_policy(ref: str, error: type[Exception] | None, needle: str) -
     else:
         with pytest.raises(error, match=needle):
             policy.check(ref)
+
+
+MYPKG = "mypkg.train"  # a package under the service's workload dir (examples/)
+
+
+@pytest.mark.parametrize(
+    ("workload", "status", "needle"),
+    [
+        (
+            {
+                "loop": {
+                    "model": f"{MYPKG}:Net",
+                    "data": f"{MYPKG}:load",
+                    "optimizer": f"{MYPKG}:opt",
+                }
+            },
+            None,
+            "",
+        ),
+        (
+            {"lightning": {"module": f"{MYPKG}:Lit", "datamodule": "mypkg.nosuch:Data"}},
+            422,
+            "workload lightning.datamodule 'mypkg.nosuch:Data': module 'mypkg.nosuch' does not "
+            "exist under",
+        ),
+        # A library's function is code the spec's args reach too: through the user's package.
+        (
+            {
+                "loop": {
+                    "model": f"{MYPKG}:Net",
+                    "data": f"{MYPKG}:load",
+                    "optimizer": f"{MYPKG}:opt",
+                    "loss": "torch.nn.functional:cross_entropy",
+                }
+            },
+            403,
+            "workload loop.loss 'torch.nn.functional:cross_entropy': this service imports only",
+        ),
+        (
+            {"huggingface": {"model": f"{MYPKG}:build", "dataset": "pickle:/tmp/rows.pkl"}},
+            403,
+            "workload huggingface.dataset 'pickle:/tmp/rows.pkl': this service does not load "
+            "pickled objects",
+        ),
+    ],
+)
+def test_an_adapter_spec_is_held_to_the_workload_policy_object_by_object(
+    tmp_path: Path, workload: dict[str, Any], status: int | None, needle: str
+) -> None:
+    service = TuningService(
+        f"sqlite:///{tmp_path / 's.db'}",
+        ["cpu"],
+        out_dir=tmp_path / "out",
+        workload_dirs=[ROOT / "examples"],
+    )
+    body = json.dumps({"name": "a", "workload": workload, "budget": "1m"}).encode()
+    if status is None:
+        spec = service.parse(body, "application/json")
+        assert json.loads(spec.workload) == workload  # stored as the spec holds it
+        return
+    with pytest.raises(RequestError, match="workload") as caught:
+        service.parse(body, "application/json")
+    assert (caught.value.status, str(caught.value)[: len(needle)]) == (status, needle)
 
 
 def test_devices_parse() -> None:

@@ -21,11 +21,12 @@ accelerate  ``accelerate.Accelerator``           ``accelerate launch`` (``--conf
 An export trains what was tuned or says so. A mode the library would silently change (fp16 on
 a CPU runs as fp32 in Hugging Face's Trainer and accelerate; TF32 has no CPU mode) is refused
 with a :class:`~autotune.errors.DeviceError`. The lr travels with its optimizer: Hugging Face
-gets ``optim`` and its settings, a constant schedule and no clipping, or an
-:class:`~autotune.errors.ExportError` says why it cannot; Lightning gets the lr and the batch
-size in the module's and DataModule's init arguments, a callback that refuses another
-optimizer, and an :class:`~autotune.errors.ExportWarning` for what it could not place;
-accelerate's script builds the tuned optimizer with ``Export.elsewhere.build_optimizer``.
+gets ``optim`` and its settings, the schedule the lr was tuned under (constant, unless the
+workload brought one) and no clipping, or an :class:`~autotune.errors.ExportError` says why it
+cannot; Lightning gets the lr and the batch size in the module's and DataModule's init
+arguments, a callback that refuses another optimizer, and an
+:class:`~autotune.errors.ExportWarning` for what it could not place; accelerate's script builds
+the tuned optimizer with ``Export.elsewhere.build_optimizer`` (and steps the schedule).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from autotune.export._base import (
     scaler_text,
     tuned_scaler,
 )
+from autotune.export._optimizer import tuned_schedule
 
 __all__ = ["accelerate"]
 
@@ -62,6 +63,14 @@ def accelerate(cfg: TunedConfig, device: str) -> tuple[Export, list[str]]:
         "builds; accelerate's file and flags carry neither",
         lr_note(cfg, "your optimizer's lr"),
     ]
+    schedule = tuned_schedule(cfg)
+    if schedule != "constant":
+        notes.append(
+            f"the lr was tuned under the {schedule} schedule (Export.elsewhere.lr_schedule): "
+            "build that scheduler over the optimizer as your workload built it, pass it to "
+            "accelerator.prepare too and step it as the workload did (scheduler.step() after "
+            "each optimizer.step() for a per-step one); accelerate steps no schedule itself"
+        )
     if scaler is not None:
         notes.append(
             "accelerate's config file and launch flags have no GradScaler setting: in your "

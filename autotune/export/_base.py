@@ -15,7 +15,7 @@ import torch
 
 from autotune.config import TunedConfig
 from autotune.errors import DeviceError, SpecError
-from autotune.export._optimizer import build_optimizer
+from autotune.export._optimizer import build_optimizer, tuned_schedule
 from autotune.knobs import knob_notes
 from autotune.precision import apply_backend_flags, get_mode
 
@@ -74,6 +74,8 @@ class Elsewhere:
         fp32_modules: the modules to keep in fp32 (``autotune.diagnose.keep_in_fp32``).
         optimizer_kwargs: the optimizer's other settings (momentum, betas, weight_decay, ...);
             None when the config does not record them.
+        lr_schedule: the lr schedule the lr was tuned under, for your loop to step:
+            ``constant`` (also for a config that does not record it), ``linear``, ...
     """
 
     precision: str
@@ -88,6 +90,7 @@ class Elsewhere:
     compile_mode: str | None = None
     fp32_modules: tuple[str, ...] = ()
     optimizer_kwargs: dict[str, Any] | None = None
+    lr_schedule: str = "constant"
 
     def set_backend_flags(self) -> None:
         """Set TF32 (CUDA matmul, cuDNN conv and RNN, in torch's new and legacy settings alike)
@@ -258,6 +261,7 @@ def elsewhere_of(cfg: TunedConfig) -> Elsewhere:
         compile_mode=cfg.compile_mode if cfg.compile else None,
         fp32_modules=tuple(cfg.fp32_modules),
         optimizer_kwargs=None if cfg.optimizer_kwargs is None else dict(cfg.optimizer_kwargs),
+        lr_schedule=tuned_schedule(cfg),
     )
 
 
@@ -287,9 +291,15 @@ def optimizer_text(cfg: TunedConfig) -> str:
 
 def lr_note(cfg: TunedConfig, where: str) -> str:
     rule, ev = cfg.evidence.lr_scaling, cfg.evidence
+    schedule = tuned_schedule(cfg)
+    rate = (
+        "at a constant rate"
+        if schedule == "constant"
+        else f"as the base lr of the {schedule} schedule"
+    )
     text = (
         f"learning_rate={cfg.learning_rate:g} ({where}) was tuned for {optimizer_text(cfg)} at "
-        f"batch_size={cfg.batch_size} on one device, at a constant rate"
+        f"batch_size={cfg.batch_size} on one device, {rate}"
     )
     if rule in ("linear", "sqrt"):
         factor = f"total/{cfg.batch_size}" if rule == "linear" else f"sqrt(total/{cfg.batch_size})"

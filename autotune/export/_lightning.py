@@ -28,7 +28,7 @@ from autotune.export._base import (
     tuned_scaler,
     walk,
 )
-from autotune.export._optimizer import torch_optimizer
+from autotune.export._optimizer import torch_optimizer, tuned_schedule
 
 __all__ = ["lightning", "resolve_class"]
 
@@ -143,6 +143,12 @@ def _unplaced(cfg: TunedConfig, missing: dict[str, str], in_file: bool) -> list[
                 "; the LightningCLI file carries it as an optimizer: section, which replaces "
                 "configure_optimizers"
             )
+            schedule = tuned_schedule(cfg)
+            if schedule != "constant":
+                text += (
+                    f" and with it the {schedule} lr schedule the lr was tuned under (add an "
+                    "lr_scheduler: section for it)"
+                )
         out.append(text)
     if "batch_size" in missing:
         out.append(
@@ -203,6 +209,14 @@ def lightning(
         "tuned for, and warns when the first step's lr or batch size is not the tuned one",
         *common_notes(cfg, device, "lightning"),
     ]
+    schedule = tuned_schedule(cfg)
+    if schedule != "constant":
+        notes.insert(
+            1,
+            f"the lr was tuned under the {schedule} lr schedule: configure_optimizers returns "
+            "that scheduler with the optimizer, as the tuned LightningModule's does (for a "
+            "Hugging Face schedule name, transformers.get_scheduler builds it)",
+        )
     ex = make_export(
         "lightning",
         cfg,

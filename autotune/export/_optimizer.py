@@ -2,7 +2,8 @@
 ``TrainingArguments`` say it (``optim``, ``optim_args`` and its own fields).
 
 A learning rate belongs to an optimizer: SGD's 0.2 is a diverging AdamW's. So an export either
-carries the optimizer with the lr, or refuses with the reason (:class:`ExportError`).
+carries the optimizer with the lr, or refuses with the reason (:class:`ExportError`). It belongs
+to a schedule too (:func:`tuned_schedule`): the peak of a linear decay is not a constant lr.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ import torch
 from autotune.config import TunedConfig
 from autotune.errors import ExportError
 
-__all__ = ["HfOptimizer", "build_optimizer", "hf_optimizer", "torch_optimizer"]
+__all__ = ["HfOptimizer", "build_optimizer", "hf_optimizer", "torch_optimizer", "tuned_schedule"]
 
 _RESEARCH = "write the config again with this version's `autotune search`"
+
+
+def tuned_schedule(cfg: TunedConfig) -> str:
+    """The lr schedule the config was tuned under; ``constant`` for a config that predates it."""
+    return cfg.lr_schedule or "constant"
 
 
 def torch_optimizer(name: str | None) -> type[torch.optim.Optimizer]:
@@ -97,7 +103,7 @@ def _unsupported(name: str, why: str, cfg: TunedConfig) -> ExportError:
         f"Hugging Face's Trainer cannot build the optimizer learning_rate={cfg.learning_rate:g} "
         f"was tuned for: {why}. Build TrainingArguments without the export's optim fields and "
         f"pass Trainer(..., optimizer_cls_and_kwargs=(torch.optim.{name}, {settings!r})) "
-        "with lr_scheduler_type='constant', "
+        f"with lr_scheduler_type={tuned_schedule(cfg)!r}, "
         "or export to lightning or accelerate, whose scripts build it "
         "(Export.elsewhere.build_optimizer)"
     )

@@ -238,6 +238,7 @@ def build_config(
         fp32_modules=list(cand.fp32_modules),
         optimizer=facts.optimizer,
         optimizer_kwargs=facts.optimizer_kwargs,
+        lr_schedule=facts.lr_schedule,
         evidence=evidence,
         environment=facts.environment,
     )

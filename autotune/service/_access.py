@@ -11,7 +11,9 @@
 4. **Workloads.** A workload reference is code the service imports and calls. Only the
    built-ins (``autotune.workloads:*``, ``autotune.workloads.testing:*``) and packages whose
    top-level folder lies under a configured ``--workload-dir`` are accepted; the check finds
-   the package without importing anything.
+   the package without importing anything. An adapter spec (``workload: {lightning: ...}``)
+   names several objects, which the service builds with the spec's args: each one is held to
+   the same rule, and a pickled one (what ``autotune.tune()`` sends its own worker) is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 from pathlib import Path
 
 from autotune.errors import SpecError, WorkloadError
+from autotune.workload_spec import canonical_reference, named_objects, parse_source
 from autotune.workloads import (
     BUILTIN_MODULES,
     builtin_factories,
@@ -218,43 +221,85 @@ class WorkloadPolicy:
     def check(self, reference: str) -> str:
         """Return the normalized reference when the service may import it.
 
+        An adapter reference (a spec's ``workload: {lightning: ...}``, as its JSON text) is
+        checked object by object, each as a plain reference is.
+
         Raises:
-            WorkloadError: the reference is malformed, or names a built-in that does not exist.
-            WorkloadRefused: the reference is outside the built-ins and the workload dirs.
+            WorkloadError: the reference is malformed, or names a built-in or a module that
+                does not exist.
+            WorkloadRefused: the reference, or an object an adapter names, is outside the
+                built-ins and the workload dirs.
+
+        Example:
+            >>> WorkloadPolicy([]).check('{"loop": {"model": "json:loads", "data": "m:d", '
+            ...                          '"optimizer": "m:o"}}')  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            autotune.service._access.WorkloadRefused: workload loop.model 'json:loads': ...
         """
+        if reference.lstrip().startswith("{"):
+            return self._check_adapter(reference)
         ref = normalize_reference(reference)
         if not is_reference(ref):
             raise WorkloadError(
                 f"workload {reference!r} must look like package.module:function or be a built-in "
                 "name such as tiny_convnet"
             )
+        self._check_object(f"workload {reference!r}", ref, "or use a built-in")
+        return ref
+
+    def _check_adapter(self, reference: str) -> str:
+        try:
+            kind, source = parse_source(reference)
+            objects = named_objects(reference)
+        except ValueError as exc:
+            raise WorkloadError(f"workload: {exc}") from None
+        for field, ref in objects:
+            what = f"workload {field} {ref!r}"
+            if ref.startswith("pickle:"):
+                raise WorkloadRefused(
+                    f"{what}: this service does not load pickled objects (autotune.tune() sends "
+                    "a notebook's objects that way to its own worker); name a class or function "
+                    "of a package under the service's workload dirs"
+                )
+            # A library's class (torch.optim:SGD) is code the spec's args reach as well: it
+            # goes through the user's package, which chose to import it.
+            self._check_object(
+                what,
+                ref,
+                "or import the object into a module of a package there and name it from that "
+                "module (e.g. mypkg.train:SGD after `from torch.optim import SGD`)",
+            )
+        return canonical_reference(kind, source)
+
+    def _check_object(self, what: str, ref: str, instead: str) -> None:
+        """Refuse ``package.module:name`` outside the built-ins and the workload dirs; ``what``
+        names it in the message, ``instead`` says the other way out."""
         module, attr = ref.split(":")
         if module in BUILTIN_MODULES:
-            return self._builtin(ref, module, attr)
+            self._builtin(what, module, attr)
+            return
         top = module.split(".")[0]
         where = self._find(top)
         if where is None:
             dirs = ", ".join(str(d) for d in self.dirs) or "none configured"
             raise WorkloadRefused(
-                f"workload {reference!r}: this service imports only the built-in workloads "
+                f"{what}: this service imports only the built-in workloads "
                 f"({', '.join(m + ':*' for m in BUILTIN_MODULES)}) and packages under its "
                 f"workload dirs ({dirs}); {top!r} is not there. Ask whoever runs the service to "
-                f"add its folder with --workload-dir, or use a built-in"
+                f"add its folder with --workload-dir, {instead}"
             )
         if not self._module_exists(module, where):
             raise WorkloadError(
-                f"workload {reference!r}: module {module!r} does not exist under {where}; check "
-                "the spelling"
+                f"{what}: module {module!r} does not exist under {where}; check the spelling"
             )
-        return ref
 
-    def _builtin(self, ref: str, module: str, attr: str) -> str:
+    def _builtin(self, what: str, module: str, attr: str) -> None:
         names = builtin_factories(module)
         if attr not in names:
             raise WorkloadError(
-                f"workload {ref!r}: {module} has no workload {attr!r}; it has {', '.join(names)}"
+                f"{what}: {module} has no workload {attr!r}; it has {', '.join(names)}"
             )
-        return ref
 
     def _find(self, top: str) -> Path | None:
         """The workload dir a top-level package lives in, if the import would really find it.

@@ -40,6 +40,11 @@ class Workload:
         lr_scaling: how the learning rate follows the batch size: ``linear`` for SGD-like
             optimizers, ``sqrt`` for Adam-like ones.
         accuracy: optional ``(model, batch) -> share correct`` for training reports.
+        lr_schedule: the lr schedule training runs under, recorded in the config so an export
+            trains under it too: ``constant`` (a probe steps only the optimizer
+            ``build_optimizer`` returns), a transformers ``lr_scheduler_type`` (``linear``) or
+            a scheduler's class name (``CosineAnnealingLR``) for a ``build_optimizer`` that
+            steps one after each optimizer step (as the adapters do).
 
     Example:
         >>> from autotune.workloads import tiny_mlp
@@ -59,6 +64,7 @@ class Workload:
     lr_scaling: Literal["linear", "sqrt"] = "linear"
     accuracy: Callable[[nn.Module, Batch], float] | None = None
     description: str = ""
+    lr_schedule: str = "constant"
     # Set by the loader: the reference this workload was loaded from.
     reference: str = field(default="", compare=False)
 

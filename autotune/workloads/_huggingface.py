@@ -311,6 +311,9 @@ def huggingface_workload(
         base_batch_size=base_batch_size or int(hf.args.per_device_train_batch_size),
         loss=hf.loss,
         lr_scaling=lr_rule(hf.optimizer_class),
+        # Its warm-up and lr_scheduler_kwargs stay the arguments' own: an export that lays its
+        # fields over them keeps them.
+        lr_schedule=schedule,
         description=(
             f"{hf.name} on {len(hf.dataset)} examples (Hugging Face): "
             f"{hf.optimizer_class.__name__} with a {schedule} schedule, as Trainer builds them{note}"

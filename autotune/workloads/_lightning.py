@@ -368,6 +368,7 @@ class _Lightning:
             + (", held: it watches a logged metric)" if c["monitor"] else ")")
             for c in scheds
         ]
+        self.schedule = "+".join(type(c["scheduler"]).__name__ for c in scheds) or "constant"
         return base_lr or self.own_lr
 
     def build_optimizer(self, params: Iterable[Any], lr: float) -> torch.optim.Optimizer:
@@ -456,6 +457,7 @@ def lightning_workload(
         base_batch_size=adapter.base_batch,
         loss=adapter.loss,
         lr_scaling=lr_rule(adapter.example),
+        lr_schedule=adapter.schedule,
         description=(
             f"{adapter.name} on {type(adapter.datamodule).__name__} (Lightning): "
             f"{type(adapter.example).__name__} from configure_optimizers{scheduled}"
