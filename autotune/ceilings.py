@@ -69,7 +69,7 @@ def memory_budget(device: torch.device, margin: float) -> int | None:
         return None
 
 
-def find_ceiling(
+def find_ceiling(  # noqa: PLR0913 - public API: the try function, then keyword-only search bounds
     try_batch: Callable[[int], ProbeResult],
     precision: str,
     *,
@@ -151,13 +151,16 @@ def find_ceiling(
                 lo = mid
             else:
                 hi = mid
-    if hi is None and lo >= cap:
-        limited_by = "cap"
-    elif stopped[0]:
-        limited_by = "time"
-    else:
-        assert hi is not None
-        last_fail = next(t for t in reversed(tries) if not t.fits)
-        limited_by = {"oom": "memory", "crashed": "crash"}.get(last_fail.outcome, "margin")
+    limited_by = _limited_by(tries, hit_cap=hi is None and lo >= cap, stopped=stopped[0])
     logger.info("ceiling {} = {} (limited by {}, {} tries)", precision, lo, limited_by, len(tries))
     return Ceiling(precision=precision, batch_size=lo, limited_by=limited_by, tries=tries)
+
+
+def _limited_by(tries: list[CeilingTry], *, hit_cap: bool, stopped: bool) -> str:
+    """What ended the search: the cap, the stop (time), or the last size that did not fit."""
+    if hit_cap:
+        return "cap"
+    if stopped:
+        return "time"
+    last_fail = next(t for t in reversed(tries) if not t.fits)
+    return {"oom": "memory", "crashed": "crash"}.get(last_fail.outcome, "margin")

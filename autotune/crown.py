@@ -18,8 +18,9 @@ from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import ValidationError
 
+from autotune import study_keys
 from autotune.config import TunedConfig
-from autotune.trials import CONFIG_KEY, TrialRecord, is_feasible, record
+from autotune.trials import TrialRecord, is_feasible, record
 
 __all__ = ["store_config", "stored_config"]
 
@@ -31,7 +32,7 @@ def store_config(study: optuna.Study, config: TunedConfig) -> None:
     As JSON text: optuna-dashboard shows a text attribute whole, but cuts any other value's JSON
     at 1,024 characters (a config is longer), which would leave invalid JSON on the screen.
     """
-    study.set_user_attr(CONFIG_KEY, config.model_dump_json())
+    study.set_user_attr(study_keys.CONFIG, config.model_dump_json())
     try:
         _crown(study, config)
     except sa.exc.SQLAlchemyError as exc:  # best.json and the stored config are written
@@ -103,7 +104,7 @@ def stored_config(study: optuna.Study | Mapping[str, Any]) -> TunedConfig | None
         True
     """
     attrs = study if isinstance(study, Mapping) else study.user_attrs
-    stored = attrs.get(CONFIG_KEY)
+    stored = attrs.get(study_keys.CONFIG)
     try:
         if isinstance(stored, str):
             return TunedConfig.model_validate_json(stored)

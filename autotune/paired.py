@@ -125,7 +125,7 @@ def run_paired(
     return result
 
 
-def interleave(
+def interleave(  # noqa: PLR0913 - a simulated device's seams (set_flags, seed, timer), keyword-only
     engines: dict[str, Any],
     settings: ProbeSettings,
     started: float,
@@ -143,84 +143,118 @@ def interleave(
     started before the engines build, gives the candidate's peak memory (read after its
     warm-up, before the reference arm is built); None leaves it out.
     """
-    modes = {name: get_mode(engines[name].candidate.precision) for name in engines}
-    runs: dict[str, TimedRun] = {}
     # The reference arm is timed by the pairs; its own steps floor is only what parity needs.
     ref_settings = settings.model_copy(update={"steps": 1})
-    runs["candidate"] = TimedRun(engines["candidate"], settings, started, timer=timer)
-    runs["reference"] = TimedRun(engines["reference"], ref_settings, started, timer=timer)
-    ended: dict[str, tuple[str, str]] = {}
-    peaks: dict[str, Any] = {}
-
-    def arm(name: str, action: Any) -> bool:
-        """Run one arm's action under its own flags; an OOM or a failed compile ends the pair."""
-        set_flags(modes[name])
-        holder: list[bool] = []
-        try:
-            oom = engines[name].run(lambda e: holder.append(action()))
-        except Exception as exc:
-            failed = compile_failure(engines[name].candidate, exc)
-            if failed is None:
-                raise
-            ended[name] = ("compile_failed", failed)
-            return False
-        if oom is not None:
-            bs = engines[name].candidate.batch_size
-            ended[name] = ("oom", f"out of memory at batch_size={bs}: {oom}")
-            return False
-        return bool(holder and holder[0])
-
-    def policy() -> None:
-        for name in ("candidate", "reference"):
-            # Same initial weights for both arms: the curves differ by their settings only.
-            seed(settings.seed)
-            if not arm(name, runs[name].warm_up):
-                return
-            if name == "candidate" and peak is not None:
-                # Alone on the device so far: its peak is its own.
-                peaks["peak_memory_allocated"] = peak.allocated()
-                peaks["peak_memory_reserved"] = peak.reserved()
-        # The candidate's compiling is charged to the budget, not to the pair's time limit.
-        runs["reference"].started += runs["candidate"].compile_shift
-        # Both arms' blocks last about as long, so each pair sees the same stretch of time.
-        min_time = runs["candidate"].min_time
-        while True:
-            if not arm("candidate", runs["candidate"].block):
-                return
-            if not arm("reference", runs["reference"].block):
-                return
-            if _enough(runs, settings, min_time):
-                break
-        # The reference runs on until it has seen the samples of the candidate's horizon
-        # (``steps`` steps, or all it ran if fewer): parity compares at equal samples seen.
-        c, r = runs["candidate"].engine, runs["reference"].engine
-        horizon = min(c.steps, settings.warmup_steps + settings.steps) * c.candidate.batch_size
-        while r.steps * r.candidate.batch_size < horizon:
-            if not arm("reference", runs["reference"].block):
-                return
-
+    runs = {
+        "candidate": TimedRun(engines["candidate"], settings, started, timer=timer),
+        "reference": TimedRun(engines["reference"], ref_settings, started, timer=timer),
+    }
+    pair = _Pair(engines, runs, set_flags=set_flags, seed=seed)
     try:
-        policy()
+        if pair.warm_up(settings, peak) and pair.alternate(settings):
+            pair.catch_up(settings)
         # Before closing; and not while an error propagates (a CUDA error that ended the run
         # would fail the skip count's read too, and hide itself).
         fields = {name: runs[name].fields() for name in runs}
     finally:
         for engine in engines.values():
             engine.close()
-    if "candidate" not in ended:
-        fields["candidate"].update(peaks)
-    for name, (outcome, why) in ended.items():
-        fields[name].update(outcome=outcome, reason=why, throughput=0.0)
-    results = {name: ProbeResult(**bases[name], **fields[name]) for name in runs}
-    out = PairedResult(candidate=results["candidate"], reference=results["reference"])
-    rates_c = runs["candidate"].rates()
-    pairs = min(len(rates_c), len(runs["reference"].rates()))
-    est = ratio_estimate(rates_c[:pairs], runs["reference"].rates()[:pairs])
-    if est is not None and out.candidate.ok and out.reference.ok:
-        est = claimed(est)
-        out.speedup, out.speedup_low, out.speedup_high = est.value, est.low, est.high
-        out.pairs = est.n
-    return out
+    return pair.result(bases, fields)
+
+
+class _Pair:
+    """The two arms of :func:`interleave` and what ended either one: each step of the policy
+    returns False once an arm has ended, and the pair stops there."""
+
+    def __init__(
+        self,
+        engines: dict[str, Any],
+        runs: dict[str, TimedRun],
+        *,
+        set_flags: Callable[[PrecisionMode], Any],
+        seed: Callable[[int], Any],
+    ) -> None:
+        self.engines, self.runs = engines, runs
+        self.set_flags, self.seed = set_flags, seed
+        self.modes = {name: get_mode(engines[name].candidate.precision) for name in engines}
+        self.ended: dict[str, tuple[str, str]] = {}
+        self.peaks: dict[str, Any] = {}
+
+    def arm(self, name: str, action: Any) -> bool:
+        """Run one arm's action under its own flags; an OOM or a failed compile ends the pair."""
+        self.set_flags(self.modes[name])
+        engine = self.engines[name]
+        holder: list[bool] = []
+        try:
+            oom = engine.run(lambda e: holder.append(action()))
+        except Exception as exc:
+            failed = compile_failure(engine.candidate, exc)
+            if failed is None:
+                raise
+            self.ended[name] = ("compile_failed", failed)
+            return False
+        if oom is not None:
+            bs = engine.candidate.batch_size
+            self.ended[name] = ("oom", f"out of memory at batch_size={bs}: {oom}")
+            return False
+        return bool(holder and holder[0])
+
+    def warm_up(self, settings: ProbeSettings, peak: PeakMemory | None) -> bool:
+        """1. Each arm warms up from the same seed; the candidate's peak memory is read while
+        it is alone on the device."""
+        for name in ("candidate", "reference"):
+            # Same initial weights for both arms: the curves differ by their settings only.
+            self.seed(settings.seed)
+            if not self.arm(name, self.runs[name].warm_up):
+                return False
+            if name == "candidate" and peak is not None:
+                # Alone on the device so far: its peak is its own.
+                self.peaks["peak_memory_allocated"] = peak.allocated()
+                self.peaks["peak_memory_reserved"] = peak.reserved()
+        return True
+
+    def alternate(self, settings: ProbeSettings) -> bool:
+        """2. A block each, in turn, until the pairs are enough."""
+        cand, ref = self.runs["candidate"], self.runs["reference"]
+        # The candidate's compiling is charged to the budget, not to the pair's time limit.
+        ref.started += cand.compile_shift
+        # Both arms' blocks last about as long, so each pair sees the same stretch of time.
+        min_time = cand.min_time
+        while True:
+            if not self.arm("candidate", cand.block):
+                return False
+            if not self.arm("reference", ref.block):
+                return False
+            if _enough(self.runs, settings, min_time):
+                return True
+
+    def catch_up(self, settings: ProbeSettings) -> None:
+        """3. The reference runs on until it has seen the samples of the candidate's horizon
+        (``steps`` steps, or all it ran if fewer): parity compares at equal samples seen."""
+        c, r = self.runs["candidate"].engine, self.runs["reference"].engine
+        horizon = min(c.steps, settings.warmup_steps + settings.steps) * c.candidate.batch_size
+        while r.steps * r.candidate.batch_size < horizon:
+            if not self.arm("reference", self.runs["reference"].block):
+                return
+
+    def result(
+        self, bases: dict[str, dict[str, Any]], fields: dict[str, dict[str, Any]]
+    ) -> PairedResult:
+        """Both arms' ProbeResults, and the speedup when both completed."""
+        if "candidate" not in self.ended:
+            fields["candidate"].update(self.peaks)
+        for name, (outcome, why) in self.ended.items():
+            fields[name].update(outcome=outcome, reason=why, throughput=0.0)
+        results = {name: ProbeResult(**bases[name], **fields[name]) for name in self.runs}
+        out = PairedResult(candidate=results["candidate"], reference=results["reference"])
+        rates_c = self.runs["candidate"].rates()
+        pairs = min(len(rates_c), len(self.runs["reference"].rates()))
+        est = ratio_estimate(rates_c[:pairs], self.runs["reference"].rates()[:pairs])
+        if est is not None and out.candidate.ok and out.reference.ok:
+            est = claimed(est)
+            out.speedup, out.speedup_low, out.speedup_high = est.value, est.low, est.high
+            out.pairs = est.n
+        return out
 
 
 def _enough(runs: dict[str, TimedRun], settings: ProbeSettings, min_time: float) -> bool:

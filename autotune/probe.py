@@ -182,7 +182,7 @@ def _check_autocast(mode: PrecisionMode, dev: torch.device) -> dict[str, Any] | 
     }
 
 
-def _train(
+def _train(  # noqa: PLR0913 - run_probe's resolved inputs, passed on once
     workload: Workload,
     candidate: Candidate,
     dev: torch.device,

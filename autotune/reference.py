@@ -19,21 +19,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from autotune.spec import Candidate
+from autotune.study_keys import MEASUREMENT, parse_reference_key, reference_key
 
 __all__ = [
-    "MEASUREMENT_ATTR",
     "ReferenceMeasurement",
     "ReferenceRecord",
     "measurement_used",
     "reference_key",
     "stored_references",
 ]
-
-_REFERENCE = "reference"
-# The trial attribute naming the reference measurement a trial's speedup was divided by:
-# ``{"key": "reference:<host>:<device>", "index": i}``, ``i`` counting the record's measurements
-# from 0 (the long first run), oldest first.
-MEASUREMENT_ATTR = "reference_measurement"
 
 
 class ReferenceMeasurement(BaseModel):
@@ -105,28 +99,15 @@ class ReferenceRecord(BaseModel):
         )
 
 
-def reference_key(host: str, device: str) -> str:
-    """The study attribute the fp32 reference of one device of one machine is stored under.
-
-    Example:
-        >>> reference_key("box1", "cpu")
-        'reference:box1:cpu'
-    """
-    return f"{_REFERENCE}:{host}:{device}"
-
-
 def stored_references(attrs: Mapping[str, Any]) -> dict[tuple[str, str], ReferenceRecord]:
     """Every stored reference of a study, by ``(host, device)``; unreadable ones are skipped."""
     out: dict[tuple[str, str], ReferenceRecord] = {}
-    prefix = f"{_REFERENCE}:"
     for key, value in attrs.items():
-        if not key.startswith(prefix) or not isinstance(value, dict):
-            continue
-        host, sep, device = key[len(prefix) :].partition(":")
-        if not sep:
+        where = parse_reference_key(key)
+        if where is None or not isinstance(value, dict):
             continue
         try:
-            out[(host, device)] = ReferenceRecord.model_validate(value)
+            out[where] = ReferenceRecord.model_validate(value)
         except ValidationError:
             continue
     return out
@@ -137,7 +118,7 @@ def measurement_used(
 ) -> ReferenceMeasurement | None:
     """The reference measurement a trial's speedup was divided by (None: not named, or no longer
     stored)."""
-    named = trial_attrs.get(MEASUREMENT_ATTR)
+    named = trial_attrs.get(MEASUREMENT)
     if not isinstance(named, dict) or not isinstance(named.get("index"), int):
         return None
     stored = study_attrs.get(str(named.get("key")))

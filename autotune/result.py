@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune.enums import Outcome
 from autotune.spec import Candidate
 
 __all__ = ["Outcome", "PairedResult", "ProbeResult", "knob_text"]
@@ -30,26 +29,6 @@ def knob_text(c: Candidate, *, nchw: bool = True) -> str:
     return out
 
 
-# completed   ran to the end (or to its time limit, then `truncated`); figures are valid
-# diverged    non-finite or blown-up loss, or a failing GradScaler; `reason` names step and value
-# oom         the device ran out of memory at this batch size
-# unsupported the device cannot run this precision mode (or autocast silently fell back)
-# crashed     the worker died or the probe raised; a bug or a broken workload, not a measurement
-# slower      stopped early: its throughput's interval lay clearly below the best candidate's
-# off_parity  stopped early: its loss was clearly off the fp32 reference's at equal samples seen
-# compile_failed  torch.compile could not compile the model; `reason` says what the compiler said
-Outcome = Literal[
-    "completed",
-    "diverged",
-    "oom",
-    "unsupported",
-    "crashed",
-    "slower",
-    "off_parity",
-    "compile_failed",
-]
-
-
 class ProbeResult(BaseModel):
     """The measurements and the outcome of one probe.
 
@@ -62,6 +41,7 @@ class ProbeResult(BaseModel):
     candidate: Candidate
     workload: str
     device: str
+    # completed, diverged, oom, unsupported, crashed, slower, off_parity or compile_failed
     outcome: Outcome
     reason: str = ""
     # samples/s over the timed steps only: the median over timed blocks, with its 95% interval
@@ -101,7 +81,7 @@ class ProbeResult(BaseModel):
     @property
     def ok(self) -> bool:
         """True when the probe completed and its figures can be used."""
-        return self.outcome == "completed"
+        return self.outcome == Outcome.COMPLETED
 
     @property
     def peak_memory(self) -> int | None:
@@ -119,7 +99,7 @@ class ProbeResult(BaseModel):
         if c.precision == "fp16":
             head += f" init_scale={c.init_scale:g}"
         head += knob_text(c)
-        if self.outcome == "completed":
+        if self.outcome == Outcome.COMPLETED:
             tail = f"{self.throughput:.1f} samples/s"
             if self.compile_seconds is not None:
                 tail += f" (compiled in {self.compile_seconds:.1f}s, untimed)"

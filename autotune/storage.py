@@ -20,7 +20,8 @@ import optuna
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from autotune import clock
+from autotune import clock, study_keys
+from autotune.enums import Outcome
 from autotune.errors import StorageError, StorageIOError
 from autotune.files import create_file, make_dirs
 from autotune.redact import mask_url, userinfo_ats
@@ -296,27 +297,27 @@ def open_study(
         raise StorageError(f"storage {mask_url(spec.storage)!r} cannot be read: {exc}") from None
     if spec.name in existing:
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
-        stored = study.user_attrs.get("space_fingerprint")
+        stored = study.user_attrs.get(study_keys.SPACE_FINGERPRINT)
         for _ in range(20):
             if stored is not None:
                 break
             # Another worker has just created it and is writing its attributes.
             time.sleep(0.25)  # another process writes it: real time
             stored = optuna.load_study(study_name=spec.name, storage=storage).user_attrs.get(
-                "space_fingerprint"
+                study_keys.SPACE_FINGERPRINT
             )
         if stored != fingerprint:
             raise StorageError(
                 f"study {spec.name!r} already exists in {mask_url(spec.storage)!r} with a different "
                 f"space (workload, space, probe lengths or objective changed; stored "
-                f"{study.user_attrs.get('workload', '?')!r}); its {len(study.trials)} trials are kept. "
+                f"{study.user_attrs.get(study_keys.WORKLOAD, '?')!r}); its {len(study.trials)} trials are kept. "
                 f"Use --name {spec.name}-2 for a new study, or run with the spec it was made with"
             )
-        kept = study.user_attrs.get("spec")
+        kept = study.user_attrs.get(study_keys.SPEC)
         if isinstance(kept, dict) and kept.get("storage") != mask_url(str(kept.get("storage"))):
             # Made by a version that stored the password: write it again without.
             with contextlib.suppress(SQLAlchemyError, optuna.exceptions.StorageInternalError):
-                study.set_user_attr("spec", {**kept, "storage": mask_url(kept["storage"])})
+                study.set_user_attr(study_keys.SPEC, {**kept, "storage": mask_url(kept["storage"])})
         if study.metric_names is None:  # made by a version that did not name it
             # Several workers resuming at once may race to write it: one write is enough.
             with contextlib.suppress(SQLAlchemyError, optuna.exceptions.StorageInternalError):
@@ -337,9 +338,9 @@ def open_study(
         return open_study(spec, storage, create=False)
     # Before the fingerprint: workers joining wait for it, then find the study complete.
     name_objective(study, spec.objective)
-    study.set_user_attr("space_fingerprint", fingerprint)
-    study.set_user_attr("workload", spec.workload)
-    study.set_user_attr("spec", stored_spec(spec))
+    study.set_user_attr(study_keys.SPACE_FINGERPRINT, fingerprint)
+    study.set_user_attr(study_keys.WORKLOAD, spec.workload)
+    study.set_user_attr(study_keys.SPEC, stored_spec(spec))
     return study
 
 
@@ -412,7 +413,9 @@ def fail_stale(study: optuna.Study) -> list[int]:
             continue
         try:
             write_attrs(
-                storage, trial._trial_id, TrialRecord(outcome="stale", reason=reason).to_attrs()
+                storage,
+                trial._trial_id,
+                TrialRecord(outcome=Outcome.STALE, reason=reason).to_attrs(),
             )
             if not storage.set_trial_state_values(
                 trial._trial_id, state=optuna.trial.TrialState.FAIL
@@ -442,10 +445,8 @@ def retry_stale_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> N
         return
     if not trial.params:
         return
-    attrs: dict[str, int | str] = {"retry_of": trial.number}
-    if rec.role is not None:
-        attrs["role"] = rec.role
-    study.enqueue_trial(dict(trial.params), user_attrs=TrialRecord(**attrs).to_attrs())
+    retry = TrialRecord(retry_of=trial.number, role=rec.role)
+    study.enqueue_trial(dict(trial.params), user_attrs=retry.to_attrs())
 
 
 @contextmanager

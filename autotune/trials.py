@@ -7,9 +7,9 @@ them (the search, validation, the report, the service's status, the CLI) goes th
 Also here, as data with one rule each: the feasibility test (every constraint ≤ 0, as Optuna's
 own ``_constrained_optimization`` has it), how constraints and the objective value are written
 so that optuna-dashboard shows what Optuna decides, the outcome a person reads for a trial, the
-candidate a trial ran, the key the batch ceilings are stored under, the tuned config stored on
-the study, and why a candidate was rejected. The fp32 reference's record is
-:mod:`autotune.reference`.
+candidate a trial ran, the batch ceilings stored on the study, and why a candidate was rejected.
+The study's own keys are :mod:`autotune.study_keys`; outcomes and roles are the enums of
+:mod:`autotune.enums`. The fp32 reference's record is :mod:`autotune.reference`.
 
 =====================  =================================================================
 attribute              meaning
@@ -46,18 +46,15 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
+from autotune.enums import Outcome
 from autotune.spec import Candidate
+from autotune.study_keys import ceilings_key, parse_ceilings_key
 
 __all__ = [
-    "CONFIG_KEY",
     "CONSTRAINTS_KEY",
     "DEFAULT_INIT_SCALE",
-    "ROLE_AMP",
-    "ROLE_ISLANDS",
-    "ROLE_REFERENCE",
     "Rejection",
     "TrialRecord",
-    "at_base_role",
     "candidate",
     "ceilings_key",
     "constraints",
@@ -75,23 +72,11 @@ __all__ = [
     "write_attrs",
 ]
 
-ROLE_REFERENCE = "reference"
-ROLE_AMP = "amp_recipe"
-ROLE_ISLANDS = "fp32_islands"
 # torch's GradScaler default; a trial without an init_scale parameter ran with it.
 DEFAULT_INIT_SCALE = 2.0**16
 # Optuna 5 keeps each constraint in a system attribute named "constraints:<key>"; optuna-dashboard
 # reads only the older form, a list under "constraints" itself.
 CONSTRAINTS_KEY = "constraints"
-_CEILINGS = "ceilings"
-_LIMITS = "ceiling_limits"  # what limited each: memory, margin, time, cap, crash
-# The study attribute holding the tuned config, as JSON text (see store_config).
-CONFIG_KEY = "tuned_config"
-
-
-def at_base_role(mode: str) -> str:
-    """The role of a mode run at the reference's own settings: ``bf16`` → ``bf16_at_base``."""
-    return f"{mode}_at_base"
 
 
 def write_attrs(
@@ -126,8 +111,9 @@ class TrialRecord(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
+    # A Role, or a mode's Role.at_base(mode): a str, as a role may name a mode.
     role: str | None = None
-    outcome: str | None = None
+    outcome: Outcome | None = None
     reason: str = ""
     learning_rate: float | None = None
     lr_scaling: str | None = None
@@ -291,10 +277,10 @@ def display_outcome(trial: FrozenTrial) -> str | None:
         return None
     rec = record(trial)
     if trial.state == TrialState.COMPLETE:
-        return "completed" if is_feasible(trial) else "infeasible"
+        return Outcome.COMPLETED if is_feasible(trial) else Outcome.INFEASIBLE
     if trial.state == TrialState.FAIL and not rec.outcome:
         # Failed by the heartbeat check: nobody was left to record why.
-        return "stale"
+        return Outcome.STALE
     return rec.outcome or trial.state.name.lower()
 
 
@@ -363,7 +349,7 @@ def worst_diverged(trials: Iterable[FrozenTrial], precision: str = "fp16") -> Fr
     diverged = [
         t
         for t in trials
-        if t.params.get("precision") == precision and record(t).outcome == "diverged"
+        if t.params.get("precision") == precision and record(t).outcome == Outcome.DIVERGED
     ]
     return min(diverged, key=key) if diverged else None
 
@@ -380,33 +366,6 @@ def role_trials(trials: Iterable[FrozenTrial]) -> dict[str, FrozenTrial]:
 
 
 # ---- batch ceilings, stored per machine and device -------------------------------------------
-
-
-def ceilings_key(host: str, device: str, *, limits: bool = False) -> str:
-    """The study attribute the ceilings of one device of one machine are stored under (with
-    ``limits``: what limited each, ``{mode: "memory"}``; absent in older studies).
-
-    Example:
-        >>> ceilings_key("box1", "cuda:0")
-        'ceilings:box1:cuda:0'
-    """
-    return f"{_LIMITS if limits else _CEILINGS}:{host}:{device}"
-
-
-def parse_ceilings_key(key: str) -> tuple[str, str] | None:
-    """``(host, device)`` of a ceilings key, or None when ``key`` is not one.
-
-    Example:
-        >>> parse_ceilings_key("ceilings:box1:cuda:0")
-        ('box1', 'cuda:0')
-    """
-    prefix = f"{_CEILINGS}:"
-    if not key.startswith(prefix):
-        return None
-    host, sep, device = key[len(prefix) :].partition(":")
-    if not sep or not device:
-        return None
-    return host, device
 
 
 def stored_ceilings(attrs: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, int]]:

@@ -179,7 +179,7 @@ def _logs(verbose: bool) -> Iterator[None]:
         optuna.logging.set_verbosity(level)
 
 
-def tune(
+def tune(  # noqa: PLR0913 - public API: one keyword per object a workload is made of (Lightning, HF, a loop)
     workload: Any = None,
     *,
     module: Any = None,

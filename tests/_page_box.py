@@ -89,7 +89,7 @@ class Monitor:
         return ""
 
 
-def main(port: int, folder: Path, token_file: Path | None) -> None:
+def main(port: int, folder: Path, token_file: Path | None, private: bool = False) -> None:
     land = load_landscape("h100-resnet18")
     fast = FastClock(SPEED)
     slow = {n: SLOW for n in range(13, 100_000)}
@@ -107,10 +107,15 @@ def main(port: int, folder: Path, token_file: Path | None) -> None:
             box=SimulatedHardware(monitor, workers, poll=5.0),
         )
         monitor.service = service
-        app = create_app(service, loopback_only=True)
+        app = create_app(service, loopback_only=True, private=private)
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
         uvicorn.Server(config).run()
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else None)
+    main(
+        int(sys.argv[1]),
+        Path(sys.argv[2]),
+        Path(sys.argv[3]) if len(sys.argv) > 3 else None,
+        private=sys.argv[4:] == ["private"],
+    )

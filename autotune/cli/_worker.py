@@ -40,6 +40,7 @@ def worker(
     setup_logging(verbose)
     import optuna
 
+    from autotune import study_keys
     from autotune.search import Budget, SearchInterrupted, run_search
     from autotune.spec import load_spec, parse_spec
     from autotune.storage import mask_url, open_storage, open_study
@@ -66,7 +67,7 @@ def worker(
                     f"study {study!r} does not exist in {mask_url(storage)!r} (studies there: "
                     f"{names or 'none'}); start it with `autotune search` or a worker given its spec"
                 ) from None
-            data = stored.user_attrs.get("spec")
+            data = stored.user_attrs.get(study_keys.SPEC)
             if not isinstance(data, dict):
                 raise SpecError(f"study {study!r} was not made by autotune: it has no stored spec")
             data = {**data, "storage": storage}

@@ -65,185 +65,220 @@ def _names(names: Iterable[str]) -> str:
     return ", ".join(_tick(n) for n in names)
 
 
+@dataclass
+class _Words:
+    """What every rule's wording shares, fixed by the dtype the mode computes in."""
+
+    dt: str  # the dtype's name
+    limit: float  # its largest finite value
+    fp32_range: bool  # bf16 has fp32's range: overflow is then the model's, not the dtype's
+    alt: str  # the way out when a layer overflows
+    fp32_how: str
+    fp32_ctx: str
+
+    @classmethod
+    def of(cls, ev: Evidence) -> _Words:
+        fp32_range = ev.limit >= torch.finfo(torch.float32).max
+        fp32_how = (
+            "with `torch.autocast(device_type, enabled=False)` and inputs cast with `.float()`"
+        )
+        return cls(
+            dt=ev.dtype_name,
+            limit=ev.limit,
+            fp32_range=fp32_range,
+            alt="lower the learning rate" if fp32_range else "use bf16, which has fp32's range",
+            fp32_how=fp32_how,
+            fp32_ctx=f"{fp32_how} (autotune.diagnose.keep_in_fp32 does both)",
+        )
+
+
 def advise(
     ev: Evidence, ran: list[LayerFigures], stats: list[LayerStats]
 ) -> tuple[list[Recommendation], Verdict]:
-    """Turn the figures into recommendations, each with its evidence, and a verdict."""
-    dt, limit, mode = ev.dtype_name, ev.limit, ev.mode
-    fp32_range = limit >= torch.finfo(torch.float32).max  # bf16 has fp32's range
-    alt = "lower the learning rate" if fp32_range else "use bf16, which has fp32's range"
-    fp32_how = "with `torch.autocast(device_type, enabled=False)` and inputs cast with `.float()`"
-    fp32_ctx = f"{fp32_how} (autotune.diagnose.keep_in_fp32 does both)"
-    recs: list[Recommendation] = []
-    failed = ev.first is not None
-    covered: set[str] = set()
-
-    # 1. The first non-finite value: where, and what made it.
-    if ev.first is not None:
-        index, step, where, inputs_bad = ev.first
-        at = f"at step {step}"
-        if where == "forward":
-            x = ev.layers[index]
-            covered.add(x.name)
-            size = (
-                f"reaches {_num(x.act_max)} in fp32, past {dt}'s limit {_num(limit)}"
-                if x.act_max > limit
-                else f"overflows {dt} (limit {_num(limit)}) inside the op; its fp32 output peaks "
-                f"at {_num(x.act_max)}"
-            )
-            if x.fp32_nonfinite:
-                recs.append(
-                    Recommendation(
-                        kind="lower_lr",
-                        layers=[x.name],
-                        evidence=f"layer {_tick(x.name)} ({x.type}) is non-finite {at} in fp32 too",
-                        action="this is not a precision problem: the model itself diverges; lower the "
-                        "learning rate or check the layer",
-                    )
-                )
-            elif inputs_bad:
-                recs.append(
-                    Recommendation(
-                        kind="find_op",
-                        layers=[x.name],
-                        evidence=f"{_tick(x.name)} ({x.type}) is the first module with a non-finite "
-                        f"output ({at}), but its inputs were already non-finite",
-                        action="the overflow is in functional code before it (an op between modules): run "
-                        f"that code {fp32_how}, wrap it in a module so diagnose can "
-                        f"name it, or {alt}",
-                    )
-                )
-            else:
-                grew = (
-                    " It was finite at step 0: a lower learning rate may also help." if step else ""
-                )
-                recs.append(
-                    Recommendation(
-                        kind="keep_fp32",
-                        layers=[x.name],
-                        evidence=f"layer {_tick(x.name)} ({x.type}) {size}: {at} its {dt} "
-                        f"output had {x.act_nonfinite:,} non-finite values from finite inputs",
-                        action=f"run it in fp32 {fp32_ctx}, or {alt}.{grew}",
-                    )
-                )
-        elif where == "loss":
-            recs.append(
-                Recommendation(
-                    kind="find_op",
-                    evidence=f"the loss is non-finite {at} while every module's output was finite",
-                    action="the overflow is in the loss or in functional code after the last module: "
-                    "compute the loss in fp32 (`logits.float()`), or " + alt,
-                )
-            )
-        else:
-            x = ev.layers[index]
-            covered.add(x.name)
-            g = f"largest unscaled gradient {_num(x.grad_max)}, " if x.grad_max else ""
-            recs.append(
-                Recommendation(
-                    kind="use_bf16" if not fp32_range else "lower_lr",
-                    layers=[x.name],
-                    evidence=f"gradients reaching {_tick(x.name)} are non-finite in {dt} {at} "
-                    f"({g}limit {_num(limit)}) without loss scaling to blame",
-                    action=alt if not fp32_range else "lower the learning rate or clip gradients",
-                )
-            )
-
-    # 2. A loss that blows up with every value finite: the learning rate, not the precision.
-    finite = [v for v in ev.losses if math.isfinite(v)]
-    factor = ProbeSettings().loss_blowup_factor
-    if ev.first is None and finite and finite[0] > 0 and max(finite) > factor * finite[0]:
-        failed = True
-        recs.append(
-            Recommendation(
-                kind="lower_lr",
-                evidence=f"the loss grew from {_num(finite[0])} to {_num(max(finite))} in "
-                f"{len(ev.losses)} steps (the probe calls over {factor:g}x divergence) with no "
-                f"non-finite value in {dt}",
-                action=f"that is the learning rate, not the precision: lower it from "
-                f"lr={ev.candidate.learning_rate:g}",
-            )
-        )
-
-    # 3. Activations near the limit, not already named.
-    near = [s for s in stats if s.act_limit_ratio >= NEAR_LIMIT and s.name not in covered]
-    near.sort(key=lambda s: s.act_limit_ratio, reverse=True)
-    if near:
-        top = near[:5]
-        sizes = ", ".join(f"`{s.label}` {_num(s.act_max)} ({s.act_limit_ratio:.0%})" for s in top)
-        recs.append(
-            Recommendation(
-                kind="keep_fp32",
-                layers=[s.name for s in top],
-                evidence=f"activations near {dt}'s limit {_num(limit)}: {sizes}",
-                action=f"run {'them' if len(top) > 1 else 'it'} in fp32 {fp32_ctx}, or {alt}; "
-                "they grow as training goes on",
-            )
-        )
-
-    # 4. Gradient underflow, and the loss scale that keeps the gradients.
+    """Turn the figures into recommendations, each with its evidence, and a verdict: five
+    rules, each one recommendation or none; the first two say it fails, the next two that it
+    is at risk."""
+    w = _Words.of(ev)
+    first, covered = _first_nonfinite(ev, w)
+    blowup = _loss_blowup(ev, w)
+    near = _near_limit(w, stats, covered)
     low, high, biggest = _scale_window(ev, ran)
-    under = [s for s in stats if (s.grad_underflow or 0.0) >= UNDERFLOW_SHARE]
-    if under:
-        under.sort(key=lambda s: s.grad_underflow or 0.0, reverse=True)
-        worst = under[0].grad_underflow or 0.0
-        evidence = (
-            f"gradients underflow in {_names(s.name for s in under[:5])} (up to {worst:.0%} of "
-            f"nonzero values flush to zero in {dt} at {_scales(ev)})"
-        )
-        if not mode.scales_loss:
-            recs.append(
-                Recommendation(
-                    kind="keep_fp32",
-                    layers=[s.name for s in under[:5]],
-                    evidence=evidence,
-                    action="this mode has no loss scaling: use fp32, or fp16 with a GradScaler",
-                )
-            )
-        elif low is not None and (high is None or low <= high):
-            recs.append(
-                Recommendation(
-                    kind="raise_init_scale",
-                    layers=[s.name for s in under[:5]],
-                    evidence=evidence,
-                    init_scale=2.0**low,
-                    action=f"raise init_scale to {_pow2(2.0**low)}: {_KEEP_SHARE:.0%} of each "
-                    f"layer's gradient values then stay at or above {dt}'s smallest subnormal",
-                )
-            )
-        else:
-            recs.append(
-                Recommendation(
-                    kind="use_bf16",
-                    layers=[s.name for s in under[:5]],
-                    evidence=evidence,
-                    action=f"no single loss scale fits: the largest gradients need at most "
-                    f"{_pow2(2.0 ** (high or 0))} and the smallest at least {_pow2(2.0 ** (low or 0))}; "
-                    "use bf16",
-                )
-            )
-
-    # 5. A starting scale so high that the first steps are skipped (harmless, but wasted).
-    skipped_steps = mode.scales_loss and ev.skipped and not under
-    if skipped_steps and high is not None and 2.0**high < ev.candidate.init_scale:
-        recs.append(
-            Recommendation(
-                kind="lower_init_scale",
-                init_scale=2.0**high,
-                evidence=f"the GradScaler skipped {ev.skipped} of {len(ev.losses)} steps: at "
-                f"init_scale {_pow2(ev.candidate.init_scale)} the largest gradient, {_num(biggest)} "
-                f"unscaled, overflows {dt}'s {_num(limit)}",
-                action=f"start at init_scale {_pow2(2.0**high)} to save those steps (the scaler "
-                "backs off by itself; this is not a failure)",
-            )
-        )
-
-    if failed:
+    under = _underflow(ev, w, stats, low, high)
+    wasted = None if under is not None else _wasted_steps(ev, w, high, biggest)
+    recs = [r for r in (first, blowup, near, under, wasted) if r is not None]
+    if first is not None or blowup is not None:
         return recs, "fails"
-    if near or under:
+    if near is not None or under is not None:
         return recs, "at_risk"
     recs.insert(0, _safe(ev, stats))
     return recs, "safe"
+
+
+def _first_nonfinite(ev: Evidence, w: _Words) -> tuple[Recommendation | None, set[str]]:
+    """1. The first non-finite value: where, and what made it.
+
+    Returns:
+        The recommendation, and the layer it names (rule 3 does not name it again).
+    """
+    if ev.first is None:
+        return None, set()
+    index, step, where, inputs_bad = ev.first
+    at = f"at step {step}"
+    if where == "forward":
+        x = ev.layers[index]
+        return _forward_nonfinite(x, w, step=step, inputs_bad=inputs_bad), {x.name}
+    if where == "loss":
+        rec = Recommendation(
+            kind="find_op",
+            evidence=f"the loss is non-finite {at} while every module's output was finite",
+            action="the overflow is in the loss or in functional code after the last module: "
+            "compute the loss in fp32 (`logits.float()`), or " + w.alt,
+        )
+        return rec, set()
+    x = ev.layers[index]
+    g = f"largest unscaled gradient {_num(x.grad_max)}, " if x.grad_max else ""
+    rec = Recommendation(
+        kind="use_bf16" if not w.fp32_range else "lower_lr",
+        layers=[x.name],
+        evidence=f"gradients reaching {_tick(x.name)} are non-finite in {w.dt} {at} "
+        f"({g}limit {_num(w.limit)}) without loss scaling to blame",
+        action=w.alt if not w.fp32_range else "lower the learning rate or clip gradients",
+    )
+    return rec, {x.name}
+
+
+def _forward_nonfinite(
+    x: LayerFigures, w: _Words, *, step: int, inputs_bad: bool
+) -> Recommendation:
+    """Rule 1 when a module's output went non-finite first: the model, the code before the
+    module, or the module itself overflowing the dtype."""
+    at, dt, limit = f"at step {step}", w.dt, w.limit
+    if x.fp32_nonfinite:
+        return Recommendation(
+            kind="lower_lr",
+            layers=[x.name],
+            evidence=f"layer {_tick(x.name)} ({x.type}) is non-finite {at} in fp32 too",
+            action="this is not a precision problem: the model itself diverges; lower the "
+            "learning rate or check the layer",
+        )
+    if inputs_bad:
+        return Recommendation(
+            kind="find_op",
+            layers=[x.name],
+            evidence=f"{_tick(x.name)} ({x.type}) is the first module with a non-finite "
+            f"output ({at}), but its inputs were already non-finite",
+            action="the overflow is in functional code before it (an op between modules): run "
+            f"that code {w.fp32_how}, wrap it in a module so diagnose can "
+            f"name it, or {w.alt}",
+        )
+    size = (
+        f"reaches {_num(x.act_max)} in fp32, past {dt}'s limit {_num(limit)}"
+        if x.act_max > limit
+        else f"overflows {dt} (limit {_num(limit)}) inside the op; its fp32 output peaks "
+        f"at {_num(x.act_max)}"
+    )
+    grew = " It was finite at step 0: a lower learning rate may also help." if step else ""
+    return Recommendation(
+        kind="keep_fp32",
+        layers=[x.name],
+        evidence=f"layer {_tick(x.name)} ({x.type}) {size}: {at} its {dt} "
+        f"output had {x.act_nonfinite:,} non-finite values from finite inputs",
+        action=f"run it in fp32 {w.fp32_ctx}, or {w.alt}.{grew}",
+    )
+
+
+def _loss_blowup(ev: Evidence, w: _Words) -> Recommendation | None:
+    """2. A loss that blows up with every value finite: the learning rate, not the precision."""
+    finite = [v for v in ev.losses if math.isfinite(v)]
+    factor = ProbeSettings().loss_blowup_factor
+    if ev.first is not None or not finite or finite[0] <= 0 or max(finite) <= factor * finite[0]:
+        return None
+    return Recommendation(
+        kind="lower_lr",
+        evidence=f"the loss grew from {_num(finite[0])} to {_num(max(finite))} in "
+        f"{len(ev.losses)} steps (the probe calls over {factor:g}x divergence) with no "
+        f"non-finite value in {w.dt}",
+        action=f"that is the learning rate, not the precision: lower it from "
+        f"lr={ev.candidate.learning_rate:g}",
+    )
+
+
+def _near_limit(w: _Words, stats: list[LayerStats], covered: set[str]) -> Recommendation | None:
+    """3. Activations near the limit, not already named."""
+    near = [s for s in stats if s.act_limit_ratio >= NEAR_LIMIT and s.name not in covered]
+    if not near:
+        return None
+    near.sort(key=lambda s: s.act_limit_ratio, reverse=True)
+    top = near[:5]
+    sizes = ", ".join(f"`{s.label}` {_num(s.act_max)} ({s.act_limit_ratio:.0%})" for s in top)
+    return Recommendation(
+        kind="keep_fp32",
+        layers=[s.name for s in top],
+        evidence=f"activations near {w.dt}'s limit {_num(w.limit)}: {sizes}",
+        action=f"run {'them' if len(top) > 1 else 'it'} in fp32 {w.fp32_ctx}, or {w.alt}; "
+        "they grow as training goes on",
+    )
+
+
+def _underflow(
+    ev: Evidence, w: _Words, stats: list[LayerStats], low: int | None, high: int | None
+) -> Recommendation | None:
+    """4. Gradient underflow, and the loss scale that keeps the gradients (between 2^low and
+    2^high, see :func:`_scale_window`)."""
+    under = [s for s in stats if (s.grad_underflow or 0.0) >= UNDERFLOW_SHARE]
+    if not under:
+        return None
+    under.sort(key=lambda s: s.grad_underflow or 0.0, reverse=True)
+    worst = under[0].grad_underflow or 0.0
+    layers = [s.name for s in under[:5]]
+    evidence = (
+        f"gradients underflow in {_names(s.name for s in under[:5])} (up to {worst:.0%} of "
+        f"nonzero values flush to zero in {w.dt} at {_scales(ev)})"
+    )
+    if not ev.mode.scales_loss:
+        return Recommendation(
+            kind="keep_fp32",
+            layers=layers,
+            evidence=evidence,
+            action="this mode has no loss scaling: use fp32, or fp16 with a GradScaler",
+        )
+    if low is not None and (high is None or low <= high):
+        return Recommendation(
+            kind="raise_init_scale",
+            layers=layers,
+            evidence=evidence,
+            init_scale=2.0**low,
+            action=f"raise init_scale to {_pow2(2.0**low)}: {_KEEP_SHARE:.0%} of each "
+            f"layer's gradient values then stay at or above {w.dt}'s smallest subnormal",
+        )
+    return Recommendation(
+        kind="use_bf16",
+        layers=layers,
+        evidence=evidence,
+        action=f"no single loss scale fits: the largest gradients need at most "
+        f"{_pow2(2.0 ** (high or 0))} and the smallest at least {_pow2(2.0 ** (low or 0))}; "
+        "use bf16",
+    )
+
+
+def _wasted_steps(
+    ev: Evidence, w: _Words, high: int | None, biggest: float
+) -> Recommendation | None:
+    """5. A starting scale so high that the first steps are skipped (harmless, but wasted);
+    asked only where no gradient underflows."""
+    if not (ev.mode.scales_loss and ev.skipped):
+        return None
+    if high is None or 2.0**high >= ev.candidate.init_scale:
+        return None
+    return Recommendation(
+        kind="lower_init_scale",
+        init_scale=2.0**high,
+        evidence=f"the GradScaler skipped {ev.skipped} of {len(ev.losses)} steps: at "
+        f"init_scale {_pow2(ev.candidate.init_scale)} the largest gradient, {_num(biggest)} "
+        f"unscaled, overflows {w.dt}'s {_num(w.limit)}",
+        action=f"start at init_scale {_pow2(2.0**high)} to save those steps (the scaler "
+        "backs off by itself; this is not a failure)",
+    )
 
 
 def _scale_window(ev: Evidence, ran: list[LayerFigures]) -> tuple[int | None, int | None, float]:

@@ -357,7 +357,7 @@ def refuse_mode(cfg: TunedConfig, target: str, device: str) -> None:
         )
 
 
-def make_export(
+def make_export(  # noqa: PLR0913 - an Export's parts, in the order each exporter has them
     target: str,
     cfg: TunedConfig,
     device: str,

@@ -142,13 +142,38 @@ def hf_optimizer(cfg: TunedConfig) -> HfOptimizer:
             f"be what was tuned; {_RESEARCH}"
         )
         return out
+    defaults = _place_settings(cfg, out, name=name, optim=optim, places=places)
+    # Not recorded (a hand-written config): the optimizer's own default, not the Trainer's 0.
+    out.fields.setdefault("weight_decay", float(defaults.get("weight_decay", 0.0)))
+    if out.fields["weight_decay"]:
+        out.notes.append(
+            f"the Trainer applies weight_decay={out.fields['weight_decay']:g} to weights only, "
+            "not to biases and LayerNorm parameters; the search decayed every parameter"
+        )
+    return out
+
+
+def _place_settings(
+    cfg: TunedConfig,
+    out: HfOptimizer,
+    *,
+    name: str,
+    optim: str,
+    places: dict[str, str | tuple[str, str]],
+) -> dict[str, Any]:
+    """Each recorded setting where the Trainer reads it (a field, or optim_args); one it has
+    no place for passes only at the optimizer's default.
+
+    Returns:
+        The optimizer's own defaults.
+    """
     defaults = {
         k: p.default
         for k, p in inspect.signature(torch_optimizer(name)).parameters.items()
         if p.default is not inspect.Parameter.empty
     }
     optim_args: list[str] = []
-    for arg, value in settings.items():
+    for arg, value in (cfg.optimizer_kwargs or {}).items():
         place = "weight_decay" if arg == "weight_decay" else places.get(arg)
         if place is not None and not _fits(place, value):
             raise _unsupported(name, f"{arg}={value!r} is not what its {place} takes", cfg)
@@ -162,14 +187,7 @@ def hf_optimizer(cfg: TunedConfig) -> HfOptimizer:
             raise _unsupported(name, f"its {optim!r} takes no {arg}={value!r}", cfg)
     if optim_args:
         out.fields["optim_args"] = ",".join(optim_args)
-    # Not recorded (a hand-written config): the optimizer's own default, not the Trainer's 0.
-    out.fields.setdefault("weight_decay", float(defaults.get("weight_decay", 0.0)))
-    if out.fields["weight_decay"]:
-        out.notes.append(
-            f"the Trainer applies weight_decay={out.fields['weight_decay']:g} to weights only, "
-            "not to biases and LayerNorm parameters; the search decayed every parameter"
-        )
-    return out
+    return defaults
 
 
 def _fits(place: str | tuple[str, ...], value: Any) -> bool:

@@ -14,17 +14,16 @@ from typing import Any, cast
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune import study_keys
 from autotune.config import TunedConfig, load_config
 from autotune.crown import stored_config
+from autotune.enums import Role
 from autotune.errors import ConfigError, StorageError
 from autotune.reference import ReferenceMeasurement, ReferenceRecord, stored_references
 from autotune.spec import StudySpec
 from autotune.storage import mask_url, open_storage
 from autotune.trials import (
-    CONFIG_KEY,
     DEFAULT_INIT_SCALE,
-    ROLE_AMP,
-    ROLE_REFERENCE,
     TrialRecord,
     ceilings_key,
     feasible_trials,
@@ -254,7 +253,7 @@ def _pick_reference(data: ReportData, attrs: dict[str, Any], roles: dict[str, Fr
                 f"shows {where[0]}:{where[1]}'s"
             )
         return
-    t = roles.get(ROLE_REFERENCE)
+    t = roles.get(Role.REFERENCE)
     if t is None or "batch_size" not in t.params:
         return
     # An older study: the reference was a trial, measured once, without an interval.
@@ -291,8 +290,8 @@ def _find_config(
     places: list[Path] = []
     if out_dir is not None:
         places.append(out_dir / "best.json")
-    if study.user_attrs.get("best_config"):
-        places.append(Path(str(study.user_attrs["best_config"])))
+    if study.user_attrs.get(study_keys.BEST_CONFIG):
+        places.append(Path(str(study.user_attrs[study_keys.BEST_CONFIG])))
     places.append(Path("studies") / study.study_name / "best.json")
     for path in dict.fromkeys(places):
         if not path.is_file():
@@ -309,7 +308,7 @@ def _find_config(
     # The search also stores the config in the study: the one copy every box of a
     # PostgreSQL-backed study can read.
     stored = stored_config(study)
-    if stored is None and study.user_attrs.get(CONFIG_KEY) is not None:
+    if stored is None and study.user_attrs.get(study_keys.CONFIG) is not None:
         notes.append("the config stored in the study does not validate")
     return stored, None
 
@@ -408,7 +407,7 @@ def collect(
     """
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
     attrs = study.user_attrs
-    spec = dict(attrs.get("spec") or {})
+    spec = dict(attrs.get(study_keys.SPEC) or {})
     if "storage" in spec:  # a study stored by an older version may hold the password
         spec["storage"] = mask_url(str(spec["storage"]))
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
@@ -429,7 +428,7 @@ def collect(
     )
     roles = role_trials(trials)
     _pick_reference(data, attrs, roles)
-    data.amp_recipe = roles.get(ROLE_AMP)
+    data.amp_recipe = roles.get(Role.AMP_RECIPE)
     data.winner, data.winner_note = _winner(data)
     data.importances, data.importance_note = _importances(study, data)
     return data

@@ -7,6 +7,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TunedConfig
+from autotune.enums import Outcome, Role
 from autotune.progress import scale_text
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._evidence import reference_figure, validation_figure
@@ -29,7 +30,7 @@ from autotune.report._plots import (
     throughput_figure,
 )
 from autotune.report._svg import esc
-from autotune.trials import ROLE_AMP, ROLE_REFERENCE, display_outcome
+from autotune.trials import display_outcome
 from autotune.trials import label as params_label
 
 __all__ = ["render_html"]
@@ -139,9 +140,9 @@ def _role(data: ReportData, t: FrozenTrial) -> str:
     role = data.rec(t).role
     if data.rec(t).tuned_config:
         return "best.json's config"
-    if role == ROLE_REFERENCE:
+    if role == Role.REFERENCE:
         return "reference"
-    if role == ROLE_AMP:
+    if role == Role.AMP_RECIPE:
         return "AMP recipe"
     if role and role.endswith("_at_base"):
         return f"{role[: -len('_at_base')]} at base"
@@ -177,6 +178,18 @@ def _winner_card(data: ReportData, cfg: TunedConfig) -> str:
         line += f", over {ev.paired_blocks} paired blocks"
     if ev.speedup_vs_amp:
         line += f" · {ev.speedup_vs_amp:.2f}× the plain AMP recipe"
+    facts = _winner_facts(data, cfg)
+    return (
+        f'<div class="winner-card{"" if ev.validated else " fallback"}">'
+        f'<div class="big">{esc(settings)}{badge}</div><div>{line}</div>'
+        f"<div>{esc(' · '.join(facts))}</div>"
+        f'<div class="note">{esc(sentences(ev.validation_note))}</div></div>'
+    )
+
+
+def _winner_facts(data: ReportData, cfg: TunedConfig) -> list[str]:
+    """The winner's evidence beyond its speed: the search's figure, parity, memory, noise."""
+    ev = cfg.evidence
     facts = []
     if ev.search_speedup is not None:
         facts.append(
@@ -201,12 +214,7 @@ def _winner_card(data: ReportData, cfg: TunedConfig) -> str:
         facts.append(
             f"timing noise of this device ±{data.noise_interval:.1%} (the reference's interval)"
         )
-    return (
-        f'<div class="winner-card{"" if ev.validated else " fallback"}">'
-        f'<div class="big">{esc(settings)}{badge}</div><div>{line}</div>'
-        f"<div>{esc(' · '.join(facts))}</div>"
-        f'<div class="note">{esc(sentences(ev.validation_note))}</div></div>'
-    )
+    return facts
 
 
 Row = tuple[str, str, str, str, Any, str]
@@ -218,7 +226,7 @@ def _trial_row(data: ReportData, name: str, t: FrozenTrial | None) -> Row:
         return (name, "—", "—", "—", None, "not run")
     rec = data.rec(t)
     outcome = _outcome(t)
-    if rec.reason and outcome != "completed":
+    if rec.reason and outcome != Outcome.COMPLETED:
         outcome += f": {rec.reason}"
     settings = params_label(t.params) if t.params else "not run yet"
     tp = "—"
@@ -396,7 +404,7 @@ def _trials_table(data: ReportData) -> str:
         rec = data.rec(t)
         outcome, state = _outcome(t), t.state.name.lower()
         classes = [state]
-        if outcome == "infeasible":
+        if outcome == Outcome.INFEASIBLE:
             classes.append("infeasible")
         if t.number == winner:
             classes.append("winner")

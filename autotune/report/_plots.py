@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.enums import Outcome
 from autotune.parity import smoothed_loss_at
 from autotune.progress import scale_text
 from autotune.reference import ReferenceRecord
@@ -89,87 +90,21 @@ def throughput_figure(data: ReportData) -> Figure:
     trials = _measured(data)
     done = [t for t in trials if t.state == TrialState.COMPLETE and data.rec(t).throughput]
     lost = [t for t in trials if t.state in (TrialState.PRUNED, TrialState.FAIL)]
-    ref, ref_m = data.reference, data.reference_latest
     if not done and not lost:
         return Figure(None, note="No trial has run yet: nothing to plot.")
-    sizes = [int(t.params["batch_size"]) for t in done + lost]
-    sizes += [b for b in data.ceilings.values() if b > 0]
-    if ref is not None and ref_m is not None:
-        sizes.append(ref.batch_size)
-    lo, hi = min(sizes) / 1.5, max(sizes) * 1.5
-    tops = [data.rec(t).throughput_high or data.rec(t).throughput or 0.0 for t in done]
-    if ref_m is not None:
-        tops.append(ref_m.high)
-    _, y_hi, y_ticks = nice_range(0, max(tops, default=1.0) * 1.08)
-    plot = Plot((lo, hi), (0, y_hi), x_log2=True, label="throughput by batch size per mode")
-    ticks: list[float] = sorted(set(sizes))
-    if len(ticks) > 9:
-        ticks = _pow2_ticks(lo, hi)
-    plot.axes(ticks, y_ticks, x_label="batch size (log scale)", y_label="samples/s")
+    plot = _throughput_axes(data, done, lost)
     modes = list(dict.fromkeys(str(t.params["precision"]) for t in done + lost))
     modes += [m for m in data.ceilings if m not in modes]
-    for row, mode in enumerate(sorted(data.ceilings, key=lambda m: data.ceilings[m])):
-        b = data.ceilings[mode]
-        if b > 0:
-            why = data.ceiling_limits.get(mode)
-            plot.vline(
-                b,
-                mode_color(mode),
-                label=f"{mode} ceiling {b}"
-                + (f" ({_LIMIT_WORDS[why]})" if why in _LIMIT_WORDS else ""),
-                row=row,
-                title=ceiling_text(mode, b, why),
-            )
-    bars = 0
-    if ref is not None and ref_m is not None:
-        # Drawn first: a trial at the reference's batch size stays visible on top of it.
-        low, high = measured_interval(ref_m)
-        text = throughput_text(ref_m.throughput, low, high, unit=" samples/s")
-        title = f"fp32 reference {ref_label(ref)}: {text} (its latest measurement)"
-        if low is not None and high is not None:
-            plot.errorbar(ref.batch_size, low, high, REF_COLOR, title=title)
-            bars += 1
-        plot.marker(ref.batch_size, ref_m.throughput, REF_COLOR, kind="square", title=title)
+    _draw_ceilings(plot, data)
+    # The reference is drawn first: a trial at its batch size stays visible on top of it.
+    bars = _draw_reference(plot, data)
     for mode in modes:
-        color = mode_color(mode)
         mine = [t for t in done if t.params["precision"] == mode]
-        best: dict[int, float] = {}
-        for t in mine:
-            b, tp = int(t.params["batch_size"]), float(data.rec(t).throughput or 0.0)
-            best[b] = max(best.get(b, 0.0), tp)
-        plot.line(sorted(best.items()), color, width=1.5, opacity=0.55, dots=False)
-        for t in mine:
-            rec = data.rec(t)
-            ok = is_feasible(t)
-            text = throughput_text(
-                rec.throughput, rec.throughput_low, rec.throughput_high, unit=" samples/s"
-            )
-            text += ", " + ratio_text(*data.speedup(t)) + " the fp32 reference"
-            if rec.blocks:
-                text += f", {rec.blocks} timed blocks"
-            if rec.throughput_low is not None and rec.throughput_high is not None:
-                plot.errorbar(
-                    t.params["batch_size"],
-                    rec.throughput_low,
-                    rec.throughput_high,
-                    color,
-                    title=_tip(t, "95% interval " + text),
-                )
-                bars += 1
-            plot.marker(
-                t.params["batch_size"],
-                float(rec.throughput or 0.0),
-                color,
-                kind="dot" if ok else "ring",
-                title=_tip(t, text + ("" if ok else ", infeasible (parity)")),
-            )
-        for t in lost:
-            if t.params["precision"] == mode:
-                plot.marker(
-                    t.params["batch_size"], 0, color, kind="cross", title=_tip(t, _why(data, t))
-                )
+        bars += _draw_mode(
+            plot, data, mode, mine, [t for t in lost if t.params["precision"] == mode]
+        )
     legend = [(m, mode_color(m), "dot") for m in modes]
-    if ref is not None and ref_m is not None:
+    if data.reference is not None and data.reference_latest is not None:
         legend.append(("fp32 reference (latest)", REF_COLOR, "square"))
     legend += [("infeasible (loss parity)", "#777", "ring"), ("pruned or failed", "#777", "cross")]
     legend.append(("batch ceiling", "#777", "dash"))
@@ -189,6 +124,101 @@ def throughput_figure(data: ReportData) -> Figure:
     if not bars and done:
         note = "These probes recorded no interval (an older study): points without bars."
     return Figure(plot.render(), caption=caption, legend=legend, note=note)
+
+
+def _throughput_axes(data: ReportData, done: list[FrozenTrial], lost: list[FrozenTrial]) -> Plot:
+    """The throughput chart's axes: every batch size tried, ceiling or reference on a log2
+    axis; samples/s up to the highest interval."""
+    ref, ref_m = data.reference, data.reference_latest
+    sizes = [int(t.params["batch_size"]) for t in done + lost]
+    sizes += [b for b in data.ceilings.values() if b > 0]
+    if ref is not None and ref_m is not None:
+        sizes.append(ref.batch_size)
+    lo, hi = min(sizes) / 1.5, max(sizes) * 1.5
+    tops = [data.rec(t).throughput_high or data.rec(t).throughput or 0.0 for t in done]
+    if ref_m is not None:
+        tops.append(ref_m.high)
+    _, y_hi, y_ticks = nice_range(0, max(tops, default=1.0) * 1.08)
+    plot = Plot((lo, hi), (0, y_hi), x_log2=True, label="throughput by batch size per mode")
+    ticks: list[float] = sorted(set(sizes))
+    if len(ticks) > 9:
+        ticks = _pow2_ticks(lo, hi)
+    plot.axes(ticks, y_ticks, x_label="batch size (log scale)", y_label="samples/s")
+    return plot
+
+
+def _draw_ceilings(plot: Plot, data: ReportData) -> None:
+    """Each mode's ceiling, a dashed line labelled with what limited it."""
+    for row, mode in enumerate(sorted(data.ceilings, key=lambda m: data.ceilings[m])):
+        b = data.ceilings[mode]
+        if b > 0:
+            why = data.ceiling_limits.get(mode)
+            plot.vline(
+                b,
+                mode_color(mode),
+                label=f"{mode} ceiling {b}"
+                + (f" ({_LIMIT_WORDS[why]})" if why in _LIMIT_WORDS else ""),
+                row=row,
+                title=ceiling_text(mode, b, why),
+            )
+
+
+def _draw_reference(plot: Plot, data: ReportData) -> int:
+    """The fp32 reference's latest measurement, with its interval; returns the bars drawn."""
+    ref, ref_m = data.reference, data.reference_latest
+    if ref is None or ref_m is None:
+        return 0
+    low, high = measured_interval(ref_m)
+    text = throughput_text(ref_m.throughput, low, high, unit=" samples/s")
+    title = f"fp32 reference {ref_label(ref)}: {text} (its latest measurement)"
+    bars = 0
+    if low is not None and high is not None:
+        plot.errorbar(ref.batch_size, low, high, REF_COLOR, title=title)
+        bars += 1
+    plot.marker(ref.batch_size, ref_m.throughput, REF_COLOR, kind="square", title=title)
+    return bars
+
+
+def _draw_mode(
+    plot: Plot, data: ReportData, mode: str, done: list[FrozenTrial], lost: list[FrozenTrial]
+) -> int:
+    """One mode's probes: a faint line through its best per batch size, each probe with its
+    interval (a ring when infeasible), and its lost trials on the axis; returns the bars drawn."""
+    color = mode_color(mode)
+    best: dict[int, float] = {}
+    for t in done:
+        b, tp = int(t.params["batch_size"]), float(data.rec(t).throughput or 0.0)
+        best[b] = max(best.get(b, 0.0), tp)
+    plot.line(sorted(best.items()), color, width=1.5, opacity=0.55, dots=False)
+    bars = 0
+    for t in done:
+        rec = data.rec(t)
+        ok = is_feasible(t)
+        text = throughput_text(
+            rec.throughput, rec.throughput_low, rec.throughput_high, unit=" samples/s"
+        )
+        text += ", " + ratio_text(*data.speedup(t)) + " the fp32 reference"
+        if rec.blocks:
+            text += f", {rec.blocks} timed blocks"
+        if rec.throughput_low is not None and rec.throughput_high is not None:
+            plot.errorbar(
+                t.params["batch_size"],
+                rec.throughput_low,
+                rec.throughput_high,
+                color,
+                title=_tip(t, "95% interval " + text),
+            )
+            bars += 1
+        plot.marker(
+            t.params["batch_size"],
+            float(rec.throughput or 0.0),
+            color,
+            kind="dot" if ok else "ring",
+            title=_tip(t, text + ("" if ok else ", infeasible (parity)")),
+        )
+    for t in lost:
+        plot.marker(t.params["batch_size"], 0, color, kind="cross", title=_tip(t, _why(data, t)))
+    return bars
 
 
 def ref_label(ref: ReferenceRecord) -> str:
@@ -274,7 +304,7 @@ def _scale_points(data: ReportData, t: FrozenTrial) -> tuple[list[tuple[float, f
     probe never grows it. The second value says so, for the derived point's tooltip."""
     rec = data.rec(t)
     pts = [(float(s), v) for s, v in rec.scales if v and v > 0]
-    if rec.outcome != "diverged":
+    if rec.outcome != Outcome.DIVERGED:
         return pts, ""
     at = float(next((i for i, v in enumerate(rec.losses) if v is None), len(rec.losses)))
     if pts and at <= pts[-1][0]:
@@ -328,7 +358,7 @@ def scale_figure(data: ReportData) -> Figure:
             derived = note and j == len(pts) - 1
             tip = f"{name}: step {s:g}, scale {scale_text(v)}" + (f"; {note}" if derived else "")
             plot.marker(s, v, color, r=3.5, title=tip)
-        if data.rec(t).outcome == "diverged" and pts:
+        if data.rec(t).outcome == Outcome.DIVERGED and pts:
             diverged += 1
             s, v = pts[-1]
             why = data.rec(t).reason or "diverged"
@@ -399,33 +429,12 @@ def history_figure(data: ReportData) -> Figure:
     plot.axes(x_ticks, y_ticks, x_label="trial number", y_label=_Y_LABELS[data.objective])
     if speedup and y_lo <= 1 <= y_hi:
         plot.hline(1, REF_COLOR, label="fp32 reference", dash="2 3")
-    best: float | None = None
-    steps: list[tuple[float, float | None]] = []
-    for t in sorted(done, key=lambda t: t.number):
-        if is_feasible(t):
-            v = measured[t.number]
-            if best is None or (v > best if data.maximize else v < best):
-                best = v
-        if best is not None:
-            steps.append((t.number, best))
+    steps = _best_so_far(data, done, measured)
     if steps:
         steps.append((last + 0.5, steps[-1][1]))
         plot.line(steps, "#2a9d8f", width=2, step=True, title="best feasible so far")
     for t in done:
-        ok, rec = is_feasible(t), data.rec(t)
-        color = mode_color(t.params.get("precision"))
-        if speedup:
-            tail = ratio_text(measured[t.number], rec.speedup_low, rec.speedup_high, x="×")
-        else:
-            tail = _value_text(data, measured[t.number])
-        tail += "" if ok else ", infeasible (parity)"
-        if rec.duplicate_of is not None:
-            tail += f", reused trial {rec.duplicate_of}"
-        if speedup and rec.speedup_low is not None and rec.speedup_high is not None:
-            plot.errorbar(t.number, rec.speedup_low, rec.speedup_high, color, title=_tip(t, tail))
-        plot.marker(
-            t.number, measured[t.number], color, kind="dot" if ok else "ring", title=_tip(t, tail)
-        )
+        _draw_objective(plot, data, t, measured[t.number])
     for t in lost:
         plot.marker(
             t.number,
@@ -450,6 +459,40 @@ def history_figure(data: ReportData) -> Figure:
     else:
         caption += "."
     return Figure(plot.render(), caption=caption, legend=legend)
+
+
+def _best_so_far(
+    data: ReportData, done: list[FrozenTrial], measured: dict[int, float]
+) -> list[tuple[float, float | None]]:
+    """The best feasible objective after each completed trial, in trial order."""
+    best: float | None = None
+    steps: list[tuple[float, float | None]] = []
+    for t in sorted(done, key=lambda t: t.number):
+        if is_feasible(t):
+            v = measured[t.number]
+            if best is None or (v > best if data.maximize else v < best):
+                best = v
+        if best is not None:
+            steps.append((t.number, best))
+    return steps
+
+
+def _draw_objective(plot: Plot, data: ReportData, t: FrozenTrial, value: float) -> None:
+    """One completed trial's objective: a dot (a ring when infeasible), and a speedup's
+    interval as a bar."""
+    ok, rec = is_feasible(t), data.rec(t)
+    color = mode_color(t.params.get("precision"))
+    speedup = data.objective == "speedup"
+    if speedup:
+        tail = ratio_text(value, rec.speedup_low, rec.speedup_high, x="×")
+    else:
+        tail = _value_text(data, value)
+    tail += "" if ok else ", infeasible (parity)"
+    if rec.duplicate_of is not None:
+        tail += f", reused trial {rec.duplicate_of}"
+    if speedup and rec.speedup_low is not None and rec.speedup_high is not None:
+        plot.errorbar(t.number, rec.speedup_low, rec.speedup_high, color, title=_tip(t, tail))
+    plot.marker(t.number, value, color, kind="dot" if ok else "ring", title=_tip(t, tail))
 
 
 def importance_figure(data: ReportData) -> Figure:

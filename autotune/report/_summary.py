@@ -18,11 +18,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from autotune.enums import Role
 from autotune.progress import scale_text
 from autotune.reference import ReferenceRecord
 from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.report._knobs import config_knobs, knob_lines
-from autotune.trials import ROLE_AMP, display_outcome, record, role_trials
+from autotune.trials import display_outcome, record, role_trials
 
 __all__ = ["print_summary"]
 
@@ -186,7 +187,7 @@ def summary_table(result: Any, width: int = 80) -> Table:
     Cells wrap between words, never inside one (``init_scale=65536`` stays whole); an outcome
     is a few words (a baseline's reason follows the table).
     """
-    amp = role_trials(result.study.get_trials(deepcopy=False)).get(ROLE_AMP)
+    amp = role_trials(result.study.get_trials(deepcopy=False)).get(Role.AMP_RECIPE)
     rows = [*_winner_rows(result), _reference_row(result.reference), _amp_row(amp)]
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1))
     for (head, _, _), w in zip(_COLUMNS, _widths(rows, width), strict=True):
@@ -220,7 +221,7 @@ def print_summary(result: Any, console: Console) -> None:
         highlight=False,
     )
     console.print(summary_table(result, console.width))
-    amp = role_trials(result.study.get_trials(deepcopy=False)).get(ROLE_AMP)
+    amp = role_trials(result.study.get_trials(deepcopy=False)).get(Role.AMP_RECIPE)
     if amp is not None and amp.state != TrialState.COMPLETE and record(amp).reason:
         outcome = display_outcome(amp) or amp.state.name.lower()
         line = f"plain AMP recipe: {outcome}: {record(amp).reason}"

@@ -90,7 +90,7 @@ class Plot:
         True
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - drawing options, keyword-only with defaults, as matplotlib's
         self,
         x_range: tuple[float, float],
         y_range: tuple[float, float],
@@ -186,7 +186,7 @@ class Plot:
             f'transform="rotate(-90 14 {cy})">{esc(y_label)}</text>'
         )
 
-    def line(
+    def line(  # noqa: PLR0913 - drawing options, keyword-only with defaults, as matplotlib's
         self,
         points: Sequence[tuple[float, float | None]],
         color: str,

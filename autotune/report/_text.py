@@ -55,53 +55,10 @@ def render_text(data: ReportData) -> str:
     cfg = data.config
     device = cfg.environment.device if cfg else str(data.spec.get("device", "?"))
     lines = [f"study {data.name!r}: {data.spec.get('workload', '?')} on {device}"]
-    if cfg is not None:
-        ev = cfg.evidence
-        settings = f"{cfg.precision} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}"
-        if cfg.grad_scaler.enabled:
-            settings += f" init_scale={scale_text(cfg.grad_scaler.init_scale)}"
-        settings += config_knobs(cfg, data.winner.params if data.winner else None)
-        status = "validated" if ev.validated else "NOT validated: fp32 fallback"
-        blocks = f" over {ev.paired_blocks} paired blocks" if ev.paired_blocks else ""
-        lines.append(
-            f"winner: {settings}: {throughput_text(ev.throughput, unit=' samples/s')}, "
-            f"{ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high)} the fp32 reference"
-            f"{blocks} ({status})"
-        )
-        if ev.search_speedup is not None:
-            lines.append(
-                f"  the search measured {ev.search_speedup:.2f}x: search optimism "
-                f"{optimism_text(ev.search_optimism)}"
-            )
-        if ev.parity_gap is not None:
-            lines.append(
-                f"  loss parity {ev.parity_gap:+.1%} (tolerance {ev.parity_tolerance:.0%})"
-            )
-    elif data.winner is not None:
-        rec = data.rec(data.winner)
-        lines.append(
-            f"best so far: trial {data.winner.number} {params_label(data.winner.params)}: "
-            f"{throughput_text(rec.throughput, unit=' samples/s')}, "
-            f"{ratio_text(*data.speedup(data.winner))} ({data.winner_note})"
-        )
-    else:
-        lines.append(f"no winner yet: {data.winner_note or 'no best.json'}")
+    lines += _winner_lines(data)
     lines.append(_reference_line(data))
     lines.append(f"timing noise: {noise_text(data.noise, data.noise_interval)}")
-    t = data.amp_recipe
-    if t is None or not t.params:
-        lines.append("plain AMP recipe: not run")
-    else:
-        rec = data.rec(t)
-        if t.state == TrialState.COMPLETE:
-            tail = (
-                f"{throughput_text(rec.throughput, unit=' samples/s')}, "
-                f"{ratio_text(*data.speedup(t))}"
-            )
-        else:
-            outcome = display_outcome(t) or t.state.name.lower()
-            tail = f"{outcome}: {rec.reason}".rstrip(": ")
-        lines.append(f"plain AMP recipe: {params_label(t.params)}: {tail}")
+    lines.append(_amp_recipe_line(data))
     c = data.counts()
     lines.append(
         f"trials: {c['complete']} complete ({c['infeasible']} infeasible), {c['pruned']} pruned, "
@@ -109,20 +66,7 @@ def render_text(data: ReportData) -> str:
         + (f", {c['not_run']} queued but never run" if c["not_run"] else "")
         + (f", {c['other']} not finished" if c["other"] else "")
     )
-    ranked = sorted(
-        feasible_trials(data.trials),
-        key=lambda t: float(t.value or 0),
-        reverse=data.maximize,
-    )[:_TOP]
-    if ranked:
-        lines.append("best feasible trials:")
-        for t in ranked:
-            rec = data.rec(t)
-            lines.append(
-                f"  #{t.number:<3} {params_label(t.params):<40} "
-                f"{throughput_text(rec.throughput, unit=' samples/s'):>20}  "
-                f"{ratio_text(*data.speedup(t))}"
-            )
+    lines += _best_trial_lines(data)
     found = cfg.evidence.fp16_diagnosis if cfg is not None else None
     if found:
         islands = f"; fp32 islands {found['islands']}" if found.get("islands") else ""
@@ -141,3 +85,73 @@ def render_text(data: ReportData) -> str:
         ]
     lines += [f"note: {n}" for n in data.notes]
     return "\n".join(lines)
+
+
+def _winner_lines(data: ReportData) -> list[str]:
+    """The validated config with its evidence; else the best trial so far, or why none."""
+    cfg = data.config
+    if cfg is None:
+        if data.winner is None:
+            return [f"no winner yet: {data.winner_note or 'no best.json'}"]
+        rec = data.rec(data.winner)
+        return [
+            f"best so far: trial {data.winner.number} {params_label(data.winner.params)}: "
+            f"{throughput_text(rec.throughput, unit=' samples/s')}, "
+            f"{ratio_text(*data.speedup(data.winner))} ({data.winner_note})"
+        ]
+    ev = cfg.evidence
+    settings = f"{cfg.precision} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}"
+    if cfg.grad_scaler.enabled:
+        settings += f" init_scale={scale_text(cfg.grad_scaler.init_scale)}"
+    settings += config_knobs(cfg, data.winner.params if data.winner else None)
+    status = "validated" if ev.validated else "NOT validated: fp32 fallback"
+    blocks = f" over {ev.paired_blocks} paired blocks" if ev.paired_blocks else ""
+    lines = [
+        f"winner: {settings}: {throughput_text(ev.throughput, unit=' samples/s')}, "
+        f"{ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high)} the fp32 reference"
+        f"{blocks} ({status})"
+    ]
+    if ev.search_speedup is not None:
+        lines.append(
+            f"  the search measured {ev.search_speedup:.2f}x: search optimism "
+            f"{optimism_text(ev.search_optimism)}"
+        )
+    if ev.parity_gap is not None:
+        lines.append(f"  loss parity {ev.parity_gap:+.1%} (tolerance {ev.parity_tolerance:.0%})")
+    return lines
+
+
+def _amp_recipe_line(data: ReportData) -> str:
+    """The plain AMP recipe (fp16, GradScaler's defaults): what it measured, or why not."""
+    t = data.amp_recipe
+    if t is None or not t.params:
+        return "plain AMP recipe: not run"
+    rec = data.rec(t)
+    if t.state == TrialState.COMPLETE:
+        tail = (
+            f"{throughput_text(rec.throughput, unit=' samples/s')}, {ratio_text(*data.speedup(t))}"
+        )
+    else:
+        outcome = display_outcome(t) or t.state.name.lower()
+        tail = f"{outcome}: {rec.reason}".rstrip(": ")
+    return f"plain AMP recipe: {params_label(t.params)}: {tail}"
+
+
+def _best_trial_lines(data: ReportData) -> list[str]:
+    """The best few feasible trials, one line each."""
+    ranked = sorted(
+        feasible_trials(data.trials),
+        key=lambda t: float(t.value or 0),
+        reverse=data.maximize,
+    )[:_TOP]
+    if not ranked:
+        return []
+    lines = ["best feasible trials:"]
+    for t in ranked:
+        rec = data.rec(t)
+        lines.append(
+            f"  #{t.number:<3} {params_label(t.params):<40} "
+            f"{throughput_text(rec.throughput, unit=' samples/s'):>20}  "
+            f"{ratio_text(*data.speedup(t))}"
+        )
+    return lines

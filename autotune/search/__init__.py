@@ -69,7 +69,7 @@ __all__ = [
 ]
 
 
-def run_search(
+def run_search(  # noqa: PLR0913 - public API: the search's options, keyword-only
     spec: StudySpec,
     *,
     out_dir: str | Path | None = None,

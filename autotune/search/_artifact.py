@@ -11,11 +11,11 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Evidence, GradScalerSettings, TrialCounts, TunedConfig
-from autotune.facts import WorkerFacts
 from autotune.knobs import break_even_steps
 from autotune.reference import ReferenceRecord
 from autotune.result import PairedResult
-from autotune.search._validate import Selection
+from autotune.search._context import SearchContext
+from autotune.search._validate import Rerun, Selection
 from autotune.spec import Candidate, StudySpec
 from autotune.trials import (
     Rejection,
@@ -89,28 +89,23 @@ def _saving(peak: int | None, base: int | None) -> float | None:
     return 1 - peak / base
 
 
-def build_config(
-    spec: StudySpec,
-    facts: WorkerFacts,
+def build_config(  # noqa: PLR0913 - what the phases found, each named at the one call site
+    ctx: SearchContext,
     *,
-    rule: str,
     selection: Selection | None,
     reference: ReferenceRecord,
     reference_run: PairedResult | None,
     amp_recipe: FrozenTrial | None,
     trials: list[FrozenTrial],
     rejected: list[Rejection],
-    cut: dict[str, str],
-    ceilings: dict[str, int],
     seed_noise: float,
     fp16_diagnosis: dict[str, Any] | None,
 ) -> TunedConfig:
     """The TunedConfig of a finished search.
 
     Args:
-        spec: the study spec.
-        facts: the workload's and the device's facts (the environment comes from here).
-        rule: the lr scaling rule the search used.
+        ctx: the search's context: the spec, the facts (the environment comes from there),
+            the space (its lr rule), what the device cut and each mode's batch ceiling.
         selection: what validation decided; None when there was nothing to validate.
         reference: the fp32 reference of this machine and device.
         reference_run: a paired rerun whose reference arm describes the reference best (the
@@ -118,109 +113,38 @@ def build_config(
         amp_recipe: the plain AMP recipe's trial, when it ran.
         trials: every trial of the study.
         rejected: why candidates were rejected, search and validation.
-        cut: what the device cut from the space, with the reasons.
-        ceilings: the batch ceilings per mode.
         seed_noise: the reference's seed-to-seed loss gap validation allowed.
         fp16_diagnosis: the per-layer diagnosis of the worst diverged fp16 trial, if any.
     """
-    val = spec.validation
+    spec, facts = ctx.spec, ctx.facts
     amp = baseline(amp_recipe)
-    latest = reference.latest()
-    noise = latest.spread if latest is not None else None
     common: dict[str, Any] = {
         "parity_tolerance": spec.parity_tolerance,
         "trials": counts(trials),
-        "lr_scaling": rule,
+        "lr_scaling": ctx.space.rule,
         "base_learning_rate": facts.base_lr,
         "base_batch_size": facts.base_batch_size,
         "rejected": [str(r) for r in rejected[:10]],
-        "cut": cut,
-        "ceilings": ceilings,
+        "cut": ctx.cut,
+        "ceilings": ctx.ceilings,
         "fp16_diagnosis": fp16_diagnosis,
         "amp_throughput": amp.get("throughput"),
     }
     winner = selection.winner if selection is not None else None
-    notes = selection.notes if selection is not None else []
     if winner is not None and winner.paired is not None:
-        paired = winner.paired
-        c, r = paired.candidate, paired.reference
         cand = candidate(winner.trial)
-        searched = record(winner.trial).speedup
-        assert paired.speedup is not None
-        gap = winner.gap
-        amp_speedup = amp.get("speedup")
         if cand.compile:
-            common.update(compile_evidence(winner.trial, cand, trials, c.compile_seconds))
-        evidence = Evidence(
-            throughput=c.throughput,
-            throughput_low=c.throughput_low,
-            throughput_high=c.throughput_high,
-            baseline_throughput=r.throughput,
-            speedup=paired.speedup,
-            speedup_low=paired.speedup_low,
-            speedup_high=paired.speedup_high,
-            paired_blocks=paired.pairs,
-            search_speedup=searched,
-            search_optimism=(searched / paired.speedup - 1) if searched else None,
-            noise=r.spread if r.spread is not None else noise,
-            speedup_vs_amp=(paired.speedup / amp_speedup) if amp_speedup else None,
-            peak_memory_bytes=c.peak_memory,
-            baseline_peak_memory_bytes=r.peak_memory,
-            memory_saving=_saving(c.peak_memory, r.peak_memory),
-            loss=gap[1] if gap else None,
-            baseline_loss=gap[2] if gap else None,
-            parity_gap=gap[0] if gap else None,
-            skipped_steps=c.skipped_steps,
-            validated=True,
-            validation_note="; ".join(notes)
-            or (
-                f"{paired.pairs} timed blocks interleaved with the fp32 reference's, seed "
-                f"{c.seed}, {c.timed_steps} steps (parity tolerance {spec.parity_tolerance:.0%} "
-                f"+ seed noise {seed_noise:.1%}); the winner has the best lower bound of those "
-                f"that cleared {val.min_speedup:.2f}x"
-            ),
-            **common,
-        )
+            common.update(
+                compile_evidence(
+                    winner.trial, cand, trials, winner.paired.candidate.compile_seconds
+                )
+            )
+        notes = selection.notes if selection is not None else []
+        note = "; ".join(notes) or _winner_note(spec, winner.paired, seed_noise)
+        evidence = _winner_evidence(winner, reference, amp, common, note=note)
     else:
         cand = reference.candidate()
-        if selection is None:
-            why = (
-                f"no feasible candidate's speedup reached {val.min_speedup:.2f}x the fp32 "
-                "reference in the search"
-            )
-        else:
-            why = f"no candidate's validated lower bound cleared {val.min_speedup:.2f}x"
-        if notes:
-            why += " (" + "; ".join(notes) + ")"
-        # The reference describes itself: one throughput, its own interval, 1.00x.
-        if (
-            reference_run is not None
-            and reference_run.reference.ok
-            and reference_run.reference.throughput > 0
-        ):
-            r = reference_run.reference
-            tp, low, high, peak = r.throughput, r.throughput_low, r.throughput_high, r.peak_memory
-            noise = r.spread if r.spread is not None else noise
-        elif latest is not None:
-            tp, low, high, peak = latest.throughput, latest.low, latest.high, None
-        else:
-            tp, low, high, peak = 0.0, None, None, None
-        peak = peak if peak is not None else reference.peak_memory_bytes
-        evidence = Evidence(
-            throughput=tp,
-            throughput_low=low,
-            throughput_high=high,
-            baseline_throughput=tp,
-            speedup=1.0 if tp else 0.0,
-            noise=noise,
-            speedup_vs_amp=(1.0 / amp["speedup"]) if amp.get("speedup") else None,
-            peak_memory_bytes=peak,
-            baseline_peak_memory_bytes=peak,
-            memory_saving=0.0 if peak else None,
-            validated=False,
-            validation_note=f"{why}: falling back to the fp32 reference, the safe mode",
-            **common,
-        )
+        evidence = _fallback_evidence(spec, selection, reference, reference_run, amp, common)
     return TunedConfig(
         study=spec.name,
         workload=facts.workload,
@@ -241,4 +165,111 @@ def build_config(
         lr_schedule=facts.lr_schedule,
         evidence=evidence,
         environment=facts.environment,
+    )
+
+
+def _winner_note(spec: StudySpec, paired: PairedResult, seed_noise: float) -> str:
+    """How the winner was validated, when validation left no notes of its own."""
+    c = paired.candidate
+    return (
+        f"{paired.pairs} timed blocks interleaved with the fp32 reference's, seed "
+        f"{c.seed}, {c.timed_steps} steps (parity tolerance {spec.parity_tolerance:.0%} "
+        f"+ seed noise {seed_noise:.1%}); the winner has the best lower bound of those "
+        f"that cleared {spec.validation.min_speedup:.2f}x"
+    )
+
+
+def _winner_evidence(
+    winner: Rerun,
+    reference: ReferenceRecord,
+    amp: dict[str, Any],
+    common: dict[str, Any],
+    *,
+    note: str,
+) -> Evidence:
+    """The validated winner's evidence, from its paired rerun against the reference."""
+    paired = winner.paired
+    assert paired is not None and paired.speedup is not None
+    c, r = paired.candidate, paired.reference
+    searched = record(winner.trial).speedup
+    latest = reference.latest()
+    noise = latest.spread if latest is not None else None
+    gap = winner.gap
+    amp_speedup = amp.get("speedup")
+    return Evidence(
+        throughput=c.throughput,
+        throughput_low=c.throughput_low,
+        throughput_high=c.throughput_high,
+        baseline_throughput=r.throughput,
+        speedup=paired.speedup,
+        speedup_low=paired.speedup_low,
+        speedup_high=paired.speedup_high,
+        paired_blocks=paired.pairs,
+        search_speedup=searched,
+        search_optimism=(searched / paired.speedup - 1) if searched else None,
+        noise=r.spread if r.spread is not None else noise,
+        speedup_vs_amp=(paired.speedup / amp_speedup) if amp_speedup else None,
+        peak_memory_bytes=c.peak_memory,
+        baseline_peak_memory_bytes=r.peak_memory,
+        memory_saving=_saving(c.peak_memory, r.peak_memory),
+        loss=gap[1] if gap else None,
+        baseline_loss=gap[2] if gap else None,
+        parity_gap=gap[0] if gap else None,
+        skipped_steps=c.skipped_steps,
+        validated=True,
+        validation_note=note,
+        **common,
+    )
+
+
+def _fallback_evidence(
+    spec: StudySpec,
+    selection: Selection | None,
+    reference: ReferenceRecord,
+    reference_run: PairedResult | None,
+    amp: dict[str, Any],
+    common: dict[str, Any],
+) -> Evidence:
+    """The fp32 reference's evidence, when nothing cleared validation: why, and the reference
+    describing itself (one throughput, its own interval, 1.00x)."""
+    min_speedup = spec.validation.min_speedup
+    if selection is None:
+        why = (
+            f"no feasible candidate's speedup reached {min_speedup:.2f}x the fp32 "
+            "reference in the search"
+        )
+    else:
+        why = f"no candidate's validated lower bound cleared {min_speedup:.2f}x"
+    notes = selection.notes if selection is not None else []
+    if notes:
+        why += " (" + "; ".join(notes) + ")"
+    latest = reference.latest()
+    noise = latest.spread if latest is not None else None
+    if (
+        reference_run is not None
+        and reference_run.reference.ok
+        and reference_run.reference.throughput > 0
+    ):
+        r = reference_run.reference
+        tp, low, high, peak = r.throughput, r.throughput_low, r.throughput_high, r.peak_memory
+        noise = r.spread if r.spread is not None else noise
+    elif latest is not None:
+        tp, low, high, peak = latest.throughput, latest.low, latest.high, None
+    else:
+        tp, low, high, peak = 0.0, None, None, None
+    peak = peak if peak is not None else reference.peak_memory_bytes
+    return Evidence(
+        throughput=tp,
+        throughput_low=low,
+        throughput_high=high,
+        baseline_throughput=tp,
+        speedup=1.0 if tp else 0.0,
+        noise=noise,
+        speedup_vs_amp=(1.0 / amp["speedup"]) if amp.get("speedup") else None,
+        peak_memory_bytes=peak,
+        baseline_peak_memory_bytes=peak,
+        memory_saving=0.0 if peak else None,
+        validated=False,
+        validation_note=f"{why}: falling back to the fp32 reference, the safe mode",
+        **common,
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import optuna
 
-from autotune import clock
+from autotune import clock, study_keys
 from autotune.errors import AutotuneError
 
 __all__ = [
@@ -33,8 +33,6 @@ WRITE_RESERVE = 0.5
 HARD_GRACE = 15.0
 # No ordinary trial may take more than this share of the budget.
 TRIAL_SHARE = 0.1
-
-_WINDOW = "budget_window"
 
 
 class SearchInterrupted(AutotuneError):
@@ -82,7 +80,7 @@ class Budget:
 
         Returns None when the study has no open window (nobody started a search on it).
         """
-        window = study.user_attrs.get(_WINDOW)
+        window = study.user_attrs.get(study_keys.BUDGET_WINDOW)
         if not isinstance(window, dict):
             return None
         ago = clock.wall() - float(window["started_at"])
@@ -96,11 +94,13 @@ def open_window(study: optuna.Study, budget: Budget) -> str:
         The window's id: validation runs once per window.
     """
     started_at = clock.wall() - budget.elapsed()
-    study.set_user_attr(_WINDOW, {"started_at": started_at, "seconds": budget.total})
+    study.set_user_attr(
+        study_keys.BUDGET_WINDOW, {"started_at": started_at, "seconds": budget.total}
+    )
     return window_id(study)
 
 
 def window_id(study: optuna.Study) -> str:
     """The id of the study's open budget window (``"0"`` when none is open)."""
-    window = study.user_attrs.get(_WINDOW)
+    window = study.user_attrs.get(study_keys.BUDGET_WINDOW)
     return str(window.get("started_at", 0)) if isinstance(window, dict) else "0"

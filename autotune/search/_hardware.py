@@ -20,12 +20,13 @@ import optuna
 from loguru import logger
 
 from autotune.ceilings import Ceiling, CeilingTry, find_ceiling
+from autotune.enums import Outcome, Phase
 from autotune.result import ProbeResult
 from autotune.search._budget import CEILING_SHARE
 from autotune.search._context import SearchContext
 from autotune.search._events import CeilingFound, HardwareChecked, PhaseStarted
 from autotune.spec import ProbeSettings
-from autotune.trials import ceilings_key
+from autotune.study_keys import ceilings_key
 
 __all__ = ["check_hardware", "find_ceilings", "jump_size", "lower_ceiling"]
 
@@ -64,91 +65,95 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
         return
     ctx.runner.start()
     phase_end = ctx.budget.elapsed() + CEILING_SHARE * ctx.budget.left()
-    budget_bytes = ctx.facts.memory_budget(ctx.spec.memory_margin)
     base = ctx.space.base_batch
     start = min(max(base, space.batch_size.min), space.batch_size.max)
     cap = max(space.batch_sizes) if space.batch_sizes else space.batch_size.max
     limits: dict[str, str] = {}
     for i, mode in enumerate(modes):
-        ctx.emit(PhaseStarted(phase="ceilings", mode=mode))
+        ctx.emit(PhaseStarted(phase=Phase.CEILINGS, mode=mode))
         share = (phase_end - ctx.budget.elapsed()) / (len(modes) - i)
         if share < 0.5:
             # Out of ceiling time: the mode keeps the base batch size, which the baselines run.
             ctx.ceilings[mode], limits[mode] = start, "time"
-            ctx.cut[f"{mode} batch>{start}"] = (
-                f"{mode} ceiling not measured above {start}: no time left"
-            )
-            logger.info(
-                "ceiling {} = {} (not measured: the ceiling phase is out of time)", mode, start
-            )
-            ctx.emit(
-                CeilingFound(
-                    mode=mode, ceiling=Ceiling(precision=mode, batch_size=start, limited_by="time")
-                )
-            )
+            _out_of_time(ctx, mode, start)
             continue
-        # Per try: a slice of this mode's share; a try that runs out of it stops the doubling.
-        # The first try pays the mode's first-use costs (on some CPUs seconds for bf16): it
-        # gets half the share.
-        limit = max(0.5, min(ctx.spec.probe.time_limit, share / 4))
-        first_limit = max(1.0, min(ctx.spec.probe.time_limit, share / 2))
-        # One untimed step (first-use costs of the mode's kernels), one timed step: counted,
-        # not timed by min_time.
-        settings = ProbeSettings(
-            warmup_steps=1,
-            steps=1,
-            check_every=1,
-            min_time=0,
-            time_limit=limit,
-            seed=ctx.spec.probe.seed,
-        )
-
-        def try_batch(
-            bs: int,
-            mode: str = mode,
-            settings: ProbeSettings = settings,
-            first: ProbeSettings = settings.model_copy(update={"time_limit": first_limit}),
-            tried: list[int] = [],  # noqa: B006 - one list per mode, bound here on purpose
-        ) -> ProbeResult:
-            use = settings if tried else first
-            tried.append(bs)
-            return ctx.run_probe(ctx.space.candidate(mode, bs), use)
-
-        def stop_when(r: ProbeResult, limit: float = limit) -> bool:
-            # Stop doubling once a try at twice this size would not fit in the limit.
-            return r.outcome == "crashed" or (r.step_time or 0.0) * 2 * 2 > limit
-
-        ceiling = _measure(
-            try_batch,
-            mode,
-            start=start,
-            cap=cap,
-            budget_bytes=budget_bytes,
-            # Skipping ahead is checked on CPUs only: on a GPU the doubling stays until it is
-            # measured there (it would save tries too: the simulated A100's ceiling phase of a
-            # two-minute search takes 12 s with it, 24 s without).
-            skip_limit=limit if ctx.device.startswith("cpu") else None,
-            stop_when=stop_when,
-        )
+        ceiling = _mode_ceiling(ctx, mode, share=share, start=start, cap=cap)
         # A try cut short by the stop says nothing about memory: store no ceiling.
         ctx.stop_if_asked()
         ctx.ceilings[mode], limits[mode] = ceiling.batch_size, ceiling.limited_by
-        if ceiling.batch_size == 0:
-            # Not even the first size ran: the mode cannot run here (or not within this budget).
-            first = ceiling.tries[0] if ceiling.tries else None
-            ctx.cut[mode] = f"{mode} could not run one step at batch_size={start}" + (
-                f": {first.outcome}: {first.note}" if first is not None else ""
-            )
-            logger.info("cut {}: {}", mode, ctx.cut[mode])
-            ctx.emit(CeilingFound(mode=mode, ceiling=ceiling))
-            continue
-        if ceiling.batch_size < space.batch_size.max:
-            ctx.cut[f"{mode} batch>{ceiling.batch_size}"] = (
-                f"{mode} ceiling is {ceiling.batch_size} (limited by {ceiling.limited_by})"
-            )
-        ctx.emit(CeilingFound(mode=mode, ceiling=ceiling))
+        _note_ceiling(ctx, mode, ceiling, start=start)
     study.set_user_attr(key, dict(ctx.ceilings))
     study.set_user_attr(_key(ctx, limits=True), limits)
+
+
+def _out_of_time(ctx: SearchContext, mode: str, start: int) -> None:
+    """Say that a mode's ceiling was not measured above ``start``: no time was left for it."""
+    ctx.cut[f"{mode} batch>{start}"] = f"{mode} ceiling not measured above {start}: no time left"
+    logger.info("ceiling {} = {} (not measured: the ceiling phase is out of time)", mode, start)
+    ctx.emit(
+        CeilingFound(
+            mode=mode, ceiling=Ceiling(precision=mode, batch_size=start, limited_by="time")
+        )
+    )
+
+
+def _mode_ceiling(ctx: SearchContext, mode: str, *, share: float, start: int, cap: int) -> Ceiling:
+    """One mode's ceiling, measured within ``share`` seconds."""
+    # Per try: a slice of this mode's share; a try that runs out of it stops the doubling.
+    # The first try pays the mode's first-use costs (on some CPUs seconds for bf16): it
+    # gets half the share.
+    limit = max(0.5, min(ctx.spec.probe.time_limit, share / 4))
+    first_limit = max(1.0, min(ctx.spec.probe.time_limit, share / 2))
+    # One untimed step (first-use costs of the mode's kernels), one timed step: counted,
+    # not timed by min_time.
+    settings = ProbeSettings(
+        warmup_steps=1,
+        steps=1,
+        check_every=1,
+        min_time=0,
+        time_limit=limit,
+        seed=ctx.spec.probe.seed,
+    )
+    first = settings.model_copy(update={"time_limit": first_limit})
+    tried: list[int] = []
+
+    def try_batch(bs: int) -> ProbeResult:
+        use = settings if tried else first
+        tried.append(bs)
+        return ctx.run_probe(ctx.space.candidate(mode, bs), use)
+
+    def stop_when(r: ProbeResult) -> bool:
+        # Stop doubling once a try at twice this size would not fit in the limit.
+        return r.outcome == Outcome.CRASHED or (r.step_time or 0.0) * 2 * 2 > limit
+
+    return _measure(
+        try_batch,
+        mode,
+        start=start,
+        cap=cap,
+        budget_bytes=ctx.facts.memory_budget(ctx.spec.memory_margin),
+        # Skipping ahead is checked on CPUs only: on a GPU the doubling stays until it is
+        # measured there (it would save tries too: the simulated A100's ceiling phase of a
+        # two-minute search takes 12 s with it, 24 s without).
+        skip_limit=limit if ctx.device.startswith("cpu") else None,
+        stop_when=stop_when,
+    )
+
+
+def _note_ceiling(ctx: SearchContext, mode: str, ceiling: Ceiling, *, start: int) -> None:
+    """Cut a mode that could not run at all; note a ceiling below the space's largest batch."""
+    if ceiling.batch_size == 0:
+        # Not even the first size ran: the mode cannot run here (or not within this budget).
+        first = ceiling.tries[0] if ceiling.tries else None
+        ctx.cut[mode] = f"{mode} could not run one step at batch_size={start}" + (
+            f": {first.outcome}: {first.note}" if first is not None else ""
+        )
+        logger.info("cut {}: {}", mode, ctx.cut[mode])
+    elif ceiling.batch_size < ctx.spec.space.batch_size.max:
+        ctx.cut[f"{mode} batch>{ceiling.batch_size}"] = (
+            f"{mode} ceiling is {ceiling.batch_size} (limited by {ceiling.limited_by})"
+        )
+    ctx.emit(CeilingFound(mode=mode, ceiling=ceiling))
 
 
 def jump_size(
@@ -186,10 +191,10 @@ def _fits(result: ProbeResult, budget_bytes: int | None) -> bool:
     """What :func:`find_ceiling` calls a fit: it ran, and its peak left the margin free."""
     peak = result.peak_memory
     over = budget_bytes is not None and peak is not None and peak > budget_bytes
-    return result.outcome not in ("oom", "crashed") and not over
+    return result.outcome not in (Outcome.OOM, Outcome.CRASHED) and not over
 
 
-def _measure(
+def _measure(  # noqa: PLR0913 - one mode's bounds, keyword-only, as find_ceiling takes them
     try_batch: Callable[[int], ProbeResult],
     mode: str,
     *,

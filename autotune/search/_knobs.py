@@ -24,11 +24,12 @@ import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
+from autotune import study_keys
+from autotune.enums import Outcome, Phase, Role
 from autotune.search._budget import TRIAL_SHARE, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._space import ISLANDS_CHOICES
 from autotune.trials import (
-    ROLE_ISLANDS,
     TrialRecord,
     candidate,
     feasible_trials,
@@ -37,15 +38,11 @@ from autotune.trials import (
 )
 
 __all__ = [
-    "DIAGNOSIS_KEY",
     "after_trial",
     "diagnose_failures",
     "enqueue_diagnosed_islands",
     "islands_plan",
 ]
-
-# The study attribute holding the fp16 diagnosis summary.
-DIAGNOSIS_KEY = "fp16_diagnosis"
 
 
 def islands_plan(found: dict[str, Any]) -> tuple[list[str], str]:
@@ -100,7 +97,7 @@ def diagnose_failures(
         The stored summary (with ``fp32_modules`` and the ``islands`` decision), or None when
         there was nothing to diagnose, no time, or the diagnosis could not run.
     """
-    if DIAGNOSIS_KEY in study.user_attrs:
+    if study_keys.DIAGNOSIS in study.user_attrs:
         return None
     if trial is None:
         trial = worst_diverged(study.get_trials(deepcopy=False), "fp16")
@@ -115,7 +112,7 @@ def diagnose_failures(
     if ctx.gate is not None:
         with ctx.budget.paused():
             ctx.gate(cand)
-    with ctx.clock("diagnosis"):
+    with ctx.clock(Phase.DIAGNOSIS):
         found = ctx.runner.diagnose(
             ctx.workload, cand, steps=3, timeout=max(2.0 * cost, min(60.0, left - then))
         )
@@ -134,7 +131,7 @@ def diagnose_failures(
         "fp32_modules": modules,
         "islands": islands,
     }
-    study.set_user_attr(DIAGNOSIS_KEY, summary)
+    study.set_user_attr(study_keys.DIAGNOSIS, summary)
     logger.info(
         "fp16 diagnosis of trial {}: {} (first non-finite: {}); fp32 islands {}",
         trial.number,
@@ -156,7 +153,7 @@ def _enqueue_islands(
             {**ctx.space.params("fp16", max(fitting)), "fp32_islands": ISLANDS_CHOICES[1]}
         )
     for i, params in enumerate(points):
-        rec = TrialRecord(fp32_modules=modules, role=ROLE_ISLANDS if i == 0 else None)
+        rec = TrialRecord(fp32_modules=modules, role=Role.FP32_ISLANDS if i == 0 else None)
         study.enqueue_trial(params, user_attrs=rec.to_attrs(), skip_if_exists=True)
     logger.info("enqueued fp16 with {} in fp32 at {} point(s)", ", ".join(modules), len(points))
 
@@ -164,7 +161,7 @@ def _enqueue_islands(
 def enqueue_diagnosed_islands(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
     """A study diagnosed before (a resumed run, another worker, or a diagnosis that came too
     late for the search phase): its islands are enqueued now, unless they already were."""
-    found = study.user_attrs.get(DIAGNOSIS_KEY)
+    found = study.user_attrs.get(study_keys.DIAGNOSIS)
     if not isinstance(found, dict) or not ctx.spec.space.fp32_islands or "fp16" not in modes:
         return
     modules = found.get("fp32_modules") or []
@@ -196,7 +193,7 @@ def after_trial(ctx: SearchContext, study: optuna.Study, trial: Any, *, spare: f
     the knob flips after a new best. ``spare``: seconds the search phase has left."""
     rec = record(trial)
     if (
-        rec.outcome == "diverged"
+        rec.outcome == Outcome.DIVERGED
         and trial.params.get("precision") == "fp16"
         and not rec.fp32_modules
         and ctx.spec.space.fp32_islands
@@ -205,5 +202,5 @@ def after_trial(ctx: SearchContext, study: optuna.Study, trial: Any, *, spare: f
         summary = diagnose_failures(ctx, study, trial, spare=spare, then=_trial_estimate(ctx))
         if summary is not None and summary["fp32_modules"]:
             _enqueue_islands(ctx, study, trial, summary["fp32_modules"])
-    elif rec.outcome == "completed" and rec.duplicate_of is None:
+    elif rec.outcome == Outcome.COMPLETED and rec.duplicate_of is None:
         _flip_leader(ctx, study, trial)

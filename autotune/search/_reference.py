@@ -30,13 +30,15 @@ import optuna
 from loguru import logger
 
 from autotune import clock
+from autotune.enums import Phase
 from autotune.parity import parity_gap
-from autotune.reference import ReferenceMeasurement, ReferenceRecord, reference_key
+from autotune.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.result import ProbeResult
 from autotune.search._context import SearchContext
 from autotune.search._events import PhaseStarted
 from autotune.search._space import reference_factor
 from autotune.spec import Candidate
+from autotune.study_keys import reference_key
 
 __all__ = ["ReferenceKeeper", "ReferenceUnavailable"]
 
@@ -154,7 +156,7 @@ class ReferenceKeeper:
             ReferenceUnavailable: the reference run did not complete.
         """
         ctx = self.ctx
-        ctx.emit(PhaseStarted(phase="reference"))
+        ctx.emit(PhaseStarted(phase=Phase.REFERENCE))
         cand = ctx.space.candidate("fp32", ctx.space.base_batch)
         if (
             self.record is not None
@@ -292,7 +294,7 @@ class ReferenceKeeper:
         A run that does not complete keeps the last measurement: the reference ran before, so
         a failure now is the machine's, not the reference's.
         """
-        with self.ctx.clock("re-measures"):
+        with self.ctx.clock(Phase.REMEASURES):
             return self._measure()
 
     def _measure(self) -> ReferenceMeasurement:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -13,13 +14,13 @@ import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
-from autotune import clock
+from autotune import clock, study_keys
 from autotune.config import TunedConfig
 from autotune.crown import store_config, stored_config
+from autotune.enums import Outcome, Phase, Role
 from autotune.errors import AutotuneError, DeviceError, StorageError, StorageIOError
-from autotune.parity import parity_gap
+from autotune.facts import WorkerFacts
 from autotune.reference import ReferenceRecord
-from autotune.result import PairedResult
 from autotune.search._artifact import baseline, build_config
 from autotune.search._budget import (
     WRITE_RESERVE,
@@ -42,7 +43,6 @@ from autotune.search._coordination import (
 from autotune.search._events import EventSink, PhaseStarted
 from autotune.search._hardware import check_hardware, find_ceilings
 from autotune.search._knobs import (
-    DIAGNOSIS_KEY,
     after_trial,
     diagnose_failures,
     enqueue_diagnosed_islands,
@@ -51,32 +51,22 @@ from autotune.search._reference import ReferenceKeeper, ReferenceUnavailable
 from autotune.search._space import Space
 from autotune.search._trial import TrialStep
 from autotune.search._validate import (
-    Rerun,
     Selection,
     rejection_summary,
-    select,
-    shortlist,
+    validate,
     validation_reserve,
-    with_gap,
 )
 from autotune.spec import StudySpec
 from autotune.storage import fail_stale, heartbeat, open_study
 from autotune.trials import (
-    ROLE_AMP,
     Rejection,
     TrialRecord,
-    at_base_role,
-    candidate,
     role_trials,
 )
 from autotune.worker import ProbeWorker, Runner
 from autotune.workloads import normalize_reference
 
 __all__ = ["SearchResult", "run_search"]
-
-_CHOICES = "precision_choices"
-# Each arm of a validation pair measures for about this share of the pair's slice.
-_PAIR_SHARE = 0.3
 
 
 @dataclass
@@ -103,11 +93,11 @@ class SearchResult:
 def _fix_choices(study: optuna.Study, spec: StudySpec, runnable: list[str]) -> list[str]:
     """The precision choices the sampler offers: the spec's modes the study's first device
     runs, stored with the study so every worker and every resumed run offers the same ones."""
-    stored = study.user_attrs.get(_CHOICES)
+    stored = study.user_attrs.get(study_keys.PRECISION_CHOICES)
     if isinstance(stored, list) and stored:
         return [str(m) for m in stored]
     choices = [m for m in spec.space.precisions if m in runnable] or list(spec.space.precisions)
-    study.set_user_attr(_CHOICES, choices)
+    study.set_user_attr(study_keys.PRECISION_CHOICES, choices)
     return cast(list[str], choices)  # precision names, read as plain strings
 
 
@@ -125,7 +115,7 @@ def _enqueue_first_trials(ctx: SearchContext, study: optuna.Study, modes: list[s
     base = ctx.space.base_batch
     for mode in modes:
         if mode != "fp32":  # fp32 at base is the reference itself: measured, never twice
-            role = ROLE_AMP if mode == "fp16" else at_base_role(mode)
+            role = Role.AMP_RECIPE if mode == "fp16" else Role.at_base(mode)
             study.enqueue_trial(
                 ctx.space.params(mode, base),
                 user_attrs=TrialRecord(role=role).to_attrs(),
@@ -154,7 +144,7 @@ def _search(
     Returns:
         True when it ended because the space was measured through (exhausted).
     """
-    ctx.emit(PhaseStarted(phase="search"))
+    ctx.emit(PhaseStarted(phase=Phase.SEARCH))
     reserve, reserved_at = validation_reserve(ctx, study), 0
     while True:
         if len(ctx.trial_seconds) - reserved_at >= 5:
@@ -191,9 +181,9 @@ def _search(
             )
             continue
         except (KeyboardInterrupt, SearchStopped) as exc:
-            TrialRecord(outcome="interrupted", reason="stopped before the trial finished").write(
-                trial
-            )
+            TrialRecord(
+                outcome=Outcome.INTERRUPTED, reason="stopped before the trial finished"
+            ).write(trial)
             study.tell(trial, state=TrialState.FAIL)
             if isinstance(exc, SearchStopped):
                 step.retry(trial)
@@ -204,82 +194,6 @@ def _search(
             with contextlib.suppress(StorageIOError):
                 study.tell(trial, state=TrialState.FAIL)
             raise
-
-
-def _validate(
-    ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord, end_at: float
-) -> tuple[Selection | None, PairedResult | None, float]:
-    """Phase 4: paired reruns of the shortlist, then the selection.
-
-    Returns:
-        ``(selection, reference_run, seed_noise)``; selection None when nothing was worth
-        validating.
-    """
-    spec, val = ctx.spec, ctx.spec.validation
-    picked = shortlist(
-        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-        top_k=val.top_k,
-        min_speedup=val.min_speedup,
-        parity_tolerance=spec.parity_tolerance,
-        maximize=ctx.maximize,
-    )
-    if not picked:
-        return None, None, 0.0
-    settings = spec.probe.model_copy(update={"steps": val.steps, "seed": spec.probe.seed + 1})
-    reruns: list[Rerun] = []
-    for i, trial in enumerate(picked):
-        left = end_at - ctx.budget.elapsed()
-        if left < 1.0:
-            reruns.append(Rerun(trial, None))
-            continue
-        # Each candidate gets an equal share of what is left; a pair cut short by its share is
-        # still compared, on the blocks and samples both arms saw.
-        share = left / (len(picked) - i)
-        # The pair measures for most of its share (each arm about a third of it; warm-ups and
-        # the reference's catch-up to the horizon fit in the rest): the budget kept for
-        # validation buys a tighter interval instead of going unused.
-        min_time = max(ctx.default_min_time if settings.min_time is None else settings.min_time,
-                       _PAIR_SHARE * share)  # fmt: skip
-        paired = ctx.run_compare(
-            candidate(trial),
-            reference.candidate(),
-            settings.model_copy(
-                update={
-                    "time_limit": max(1.0, share - 1.0),
-                    "min_time": min_time,
-                    "precision": 0.005,
-                }
-            ),
-            timeout=share + ctx.hard_grace(),
-        )
-        logger.info("validation of {}: {}", trial.number, paired.summary())
-        reruns.append(with_gap(Rerun(trial, paired)))
-    ref_run = next(
-        (
-            r.paired
-            for r in reruns
-            if r.paired is not None and r.paired.reference.ok and r.paired.reference.throughput > 0
-        ),
-        None,
-    )
-    # A fresh seed moves a loss curve by itself: the reference's two curves (search and
-    # validation seeds) measure by how much, and a candidate is allowed that much on top.
-    noise = 0.0
-    if ref_run is not None and reference.finite_losses:
-        r = ref_run.reference
-        seed_gap = parity_gap(r.losses, r.batch_size, reference.finite_losses, reference.batch_size)
-        noise = min(abs(seed_gap[0]), spec.parity_tolerance) if seed_gap else 0.0
-    selection = select(
-        reruns,
-        min_speedup=val.min_speedup,
-        parity_tolerance=spec.parity_tolerance,
-        seed_noise=noise,
-    )
-    for rejection in selection.rejected:
-        logger.info("rejected in validation: {}", rejection)
-    if selection.winner is not None and selection.winner.paired is not None:
-        ref_run = selection.winner.paired
-    return selection, ref_run, noise
 
 
 def _start_quietly(runner: Runner) -> None:
@@ -296,7 +210,22 @@ def _resolve_runner(spec: StudySpec, runner: Runner | None) -> tuple[Runner, boo
     return ProbeWorker(spec.device), True
 
 
-def run_search(
+@dataclass
+class _Outcome:
+    """What the phases leave for writing up: the context and the reference they ran with, and,
+    where this worker validated, the config and the selection behind it."""
+
+    ctx: SearchContext
+    reference: ReferenceRecord
+    validated_by: str = ""
+    config: TunedConfig | None = None
+    selection: Selection | None = None
+    rejected: list[Rejection] = field(default_factory=list)
+    # When validation ended: writing the config is counted from here.
+    validated_at: float = 0.0
+
+
+def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.run_search)
     spec: StudySpec,
     *,
     out_dir: str | Path | None = None,
@@ -315,173 +244,229 @@ def run_search(
     """
     t0 = clock.now()
     runner, own_runner = _resolve_runner(spec, runner)
-    # The worker imports torch while the storage opens: the first trial starts sooner.
-    starting = threading.Thread(target=_start_quietly, args=(runner,), daemon=True)
-    starting.start()
-    try:
-        study = open_study(spec, storage, create=not join)
-    except BaseException:
-        starting.join()
-        if own_runner:
-            runner.close()
-        raise
-    if join:
-        budget = Budget.shared(study)
-        if budget is None:
-            raise StorageError(
-                f"study {spec.name!r} has no running search to join; start one with "
-                f"`autotune search ... --storage <url>` first"
-            )
-    else:
-        budget = budget or Budget(spec.budget)
-        open_window(study, budget)
+    study, starting = _open(spec, storage, join=join, runner=runner, own_runner=own_runner)
+    budget = _window(study, spec, budget, join=join)
     out = Path(out_dir) if out_dir is not None else Path("studies") / spec.name
     interrupted = threading.Event()
 
     def stop_requested() -> bool:
         return interrupted.is_set() or (should_stop is not None and should_stop())
 
-    previous_handler = None
-    if handle_sigint and threading.current_thread() is threading.main_thread():
-
-        def on_sigint(signum: int, frame: Any) -> None:
-            if interrupted.is_set():
-                raise KeyboardInterrupt
-            interrupted.set()
-            runner.interrupt()
-
-        previous_handler = signal.signal(signal.SIGINT, on_sigint)
-    ctx: SearchContext | None = None
-    validated_by, config, selection, reference = "", None, None, None
-    w0 = clock.now()
-    rejected: list[Rejection] = []
     try:
-        starting.join()
-        facts = runner.facts(normalize_reference(spec.workload))
-        started_in = clock.now() - t0
-        rule = facts.lr_scaling if spec.space.lr_scaling == "auto" else spec.space.lr_scaling
-        logger.info(
-            "study {!r}: workload {} on {}, budget {:.0f}s ({:.0f}s left), {} trials stored",
-            spec.name,
-            facts.workload,
-            facts.device,
-            budget.total,
-            budget.left(),
-            len(study.trials),
-        )
-        runnable: list[str] = [m for m in spec.space.precisions if m not in facts.unsupported]
-        if "fp32" in facts.unsupported:
-            raise DeviceError(
-                f"device {facts.device} cannot run the fp32 reference: {facts.unsupported['fp32']}"
-            )
-        ctx = SearchContext(
-            spec=spec,
-            runner=runner,
-            budget=budget,
-            facts=facts,
-            space=Space.of(
-                spec,
-                list(spec.space.precisions),
-                rule=rule,
-                base_lr=facts.base_lr,
-                base_batch=facts.base_batch_size,
-                channels_last=facts.channels_last,
-            ),
-            emit=on_event or (lambda event: None),
-            gate=gate,
-            should_stop=stop_requested,
-        )
-        ctx.spent["start"] = started_in
-        # A resumed study first fails what its dead workers left RUNNING (labelled, retried once),
-        # even when no time is left for a trial: nothing stays RUNNING after a run.
-        fail_stale(study)
-        requeue_not_run(study)  # what the last run queued and never ran
-        modes = check_hardware(ctx, list(spec.space.precisions))
-        with ctx.clock("ceilings"):
-            find_ceilings(ctx, study, modes)
-        modes = [m for m in modes if ctx.ceilings.get(m, 0) > 0]
-        choices = _fix_choices(study, spec, runnable)
-        ctx.space = Space.of(
-            spec,
-            choices,
-            rule=rule,
-            base_lr=facts.base_lr,
-            base_batch=facts.base_batch_size,
-            channels_last=facts.channels_last,
-        )
-        refs = ReferenceKeeper(ctx, study)
-        try:
-            with ctx.clock("reference"):
-                reference = refs.establish()
-        except ReferenceUnavailable as exc:
-            # A drain, a cancel or a preemption stops the worker under the reference: that is
-            # the operator's doing, not the workload's.
-            ctx.stop_if_asked()
-            raise DeviceError(
-                f"study {spec.name!r}: {exc} at batch_size={ctx.space.base_batch}; the search "
-                "needs it as the baseline — check the workload runs in fp32 on "
-                f"{facts.device} (autotune probe --workload {facts.workload} --device "
-                f"{facts.device})"
-            ) from None
-        _enqueue_first_trials(ctx, study, [m for m in choices if m in modes])
-        enqueue_diagnosed_islands(ctx, study, modes)
-        end_at = budget.total - WRITE_RESERVE
-        with ctx.clock("trials"):
-            if _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at):
-                # Measured through: validation takes what it needs, and the search ends with
-                # its result instead of spending the rest of the budget on tighter intervals.
-                end_at = min(end_at, budget.elapsed() + validation_reserve(ctx, study))
-        # Validation runs once per budget window, by whichever worker gets there first; the
-        # window is read now, from the study: workers that started together may each have
-        # opened one, and the last one written is the one they all share.
-        won, validated_by = claim_validation(study, window_id(study))
-        if won:
-            settle(study, wait=min(SETTLE_WAIT, max(0.0, budget.left() - 1.0)), stop=stop_requested)
-            ctx.emit(PhaseStarted(phase="validation"))
-            diagnose_failures(ctx, study)
-            with ctx.clock("validation"):
-                selection, ref_run, noise = _validate(ctx, study, reference, end_at)
-            w0 = clock.now()
-            trials = study.get_trials(deepcopy=False)
-            rejected = rejection_summary(trials) + (selection.rejected if selection else [])
-            config = build_config(
-                spec,
-                facts,
-                rule=rule,
-                selection=selection,
-                reference=reference,
-                reference_run=ref_run,
-                amp_recipe=role_trials(trials).get(ROLE_AMP),
-                trials=trials,
-                rejected=rejected,
-                cut=ctx.cut,
-                ceilings=ctx.ceilings,
-                seed_noise=noise,
-                fp16_diagnosis=study.user_attrs.get(DIAGNOSIS_KEY),
-            )
-        else:
-            logger.info("validation of study {!r} is done by {}", spec.name, validated_by)
-    except (KeyboardInterrupt, SearchStopped) as exc:
-        if isinstance(exc, SearchStopped) and not interrupted.is_set():
-            raise
-        done = len(
-            study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        )
-        raise SearchInterrupted(
-            f"interrupted: {done} finished trials of study {spec.name!r} are saved in its storage; "
-            "run the same command again to resume"
-        ) from None
+        with _sigint_stops(runner, interrupted, enabled=handle_sigint):
+            try:
+                starting.join()
+                facts = runner.facts(normalize_reference(spec.workload))
+                started_in = clock.now() - t0
+                rule = _check_facts(spec, study, budget, facts)
+                ctx = SearchContext(
+                    spec=spec,
+                    runner=runner,
+                    budget=budget,
+                    facts=facts,
+                    space=_space(spec, list(spec.space.precisions), facts, rule),
+                    emit=on_event or (lambda event: None),
+                    gate=gate,
+                    should_stop=stop_requested,
+                )
+                ctx.spent[Phase.START] = started_in
+                outcome = _run_phases(ctx, study, rule)
+            except (KeyboardInterrupt, SearchStopped) as exc:
+                if isinstance(exc, SearchStopped) and not interrupted.is_set():
+                    raise
+                raise _interrupted(study, spec) from None
     finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGINT, previous_handler)
         if own_runner:
             runner.close()
-    path = None
-    if config is None:
-        w0 = clock.now()
+    return _write_up(study, outcome, out, budget)
+
+
+def _open(
+    spec: StudySpec,
+    storage: optuna.storages.BaseStorage | None,
+    *,
+    join: bool,
+    runner: Runner,
+    own_runner: bool,
+) -> tuple[optuna.Study, threading.Thread]:
+    """Open (or join) the study while the runner's worker starts beside it."""
+    # The worker imports torch while the storage opens: the first trial starts sooner.
+    starting = threading.Thread(target=_start_quietly, args=(runner,), daemon=True)
+    starting.start()
+    try:
+        return open_study(spec, storage, create=not join), starting
+    except BaseException:
+        starting.join()
+        if own_runner:
+            runner.close()
+        raise
+
+
+def _window(study: optuna.Study, spec: StudySpec, budget: Budget | None, *, join: bool) -> Budget:
+    """The budget window: the running search's when joining, else a new one, opened now."""
+    if not join:
+        budget = budget or Budget(spec.budget)
+        open_window(study, budget)
+        return budget
+    shared = Budget.shared(study)
+    if shared is None:
+        raise StorageError(
+            f"study {spec.name!r} has no running search to join; start one with "
+            f"`autotune search ... --storage <url>` first"
+        )
+    return shared
+
+
+@contextlib.contextmanager
+def _sigint_stops(runner: Runner, interrupted: threading.Event, *, enabled: bool) -> Iterator[None]:
+    """While inside, a first Ctrl-C stops the probe in flight and asks the search to stop; a
+    second one interrupts at once. Only the main thread can take signals."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+        interrupted.set()
+        runner.interrupt()
+
+    previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+
+
+def _interrupted(study: optuna.Study, spec: StudySpec) -> SearchInterrupted:
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    return SearchInterrupted(
+        f"interrupted: {done} finished trials of study {spec.name!r} are saved in its storage; "
+        "run the same command again to resume"
+    )
+
+
+def _check_facts(spec: StudySpec, study: optuna.Study, budget: Budget, facts: WorkerFacts) -> str:
+    """Log what the search starts with; refuse a device that cannot run the fp32 reference.
+
+    Returns:
+        The lr scaling rule: the spec's, or the workload's own where the spec says ``auto``.
+    """
+    logger.info(
+        "study {!r}: workload {} on {}, budget {:.0f}s ({:.0f}s left), {} trials stored",
+        spec.name,
+        facts.workload,
+        facts.device,
+        budget.total,
+        budget.left(),
+        len(study.trials),
+    )
+    if "fp32" in facts.unsupported:
+        raise DeviceError(
+            f"device {facts.device} cannot run the fp32 reference: {facts.unsupported['fp32']}"
+        )
+    return facts.lr_scaling if spec.space.lr_scaling == "auto" else spec.space.lr_scaling
+
+
+def _space(spec: StudySpec, modes: list[str], facts: WorkerFacts, rule: str) -> Space:
+    return Space.of(
+        spec,
+        modes,
+        rule=rule,
+        base_lr=facts.base_lr,
+        base_batch=facts.base_batch_size,
+        channels_last=facts.channels_last,
+    )
+
+
+def _run_phases(ctx: SearchContext, study: optuna.Study, rule: str) -> _Outcome:
+    """The phases in order: the hardware and its ceilings, the reference, the trials, then
+    validation and the config."""
+    # A resumed study first fails what its dead workers left RUNNING (labelled, retried once),
+    # even when no time is left for a trial: nothing stays RUNNING after a run.
+    fail_stale(study)
+    requeue_not_run(study)  # what the last run queued and never ran
+    modes = check_hardware(ctx, list(ctx.spec.space.precisions))
+    with ctx.clock(Phase.CEILINGS):
+        find_ceilings(ctx, study, modes)
+    modes = [m for m in modes if ctx.ceilings.get(m, 0) > 0]
+    runnable: list[str] = [m for m in ctx.spec.space.precisions if m not in ctx.facts.unsupported]
+    choices = _fix_choices(study, ctx.spec, runnable)
+    ctx.space = _space(ctx.spec, choices, ctx.facts, rule)
+    refs = ReferenceKeeper(ctx, study)
+    reference = _establish(ctx, refs)
+    _enqueue_first_trials(ctx, study, [m for m in choices if m in modes])
+    enqueue_diagnosed_islands(ctx, study, modes)
+    end_at = ctx.budget.total - WRITE_RESERVE
+    with ctx.clock(Phase.SEARCH):
+        if _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at):
+            # Measured through: validation takes what it needs, and the search ends with
+            # its result instead of spending the rest of the budget on tighter intervals.
+            end_at = min(end_at, ctx.budget.elapsed() + validation_reserve(ctx, study))
+    return _validate_once(ctx, study, reference, end_at)
+
+
+def _establish(ctx: SearchContext, refs: ReferenceKeeper) -> ReferenceRecord:
+    """The fp32 reference, measured first: without it there is nothing to compare with."""
+    try:
+        with ctx.clock(Phase.REFERENCE):
+            return refs.establish()
+    except ReferenceUnavailable as exc:
+        # A drain, a cancel or a preemption stops the worker under the reference: that is
+        # the operator's doing, not the workload's.
+        ctx.stop_if_asked()
+        raise DeviceError(
+            f"study {ctx.spec.name!r}: {exc} at batch_size={ctx.space.base_batch}; the search "
+            "needs it as the baseline — check the workload runs in fp32 on "
+            f"{ctx.device} (autotune probe --workload {ctx.workload} --device "
+            f"{ctx.device})"
+        ) from None
+
+
+def _validate_once(
+    ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord, end_at: float
+) -> _Outcome:
+    """Validation and the config, by this worker if it is the first of its window to get here."""
+    # Validation runs once per budget window, by whichever worker gets there first; the
+    # window is read now, from the study: workers that started together may each have
+    # opened one, and the last one written is the one they all share.
+    won, validated_by = claim_validation(study, window_id(study))
+    outcome = _Outcome(ctx=ctx, reference=reference, validated_by=validated_by)
+    if not won:
+        logger.info("validation of study {!r} is done by {}", ctx.spec.name, validated_by)
+        return outcome
+    wait = min(SETTLE_WAIT, max(0.0, ctx.budget.left() - 1.0))
+    settle(study, wait=wait, stop=ctx.should_stop)
+    ctx.emit(PhaseStarted(phase=Phase.VALIDATION))
+    diagnose_failures(ctx, study)
+    with ctx.clock(Phase.VALIDATION):
+        selection, ref_run, noise = validate(ctx, study, reference, end_at)
+    outcome.validated_at = clock.now()
+    trials = study.get_trials(deepcopy=False)
+    outcome.selection = selection
+    outcome.rejected = rejection_summary(trials) + (selection.rejected if selection else [])
+    outcome.config = build_config(
+        ctx,
+        selection=selection,
+        reference=reference,
+        reference_run=ref_run,
+        amp_recipe=role_trials(trials).get(Role.AMP_RECIPE),
+        trials=trials,
+        rejected=outcome.rejected,
+        seed_noise=noise,
+        fp16_diagnosis=study.user_attrs.get(study_keys.DIAGNOSIS),
+    )
+    return outcome
+
+
+def _write_up(study: optuna.Study, outcome: _Outcome, out: Path, budget: Budget) -> SearchResult:
+    """Write the config this worker validated (or read the one stored), tidy the study, and
+    say where the time went."""
+    written_from = outcome.validated_at if outcome.config is not None else clock.now()
+    path, config = None, outcome.config
     if config is not None:
         path = config.save(out / "best.json")
-        study.set_user_attr("best_config", str(path))
+        study.set_user_attr(study_keys.BEST_CONFIG, str(path))
         store_config(study, config)
         logger.info(
             "wrote {} after {:.1f}s of a {:.0f}s budget", path, budget.elapsed(), budget.total
@@ -493,27 +478,21 @@ def run_search(
     fail_waiting(study)  # what it queued and never ran: nothing stays WAITING either
     for number in fail_orphans(study) + fail_ownerless(study):
         logger.warning("trial {} was left running: failed, and retried", number)
-    spent = dict(ctx.spent) if ctx is not None else {}
-    spent["writing"] = clock.now() - w0
-    if ctx is not None:
-        study.set_user_attr("time_spent", {k: round(v, 3) for k, v in spent.items()})
-        logger.info(
-            "time spent: {}",
-            ", ".join(f"{k} {v:.1f}s" for k, v in spent.items()),
-        )
-    trials = study.get_trials(deepcopy=False)
-    roles = role_trials(trials)
+    ctx = outcome.ctx
+    spent = {**ctx.spent, Phase.WRITING: clock.now() - written_from}
+    logger.info("time spent: {}", ", ".join(f"{k} {v:.1f}s" for k, v in spent.items()))
+    roles = role_trials(study.get_trials(deepcopy=False))
     return SearchResult(
         config=config,
         path=path,
         study=study,
-        reference=reference,
-        baselines={"amp_recipe": baseline(roles.get(ROLE_AMP))},
-        rejected=rejected,
-        cut=ctx.cut if ctx else {},
-        ceilings=ctx.ceilings if ctx else {},
+        reference=outcome.reference,
+        baselines={"amp_recipe": baseline(roles.get(Role.AMP_RECIPE))},
+        rejected=outcome.rejected,
+        cut=ctx.cut,
+        ceilings=ctx.ceilings,
         elapsed=budget.elapsed(),
-        validated_by=validated_by,
-        selection=selection,
+        validated_by=outcome.validated_by,
+        selection=outcome.selection,
         spent=spent,
     )

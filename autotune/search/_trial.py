@@ -24,8 +24,10 @@ import optuna
 from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune import study_keys
+from autotune.enums import Outcome
 from autotune.parity import parity_gap, time_to_loss
-from autotune.reference import MEASUREMENT_ATTR, ReferenceMeasurement
+from autotune.reference import ReferenceMeasurement
 from autotune.result import ProbeResult
 from autotune.search._budget import TRIAL_SHARE, SearchStopped
 from autotune.search._context import SearchContext
@@ -107,13 +109,13 @@ class TrialStep:
         self.twins_in_row = 0
         if cand.precision not in modes:
             why = ctx.cut.get(cand.precision, f"{cand.precision} was cut on this device")
-            self.prune(trial, "unsupported", why)
+            self.prune(trial, Outcome.UNSUPPORTED, why)
             return
         ceiling = ctx.ceilings.get(cand.precision, 0)
         if cand.batch_size > ceiling and role is None:
             self.prune(
                 trial,
-                "above_ceiling",
+                Outcome.ABOVE_CEILING,
                 f"batch_size={cand.batch_size} is above the {cand.precision} ceiling {ceiling}",
             )
             return
@@ -129,34 +131,34 @@ class TrialStep:
             early_stop=self._early_stop(cand, settings, reference) if settings.early_stop else None,
             within=left,
         )
-        if result.outcome == "crashed" and ctx.should_stop():
+        if result.outcome == Outcome.CRASHED and ctx.should_stop():
             # The probe was cut short by the stop itself (Ctrl-C kills the worker's probe).
             raise SearchStopped(f"study {ctx.spec.name!r} was asked to stop")
         logger.info("trial {}: {}", trial.number, result.summary())
         self._record_result(trial, result)
         # What the trial measured for; its compiling is no measure of how long trials take.
         measured = result.wall_seconds - (result.compile_seconds or 0.0)
-        if result.outcome == "completed":
+        if result.outcome == Outcome.COMPLETED:
             ctx.trial_seconds.append(measured)
             self._complete(trial, result, reference)
-        elif result.outcome == "crashed":
+        elif result.outcome == Outcome.CRASHED:
             if result.timed_out:
                 # Far too slow to finish one step in time: a measurement, not a crash.
                 why = result.reason
                 if cand.compile:
                     why += " (compiling included: torch.compile's first step is the slow one)"
-                self.prune(trial, "too_slow", why)
+                self.prune(trial, Outcome.TOO_SLOW, why)
                 return
-            self.fail(trial, "crashed", result.reason)
+            self.fail(trial, Outcome.CRASHED, result.reason)
             self.retry(trial)
         else:
-            if result.outcome == "oom":
+            if result.outcome == Outcome.OOM:
                 lower_ceiling(ctx, self.study, cand.precision, cand.batch_size)
-            elif result.outcome in ("slower", "off_parity"):
+            elif result.outcome in (Outcome.SLOWER, Outcome.OFF_PARITY):
                 ctx.trial_seconds.append(measured)
                 decided = (
                     f"speed after {len(result.blocks)} blocks"
-                    if result.outcome == "slower"
+                    if result.outcome == Outcome.SLOWER
                     else f"parity at {result.parity_samples:,} samples"
                 )
                 TrialRecord(decided_by=decided, parity_samples=result.parity_samples).write(trial)
@@ -265,7 +267,7 @@ class TrialStep:
             reference = self.refs.divisor(
                 cand, result.throughput, reference, same_work=self._same_work(cand)
             )
-        trial.set_user_attr(MEASUREMENT_ATTR, self.refs.name(reference))
+        trial.set_user_attr(study_keys.MEASUREMENT, self.refs.name(reference))
         tol = ctx.spec.parity_tolerance
         # A fresh seed alone moves a loss curve: the reference's repeats say by how much.
         noise = ref.seed_noise(tol)
@@ -307,14 +309,14 @@ class TrialStep:
             value = rec.speedup or 0.0
         feasible = all(v <= 0 for v in constraints.values())
         if not feasible:
-            rec.outcome = "infeasible"
+            rec.outcome = Outcome.INFEASIBLE
         rec.write(trial)
         set_constraints(trial, constraints)
         self.study.tell(trial, objective_value(value, constraints, maximize=ctx.maximize))
         ctx.emit(
             TrialFinished(
                 number=trial.number,
-                outcome="completed" if feasible else "infeasible",
+                outcome=Outcome.COMPLETED if feasible else Outcome.INFEASIBLE,
                 reason=rec.reason,
                 throughput=result.throughput,
                 speedup=rec.speedup,
@@ -327,7 +329,7 @@ class TrialStep:
         ref = self.refs.record
         assert ref is not None
         TrialRecord(
-            outcome="completed",
+            outcome=Outcome.COMPLETED,
             reason="the fp32 reference's own settings: its measurement is the reference's",
             throughput=reference.throughput,
             throughput_low=reference.low,
@@ -340,7 +342,7 @@ class TrialStep:
             losses=list(ref.losses),
             parity_gap=0.0,
         ).write(trial)
-        trial.set_user_attr(MEASUREMENT_ATTR, self.refs.name(reference))
+        trial.set_user_attr(study_keys.MEASUREMENT, self.refs.name(reference))
         set_constraints(trial, {"parity": -self.ctx.spec.parity_tolerance})
         value = 1.0
         if self.ctx.spec.objective == "time_to_loss":
@@ -350,7 +352,7 @@ class TrialStep:
         self.ctx.emit(
             TrialFinished(
                 number=trial.number,
-                outcome="completed",
+                outcome=Outcome.COMPLETED,
                 throughput=reference.throughput,
                 speedup=1.0,
                 gap=0.0,
@@ -358,7 +360,7 @@ class TrialStep:
             )
         )
 
-    def prune(self, trial: optuna.Trial, outcome: str, reason: str) -> None:
+    def prune(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> None:
         TrialRecord(outcome=outcome, reason=reason).write(trial)
         self.study.tell(trial, state=TrialState.PRUNED)
         logger.info("trial {} pruned: {}: {}", trial.number, outcome, reason)
@@ -371,7 +373,7 @@ class TrialStep:
             )
         )
 
-    def fail(self, trial: optuna.Trial, outcome: str, reason: str) -> None:
+    def fail(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> None:
         TrialRecord(outcome=outcome, reason=reason).write(trial)
         self.study.tell(trial, state=TrialState.FAIL)
         logger.warning("trial {} failed: {}", trial.number, reason)
@@ -421,8 +423,8 @@ class TrialStep:
             if k not in ("role", "retry_of", "worker")
         }
         attrs["duplicate_of"] = twin.number
-        if MEASUREMENT_ATTR in twin.user_attrs:
-            attrs[MEASUREMENT_ATTR] = twin.user_attrs[MEASUREMENT_ATTR]
+        if study_keys.MEASUREMENT in twin.user_attrs:
+            attrs[study_keys.MEASUREMENT] = twin.user_attrs[study_keys.MEASUREMENT]
         write_attrs(trial.storage, trial._trial_id, attrs)
         if twin.state == TrialState.COMPLETE:
             set_constraints(trial, twin.constraints)
@@ -432,7 +434,7 @@ class TrialStep:
         self.ctx.emit(
             TrialFinished(
                 number=trial.number,
-                outcome="reused",
+                outcome=Outcome.REUSED,
                 reason=f"same parameters as trial {twin.number}: its measurement is reused",
                 standing=standing(self.study, self._latest()),
             )

@@ -23,14 +23,23 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import optuna
+from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.parity import parity_gap
+from autotune.reference import ReferenceRecord
 from autotune.result import PairedResult
 from autotune.search._budget import VALIDATION_SHARE
 from autotune.search._context import SearchContext
 from autotune.stats import MIN_VALUES
-from autotune.trials import Rejection, display_outcome, feasible_trials, label, record
+from autotune.trials import (
+    Rejection,
+    candidate,
+    display_outcome,
+    feasible_trials,
+    label,
+    record,
+)
 
 __all__ = [
     "Rerun",
@@ -38,6 +47,7 @@ __all__ = [
     "rejection_summary",
     "select",
     "shortlist",
+    "validate",
     "validation_reserve",
 ]
 
@@ -135,89 +145,96 @@ def select(
         The Selection.
     """
     out = Selection(winner=None)
-    tolerance = parity_tolerance + seed_noise
     too_few: list[str] = []
     for rerun in reruns:
         name = label(rerun.trial.params)
         paired = rerun.paired
         if paired is None:
             out.notes.append(f"{name}: no time left to validate")
-            continue
-        if not paired.candidate.ok:
+        elif not paired.candidate.ok:
             c = paired.candidate
-            out.rejected.append(
-                Rejection(
-                    label=name,
-                    stage="validation",
-                    kind=c.outcome,
-                    detail=f"{c.outcome}: {c.reason}",
-                )
-            )
-            continue
-        if paired.reference.ok and paired.pairs < MIN_VALUES:
-            shown = ""
-            if paired.speedup is not None:
-                shown = (
-                    f" ({paired.speedup:.2f}x, range {paired.speedup_low:.2f}–"
-                    f"{paired.speedup_high:.2f})"
-                )
-            out.rejected.append(
-                Rejection(
-                    label=name,
-                    stage="validation",
-                    kind="pairs",
-                    detail=(
-                        f"{_pairs(paired.pairs)} where {MIN_VALUES} are needed for a 95% "
-                        f"interval on its speedup{shown}; give the search more time"
-                    ),
-                )
-            )
-            too_few.append(
-                f"{name}: not validated: {_pairs(paired.pairs)} where {MIN_VALUES} are "
-                "needed; give the search more time"
-            )
-            continue
-        if not paired.ok:
+            out.rejected.append(_rejection(name, c.outcome, f"{c.outcome}: {c.reason}"))
+        elif paired.reference.ok and paired.pairs < MIN_VALUES:
+            refused, note = _too_few_pairs(name, paired)
+            out.rejected.append(refused)
+            too_few.append(note)
+        elif not paired.ok:
             r = paired.reference
             out.notes.append(f"{name}: the fp32 reference arm {r.outcome}: {r.reason}")
-            continue
-        gap = rerun.gap
-        if gap is None or gap[0] > tolerance:
-            shown = "not comparable" if gap is None else f"{gap[0]:+.1%}"
-            out.rejected.append(
-                Rejection(
-                    label=name,
-                    stage="validation",
-                    kind="parity",
-                    detail=(
-                        f"loss parity {shown} vs the fp32 reference (tolerance "
-                        f"{parity_tolerance:.0%} + seed noise {seed_noise:.1%})"
-                    ),
-                )
+        else:
+            rejection = _judge(
+                name,
+                paired,
+                rerun.gap,
+                min_speedup=min_speedup,
+                parity_tolerance=parity_tolerance,
+                seed_noise=seed_noise,
             )
-            continue
-        assert paired.speedup is not None and paired.speedup_low is not None
-        if paired.speedup_low < min_speedup:
-            out.rejected.append(
-                Rejection(
-                    label=name,
-                    stage="validation",
-                    kind="speed",
-                    detail=(
-                        f"{paired.speedup:.2f}x ({paired.speedup_low:.2f}–"
-                        f"{paired.speedup_high:.2f}) the fp32 reference side by side: its lower "
-                        f"bound does not clear {min_speedup:.2f}x"
-                    ),
-                )
-            )
-            continue
-        out.accepted.append(rerun)
+            if rejection is None:
+                out.accepted.append(rerun)
+            else:
+                out.rejected.append(rejection)
     if out.accepted:
         out.winner = max(out.accepted, key=_speedup_low)
     else:
         # The fallback's reason: it would have been measured, given the time.
         out.notes.extend(too_few)
     return out
+
+
+def _rejection(name: str, kind: str, detail: str) -> Rejection:
+    return Rejection(label=name, stage="validation", kind=kind, detail=detail)
+
+
+def _too_few_pairs(name: str, paired: PairedResult) -> tuple[Rejection, str]:
+    """A rerun cut short of the pairs a 95% interval needs, whatever its figures: rejected,
+    with the note the fallback gives when nothing won."""
+    shown = ""
+    if paired.speedup is not None:
+        shown = (
+            f" ({paired.speedup:.2f}x, range {paired.speedup_low:.2f}–{paired.speedup_high:.2f})"
+        )
+    rejection = _rejection(
+        name,
+        "pairs",
+        f"{_pairs(paired.pairs)} where {MIN_VALUES} are needed for a 95% "
+        f"interval on its speedup{shown}; give the search more time",
+    )
+    note = (
+        f"{name}: not validated: {_pairs(paired.pairs)} where {MIN_VALUES} are "
+        "needed; give the search more time"
+    )
+    return rejection, note
+
+
+def _judge(
+    name: str,
+    paired: PairedResult,
+    gap: tuple[float, float, float] | None,
+    *,
+    min_speedup: float,
+    parity_tolerance: float,
+    seed_noise: float,
+) -> Rejection | None:
+    """A complete rerun's verdict: rejected for parity, then for speed; None: accepted."""
+    if gap is None or gap[0] > parity_tolerance + seed_noise:
+        shown = "not comparable" if gap is None else f"{gap[0]:+.1%}"
+        return _rejection(
+            name,
+            "parity",
+            f"loss parity {shown} vs the fp32 reference (tolerance "
+            f"{parity_tolerance:.0%} + seed noise {seed_noise:.1%})",
+        )
+    assert paired.speedup is not None and paired.speedup_low is not None
+    if paired.speedup_low < min_speedup:
+        return _rejection(
+            name,
+            "speed",
+            f"{paired.speedup:.2f}x ({paired.speedup_low:.2f}–"
+            f"{paired.speedup_high:.2f}) the fp32 reference side by side: its lower "
+            f"bound does not clear {min_speedup:.2f}x",
+        )
+    return None
 
 
 def _pairs(n: int) -> str:
@@ -307,3 +324,96 @@ def _six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
     ref_step = ctx.space.base_batch / rec.reference_throughput
     steps = ctx.spec.probe.warmup_steps + 2 + MIN_VALUES
     return 1.25 * steps * (step + ref_step) + 1.0
+
+
+# Each arm of a validation pair measures for about this share of the pair's slice.
+_PAIR_SHARE = 0.3
+
+
+def validate(
+    ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord, end_at: float
+) -> tuple[Selection | None, PairedResult | None, float]:
+    """Phase 4: paired reruns of the shortlist, then the selection.
+
+    Returns:
+        ``(selection, reference_run, seed_noise)``; selection None when nothing was worth
+        validating.
+    """
+    spec, val = ctx.spec, ctx.spec.validation
+    picked = shortlist(
+        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+        top_k=val.top_k,
+        min_speedup=val.min_speedup,
+        parity_tolerance=spec.parity_tolerance,
+        maximize=ctx.maximize,
+    )
+    if not picked:
+        return None, None, 0.0
+    reruns: list[Rerun] = []
+    for i, trial in enumerate(picked):
+        left = end_at - ctx.budget.elapsed()
+        if left < 1.0:
+            reruns.append(Rerun(trial, None))
+            continue
+        # Each candidate gets an equal share of what is left; a pair cut short by its share is
+        # still compared, on the blocks and samples both arms saw.
+        reruns.append(with_gap(_rerun(ctx, trial, reference, share=left / (len(picked) - i))))
+    ref_run = next(
+        (
+            r.paired
+            for r in reruns
+            if r.paired is not None and r.paired.reference.ok and r.paired.reference.throughput > 0
+        ),
+        None,
+    )
+    noise = _seed_noise(ref_run, reference, spec.parity_tolerance)
+    selection = select(
+        reruns,
+        min_speedup=val.min_speedup,
+        parity_tolerance=spec.parity_tolerance,
+        seed_noise=noise,
+    )
+    for rejection in selection.rejected:
+        logger.info("rejected in validation: {}", rejection)
+    if selection.winner is not None and selection.winner.paired is not None:
+        ref_run = selection.winner.paired
+    return selection, ref_run, noise
+
+
+def _rerun(
+    ctx: SearchContext, trial: FrozenTrial, reference: ReferenceRecord, *, share: float
+) -> Rerun:
+    """One candidate measured again, paired with the reference, inside ``share`` seconds."""
+    probe = ctx.spec.probe
+    settings = probe.model_copy(update={"steps": ctx.spec.validation.steps, "seed": probe.seed + 1})
+    # The pair measures for most of its share (each arm about a third of it; warm-ups and
+    # the reference's catch-up to the horizon fit in the rest): the budget kept for
+    # validation buys a tighter interval instead of going unused.
+    min_time = max(ctx.default_min_time if settings.min_time is None else settings.min_time,
+                   _PAIR_SHARE * share)  # fmt: skip
+    paired = ctx.run_compare(
+        candidate(trial),
+        reference.candidate(),
+        settings.model_copy(
+            update={
+                "time_limit": max(1.0, share - 1.0),
+                "min_time": min_time,
+                "precision": 0.005,
+            }
+        ),
+        timeout=share + ctx.hard_grace(),
+    )
+    logger.info("validation of {}: {}", trial.number, paired.summary())
+    return Rerun(trial, paired)
+
+
+def _seed_noise(
+    ref_run: PairedResult | None, reference: ReferenceRecord, parity_tolerance: float
+) -> float:
+    """How far a fresh seed moves the reference's loss curve by itself (its search and
+    validation curves): a candidate is allowed that much on top of the tolerance."""
+    if ref_run is None or not reference.finite_losses:
+        return 0.0
+    r = ref_run.reference
+    seed_gap = parity_gap(r.losses, r.batch_size, reference.finite_losses, reference.batch_size)
+    return min(abs(seed_gap[0]), parity_tolerance) if seed_gap else 0.0

@@ -7,7 +7,9 @@
    ``Host`` that is not a loopback name (DNS rebinding).
 3. **Token.** From ``--token-file`` or ``AUTOTUNE_TOKEN``. When one is configured, every
    changing request (submit, cancel) must carry ``Authorization: Bearer <token>``, on loopback
-   too; reading stays open.
+   too; reading stays open, unless the service is private (``serve --private``): then reading
+   needs the token as well, or the page's view cookie (:func:`may_read`), which reads and never
+   writes.
 4. **Workloads.** A workload reference is code the service imports and calls. Only the
    built-ins (``autotune.workloads:*``, ``autotune.workloads.testing:*``) and packages whose
    top-level folder lies under a configured ``--workload-dir`` are accepted; the check finds
@@ -18,12 +20,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import importlib.machinery
 import ipaddress
 import os
 import sys
+from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
+from typing import Any
+
+from starlette.responses import JSONResponse
 
 from autotune.errors import SpecError, WorkloadError
 from autotune.workload_spec import canonical_reference, named_objects, parse_source
@@ -39,14 +46,18 @@ __all__ = [
     "BUILTIN_MODULES",
     "builtin_factories",
     "TOKEN_ENV",
+    "VIEW_COOKIE",
     "WorkloadPolicy",
     "WorkloadRefused",
+    "PrivateReads",
     "SAFE_METHODS",
     "check_bind",
     "cross_site",
     "is_loopback",
     "load_token",
+    "may_read",
     "token_matches",
+    "view_key",
 ]
 
 TOKEN_ENV = "AUTOTUNE_TOKEN"
@@ -202,6 +213,69 @@ def token_matches(expected: str | None, authorization: str | None) -> bool:
     scheme, _, given = (authorization or "").partition(" ")
     given_bytes = given.strip().encode("utf-8", "surrogateescape")
     return scheme.lower() == "bearer" and hmac.compare_digest(given_bytes, expected.encode())
+
+
+# The cookie a private service's page sets once its token is given, so that links (the report,
+# best.json) read too: HttpOnly, SameSite=Strict, and only a key derived from the token.
+VIEW_COOKIE = "autotune_view"
+
+
+def view_key(token: str) -> str:
+    """What the view cookie holds: derived from the token, so it cannot be used to write.
+
+    Example:
+        >>> len(view_key("s3cret-token-0123456")), view_key("a") != view_key("b")
+        (64, True)
+    """
+    return hmac.new(token.encode(), b"autotune: view only", hashlib.sha256).hexdigest()
+
+
+def may_read(token: str | None, headers: dict[str, str]) -> bool:
+    """Whether a request of a private service may read: it carries the token, or the view cookie.
+
+    Example:
+        >>> may_read("s3cret-token-0123456", {"authorization": "Bearer s3cret-token-0123456"})
+        True
+        >>> may_read("s3cret-token-0123456", {"cookie": "autotune_view=" + view_key("x")})
+        False
+    """
+    if token is None or token_matches(token, headers.get("authorization")):
+        return True
+    try:
+        jar = SimpleCookie(headers.get("cookie", ""))
+    except CookieError:
+        return False
+    morsel = jar.get(VIEW_COOKIE)
+    return morsel is not None and hmac.compare_digest(
+        morsel.value.encode("utf-8", "surrogateescape"), view_key(token).encode()
+    )
+
+
+class PrivateReads:
+    """A private service (``serve --private``): reading needs the token too (401 without it),
+    but for the page's shell, which holds no data, and ``/health``."""
+
+    OPEN = frozenset({"/", "/health"})
+
+    def __init__(self, app: Any, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1")
+                for k, v in scope.get("headers") or []
+            }
+            if not may_read(self.token, headers):
+                detail = (
+                    "this service is private: reading needs its token too (Authorization: "
+                    "Bearer <token>; on the page, give it in the Token field)"
+                )
+                response = JSONResponse({"detail": detail}, 401, {"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class WorkloadPolicy:

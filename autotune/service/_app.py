@@ -25,8 +25,8 @@ way, and even an internal error answers 500 with a ``detail``, never a bare page
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated, Any
 
 import anyio
@@ -42,8 +42,15 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import autotune
 from autotune.config import TunedConfig
-from autotune.errors import StorageIOError, short_repr
-from autotune.service._access import cross_site, token_matches
+from autotune.errors import SpecError, StorageIOError, short_repr
+from autotune.service._access import (
+    VIEW_COOKIE,
+    PrivateReads,
+    cross_site,
+    may_read,
+    token_matches,
+    view_key,
+)
 from autotune.service._models import (
     CancelReply,
     DeviceInfo,
@@ -258,17 +265,46 @@ class DrainFirstServer(uvicorn.Server):
 
 
 def create_app(
-    service: TuningService, *, max_body: int = MAX_BODY, loopback_only: bool = False
+    service: TuningService,
+    *,
+    max_body: int = MAX_BODY,
+    loopback_only: bool = False,
+    private: bool = False,
 ) -> FastAPI:
     """The FastAPI app serving ``service``; its lifespan starts the scheduler and drains it.
 
     Changing requests from another site's page are refused (403); with ``loopback_only`` (the
-    service listens on loopback) so is any request whose ``Host`` is not a loopback name.
+    service listens on loopback) so is any request whose ``Host`` is not a loopback name. With
+    ``private``, reading needs the service's token too.
 
     Example:
         >>> app = create_app(TuningService("sqlite:///studies/autotune.db", ["cpu"]))  # doctest: +SKIP
         >>> uvicorn.run(app, port=8765)  # doctest: +SKIP
     """
+    app = FastAPI(
+        title="autotune",
+        version=autotune.__version__,
+        description="A tuning service for a shared box: queue study specs, run their probes "
+        "where there is room, read status and results.",
+        lifespan=_lifespan(service),
+    )
+    app.add_middleware(_BodyLimit, limit=max_body)
+    if private:
+        if service.token is None:
+            raise SpecError("a private service needs a token: give --token-file or AUTOTUNE_TOKEN")
+        app.add_middleware(PrivateReads, token=service.token)
+    # Added last, so it runs first: a cross-site request is refused before its body is read.
+    app.add_middleware(_SameSite, loopback_only=loopback_only)
+    _handle_errors(app)
+    require_token = _token_check(service)
+    _route_health_and_submit(app, service, require_token, max_body=max_body)
+    _route_studies(app, service, require_token)
+    _route_page(app, service, require_token, private=private)
+    return app
+
+
+def _lifespan(service: TuningService) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the scheduler starts with the app and drains when it stops."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -280,16 +316,11 @@ def create_app(
             # DrainFirstServer the drain is already over, and this returns at once.)
             await anyio.to_thread.run_sync(service.stop)
 
-    app = FastAPI(
-        title="autotune",
-        version=autotune.__version__,
-        description="A tuning service for a shared box: queue study specs, run their probes "
-        "where there is room, read status and results.",
-        lifespan=lifespan,
-    )
-    app.add_middleware(_BodyLimit, limit=max_body)
-    # Added last, so it runs first: a cross-site request is refused before its body is read.
-    app.add_middleware(_SameSite, loopback_only=loopback_only)
+    return lifespan
+
+
+def _handle_errors(app: FastAPI) -> None:
+    """Every refusal, and every failure, answers ``{"detail": ...}`` with its status."""
 
     @app.exception_handler(RequestError)
     async def _refused(request: Request, exc: RequestError) -> JSONResponse:
@@ -322,6 +353,10 @@ def create_app(
             parts.append(f"{loc}: {err.get('msg')}, got {loc}={short_repr(err.get('input'))}")
         return JSONResponse({"detail": "; ".join(parts)}, status_code=422)
 
+
+def _token_check(service: TuningService) -> Callable[..., None]:
+    """The dependency of every changing endpoint: the service's token, or 401."""
+
     def require_token(
         authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
     ) -> None:
@@ -333,6 +368,14 @@ def create_app(
                 "send Authorization: Bearer <token> (autotune CLI: --token or AUTOTUNE_TOKEN)",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+
+    return require_token
+
+
+def _route_health_and_submit(
+    app: FastAPI, service: TuningService, require_token: Callable[..., None], *, max_body: int
+) -> None:
+    """``/health``, then ``POST /studies``: the body is read here, bounded by ``max_body``."""
 
     @app.get("/health", response_model=Health)
     async def health() -> Response:
@@ -379,6 +422,12 @@ def create_app(
         owner = owner.strip() if owner else None
         return await _answer(service.submit, body, content_type, priority, owner, status=201)
 
+
+def _route_studies(
+    app: FastAPI, service: TuningService, require_token: Callable[..., None]
+) -> None:
+    """The studies' JSON: status, detail, config; cancel (with the token); the devices."""
+
     @app.get("/studies", response_model=list[StudyStatus])
     async def studies() -> Response:
         """Every study in queue order (priority, then submission), with state and progress."""
@@ -409,14 +458,39 @@ def create_app(
         """Each device: free/total memory, what runs there, other processes, the worker's pid."""
         return await _answer(service.devices)
 
-    # ---- the page (see _page): HTML for people, from the same calls -----------------------
+
+def _route_page(
+    app: FastAPI, service: TuningService, require_token: Callable[..., None], *, private: bool
+) -> None:
+    """The page (see _page): HTML for people, from the same calls as the JSON."""
 
     @app.get("/", response_class=HTMLResponse)
-    async def page() -> Response:
-        """The page: devices, the queue, running and finished studies; it keeps itself live."""
-        ov = await run_in_threadpool(overview, service)
+    async def page(request: Request) -> Response:
+        """The page: devices, the queue, running and finished studies; it keeps itself live. A
+        private service's page shows them once its token is given."""
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        shown = not private or may_read(service.token, headers)
+        ov = await run_in_threadpool(overview, service) if shown else None
         nonce = new_nonce()
-        return HTMLResponse(render_page(ov, nonce=nonce), headers=page_headers(nonce))
+        body = render_page(ov, nonce=nonce, private=private, has_token=service.token is not None)
+        return HTMLResponse(body, headers=page_headers(nonce))
+
+    @app.post("/page/session", status_code=204, dependencies=[Depends(require_token)])
+    async def page_session() -> Response:
+        """The view cookie, for the page of a private service: its links (a report, best.json)
+        then read too. It holds a key derived from the token, good for reading only."""
+        response = Response(status_code=204)
+        if service.token is not None:
+            key = view_key(service.token)
+            response.set_cookie(VIEW_COOKIE, key, httponly=True, samesite="strict", path="/")
+        return response
+
+    @app.post("/page/session/end", status_code=204)
+    async def page_session_end() -> Response:
+        """Forget the view cookie."""
+        response = Response(status_code=204)
+        response.delete_cookie(VIEW_COOKIE, path="/", httponly=True, samesite="strict")
+        return response
 
     @app.get("/page/live", response_class=HTMLResponse)
     async def page_live() -> Response:
@@ -439,5 +513,3 @@ def create_app(
             media_type="application/json",
             headers={"Content-Disposition": f'attachment; filename="{filename}"'},
         )
-
-    return app

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune.enums import StudyState
+
 __all__ = [
     "CancelReply",
     "DeviceInfo",
@@ -24,9 +26,6 @@ __all__ = [
     "SubmitReply",
     "TrialInfo",
 ]
-
-# paused: running, but held while the storage refuses writes (it goes on by itself after).
-StudyState = Literal["queued", "running", "paused", "done", "failed", "cancelled"]
 
 
 class _Model(BaseModel):

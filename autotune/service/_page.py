@@ -34,7 +34,7 @@ from autotune.config import TunedConfig
 from autotune.errors import StorageError
 from autotune.report import collect, load_study, render_html
 from autotune.service._models import DeviceInfo, Health, StudyDetail, StudyStatus
-from autotune.service._page_assets import SCRIPT, STYLE
+from autotune.service._page_assets import PRIVATE_NOTE, SCRIPT, STYLE
 from autotune.service._service import RequestError, TuningService
 from autotune.spec import format_duration
 from autotune.trials import label
@@ -352,17 +352,23 @@ def render_live(ov: Overview) -> str:
     return _status(ov.health) + _devices(ov) + _running(ov) + _queue(ov) + _finished(ov)
 
 
-def render_page(ov: Overview, *, nonce: str) -> str:
-    """The whole page, its style and script carrying ``nonce`` (see :func:`page_headers`)."""
-    h = ov.health
+def render_page(
+    ov: Overview | None, *, nonce: str, private: bool = False, has_token: bool = False
+) -> str:
+    """The whole page, its style and script carrying ``nonce`` (see :func:`page_headers`).
+
+    ``ov`` None: a private service's page before its token is given (no data on it).
+    """
+    token_required = ov.health.token_required if ov is not None else has_token
     token = (
         '<form id="token-form" class="token" autocomplete="off">'
         '<label for="token">Token</label>'
         '<input id="token" type="password" autocomplete="off" spellcheck="false" '
-        'placeholder="to cancel studies"><button type="submit">Use</button>'
+        f'placeholder="to {"see and " if private else ""}cancel studies">'
+        '<button type="submit">Use</button>'
         '<button type="button" id="forget">Forget</button>'
         '<span id="token-state" class="muted"></span></form>'
-        if h.token_required
+        if token_required
         else ""
     )
     return (
@@ -370,11 +376,13 @@ def render_page(ov: Overview, *, nonce: str) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<meta name="referrer" content="no-referrer"><link rel="icon" href="data:,">'
         f'<title>autotune service</title><style nonce="{nonce}">{STYLE}</style></head>'
-        f'<body data-token-required="{str(h.token_required).lower()}"><header><div>'
+        f'<body data-token-required="{str(token_required).lower()}" '
+        f'data-private="{str(private).lower()}"><header><div>'
         '<h1>autotune service</h1><div id="live" class="muted">as of loading</div></div>'
         f'{token}</header><main><p id="notice" role="status"></p><noscript><p class="empty">This '
         "page updates itself with JavaScript; without it, reload it to see changes."
-        f'</p></noscript><div id="live-main">{render_live(ov)}</div></main>'
+        f'</p></noscript><div id="live-main">{render_live(ov) if ov else PRIVATE_NOTE}</div>'
+        "</main>"
         f'<script nonce="{nonce}">{SCRIPT}</script></body></html>'
     )
 

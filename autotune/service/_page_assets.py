@@ -11,7 +11,9 @@ any other site's page.
 
 from __future__ import annotations
 
-__all__ = ["POLL_MS", "SCRIPT", "STYLE"]
+import json
+
+__all__ = ["POLL_MS", "PRIVATE_NOTE", "SCRIPT", "STYLE"]
 
 # Milliseconds between two refreshes of a visible page: a trial takes seconds, a person looks.
 POLL_MS = 2000
@@ -87,6 +89,12 @@ form.token input { font: inherit; padding: .2rem .4rem; width: 12rem; max-width:
 }
 """
 
+# What a private service's page shows until its token is given.
+PRIVATE_NOTE = (
+    '<p class="empty">This service is private: give its token above to see its devices and '
+    "studies.</p>"
+)
+
 SCRIPT = """
 (() => {
   "use strict";
@@ -107,6 +115,12 @@ SCRIPT = """
   const live = document.getElementById("live");
   const notice = document.getElementById("notice");
   const needsToken = document.body.dataset.tokenRequired === "true";
+  // A private service shows nothing without its token; given it, the service sets a view
+  // cookie (reading only) so that the report and best.json links read too.
+  const isPrivate = document.body.dataset.private === "true";
+  const hidden = __PRIVATE_NOTE__;
+  const session = (end) => fetch(end ? "page/session/end" : "page/session",
+                                 { method: "POST", headers: end ? {} : auth() });
   let pending = "", pendingUntil = 0, timer = 0, failures = 0;
 
   const say = (text, ok) => { notice.textContent = text; notice.className = ok ? "ok" : "bad"; };
@@ -134,6 +148,7 @@ SCRIPT = """
     if (!document.hidden) {
       try {
         const r = await fetch("page/live", { headers: auth(), cache: "no-store" });
+        if (r.status === 401 && isPrivate) main.innerHTML = hidden;
         if (!r.ok) throw new Error(await detail(r));
         main.innerHTML = await r.text();
         failures = 0;
@@ -168,20 +183,26 @@ SCRIPT = """
   });
   const form = document.getElementById("token-form");
   if (form) {
-    form.addEventListener("submit", (ev) => {
+    form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const field = document.getElementById("token");
       if (field.value.trim()) store.setItem(KEY, field.value.trim());
       field.value = "";
+      if (isPrivate) await session(false);
       refresh();
     });
-    document.getElementById("forget").addEventListener("click", () => {
+    document.getElementById("forget").addEventListener("click", async () => {
       store.removeItem(KEY);
+      if (isPrivate) {
+        await session(true);
+        main.innerHTML = hidden;
+      }
       refresh();
     });
   }
   document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
   decorate();
-  timer = setTimeout(refresh, POLL);
+  if (isPrivate && token()) session(false).then(refresh);
+  else timer = setTimeout(refresh, POLL);
 })();
-""".replace("__POLL_MS__", str(POLL_MS))
+""".replace("__POLL_MS__", str(POLL_MS)).replace("__PRIVATE_NOTE__", json.dumps(PRIVATE_NOTE))

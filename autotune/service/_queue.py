@@ -25,13 +25,15 @@ from loguru import logger
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from autotune import clock
+from autotune.enums import StudyState
 from autotune.errors import StorageError, StorageIOError
 from autotune.storage import database_error, mask_url, owner_alive, owner_id
 
 __all__ = ["QUEUE_TABLE", "STATES", "QueueRow", "StudyQueue"]
 
-STATES = ("queued", "running", "done", "failed", "cancelled")
-FINISHED = ("done", "failed", "cancelled")
+# What a row's state column holds (paused is shown, never stored).
+STATES = tuple(s for s in StudyState if s != StudyState.PAUSED)
+FINISHED = tuple(s for s in StudyState if s.finished)
 
 _META = sa.MetaData()
 QUEUE_TABLE = sa.Table(
@@ -240,7 +242,7 @@ class StudyQueue:
             "spec": json.dumps(spec),
             "priority": priority,
             "submitted_at": now,
-            "state": "queued",
+            "state": StudyState.QUEUED,
             "device": None,
             "owner": None,
             "error": None,
@@ -273,7 +275,8 @@ class StudyQueue:
             done = conn.execute(
                 QUEUE_TABLE.update()
                 .where(
-                    (QUEUE_TABLE.c.name == name) & QUEUE_TABLE.c.state.in_(("failed", "cancelled"))
+                    (QUEUE_TABLE.c.name == name)
+                    & QUEUE_TABLE.c.state.in_((StudyState.FAILED, StudyState.CANCELLED))
                 )
                 .values(seq=seq, **values)
             )
@@ -286,15 +289,18 @@ class StudyQueue:
     def take_next(self, device: str, accepts: Callable[[QueueRow], bool]) -> QueueRow | None:
         """Mark the first queued study ``device`` can run as running there, and return it."""
         for row in self.rows():
-            if row.state != "queued" or not accepts(row):
+            if row.state != StudyState.QUEUED or not accepts(row):
                 continue
             with self._db(write=True) as conn:
                 # Conditional: another device thread (or service) may have taken it meanwhile.
                 taken = conn.execute(
                     QUEUE_TABLE.update()
-                    .where((QUEUE_TABLE.c.name == row.name) & (QUEUE_TABLE.c.state == "queued"))
+                    .where(
+                        (QUEUE_TABLE.c.name == row.name)
+                        & (QUEUE_TABLE.c.state == StudyState.QUEUED)
+                    )
                     .values(
-                        state="running",
+                        state=StudyState.RUNNING,
                         device=device,
                         owner=service_owner(),
                         started_at=clock.wall(),
@@ -319,8 +325,8 @@ class StudyQueue:
         with self._db(write=True) as conn:
             conn.execute(
                 QUEUE_TABLE.update()
-                .where((QUEUE_TABLE.c.name == name) & (QUEUE_TABLE.c.state == "running"))
-                .values(state="queued", device=None, owner=None)
+                .where((QUEUE_TABLE.c.name == name) & (QUEUE_TABLE.c.state == StudyState.RUNNING))
+                .values(state=StudyState.QUEUED, device=None, owner=None)
             )
 
     def cancel_queued(self, name: str) -> bool:
@@ -328,8 +334,8 @@ class StudyQueue:
         with self._db(write=True) as conn:
             done = conn.execute(
                 QUEUE_TABLE.update()
-                .where((QUEUE_TABLE.c.name == name) & (QUEUE_TABLE.c.state == "queued"))
-                .values(state="cancelled", finished_at=clock.wall())
+                .where((QUEUE_TABLE.c.name == name) & (QUEUE_TABLE.c.state == StudyState.QUEUED))
+                .values(state=StudyState.CANCELLED, finished_at=clock.wall())
             )
         return done.rowcount == 1
 
@@ -351,7 +357,7 @@ class StudyQueue:
         Raises:
             StorageError: another live service on this host runs studies from this queue.
         """
-        stuck = [r for r in self.rows() if r.state == "running"]
+        stuck = [r for r in self.rows() if r.state == StudyState.RUNNING]
         for row in stuck:
             if row.owner != owner_id() and owner_alive(row.owner) is True:
                 raise StorageError(

@@ -90,7 +90,7 @@ class Scheduler:
             a :class:`~autotune.worker.ProbeWorker` per device, polls every 0.5 s, no observer.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - its collaborators and knobs, keyword-only, built in one place (TuningService)
         self,
         queue: StudyQueue,
         monitor: DeviceMonitor,

@@ -14,6 +14,7 @@ from typing import Any
 import optuna
 
 import autotune
+from autotune import study_keys
 from autotune.errors import AutotuneError, SpecError, WorkloadError
 from autotune.inputs import Format, load_text
 from autotune.service._access import WorkloadPolicy, WorkloadRefused
@@ -82,7 +83,7 @@ class TuningService:
         >>> service.start(); service.submit(b"name: t\\nworkload: tiny_mlp\\n")  # doctest: +SKIP
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the service's configuration, keyword-only: `autotune serve`'s options
         self,
         storage: str,
         devices: list[str],
@@ -256,11 +257,11 @@ class TuningService:
             study = optuna.load_study(study_name=spec.name, storage=self.storage)
         except KeyError:
             return 0
-        if study.user_attrs.get("space_fingerprint") != spec.space_fingerprint():
+        if study.user_attrs.get(study_keys.SPACE_FINGERPRINT) != spec.space_fingerprint():
             raise RequestError(
                 409,
                 f"study {spec.name!r} already exists in the service's storage with a different "
-                f"space (workload {study.user_attrs.get('workload', '?')!r}); its trials are "
+                f"space (workload {study.user_attrs.get(study_keys.WORKLOAD, '?')!r}); its trials are "
                 f"kept. Submit under a new name, e.g. name: {spec.name}-2",
             )
         return len(study.trials)

@@ -183,7 +183,7 @@ class _Journal:
             clock.sleep(self.land.timing.trial_overhead_seconds)
 
 
-def run_box(
+def run_box(  # noqa: PLR0913 - public API: the simulated box's knobs, keyword-only
     arrivals: Sequence[Arrival],
     landscape: Landscape | str | Path,
     *,

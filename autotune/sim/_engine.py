@@ -60,7 +60,7 @@ class SimEngine:
             held the device for the whole run, or a warm-up that this run alone suffers).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - a simulated run's settings, keyword-only, built in one place (the runner)
         self,
         landscape: Landscape,
         cand: Candidate,

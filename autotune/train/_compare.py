@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 from loguru import logger
@@ -14,7 +15,7 @@ from autotune.spec import Candidate
 from autotune.stats import MIN_VALUES, claimed, ratio_estimate
 from autotune.train._models import BASELINES, Comparison, Progress, TrainResult, TrainSettings
 from autotune.train._run import TrainRun, as_candidate, held_out_batches, train
-from autotune.workloads import Workload
+from autotune.workloads import Batch, Workload
 
 __all__ = ["baseline_candidate", "compare"]
 
@@ -50,7 +51,7 @@ def baseline_candidate(workload: Workload, against: str) -> Candidate:
     )
 
 
-def compare(
+def compare(  # noqa: PLR0913 - public API: train()'s arguments, plus the baseline's options
     workload: Workload,
     setup: TunedConfig | Candidate,
     device: str | torch.device = "auto",
@@ -103,68 +104,109 @@ def compare(
     dev = check_supported(tuned_cand.precision, device)
     if base_cand is not None:
         check_supported(base_cand.precision, dev)
-    # A few steps of each run first, one at a time: the process's one-time costs (allocator and
-    # library set-up, first-use kernels) are paid, and each run's peak memory is its own.
-    prime = settings.model_copy(
-        update={"steps": 3, "epochs": None, "samples": None, "eval_samples": 0, "warmup_steps": 1}
-    )
-    peaks = {
-        name: train(workload, cand, dev, prime, label="prime")
-        for name, cand in (("tuned", tuned_cand), ("baseline", base_cand))
-        if cand is not None
-    }
+    peaks = _prime(workload, dev, settings, {"tuned": tuned_cand, "baseline": base_cand})
     held_out = held_out_batches(workload, dev, settings) if workload.accuracy else []
-
-    def run_alone(
-        what: TunedConfig | Candidate, run_settings: TrainSettings, label: str
-    ) -> TrainResult:
-        return train(
-            workload,
-            what,
-            dev,
-            run_settings,
-            label=label,
-            on_progress=on_progress,
-            held_out=held_out,
-        )
-
+    runs = _Runs(workload, dev, held_out, on_progress)
     if base_cand is None:
-        return Comparison(tuned=run_alone(setup, settings, "tuned"))
+        return Comparison(tuned=runs.alone(setup, settings, "tuned"))
     base_settings = settings
     if settings.steps is not None:
+        # The baseline sees the tuned run's samples at its own batch size.
         base_settings = settings.model_copy(
             update={"steps": None, "samples": settings.steps * tuned_cand.batch_size}
         )
     if not paired:
-        tuned = run_alone(setup, settings, "tuned")
-        baseline = run_alone(base_cand, base_settings, str(against))
+        tuned = runs.alone(setup, settings, "tuned")
+        baseline = runs.alone(base_cand, base_settings, str(against))
         return Comparison(tuned=tuned, baseline=baseline, against=against)
-    with contextlib.ExitStack() as stack:
-        runs = [
-            stack.enter_context(
-                TrainRun(
-                    workload,
-                    run_setup,
-                    dev,
-                    run_settings,
-                    label=label,
-                    on_progress=on_progress,
-                    measure_memory=False,
-                )
-            )
-            for run_setup, run_settings, label in (
-                (setup, settings, "tuned"),
-                (base_cand, base_settings, str(against)),
-            )
-        ]
-        # In turn, a block each, while both run; then whichever is left finishes alone.
-        while any([run.advance() for run in runs]):
-            pass
-        tuned, baseline = (run.finish(held_out) for run in runs)
-        rates = [run.rates() for run in runs]
+    tuned, baseline, rates = runs.in_turn(
+        (setup, settings, "tuned"), (base_cand, base_settings, str(against))
+    )
     for result, name in ((tuned, "tuned"), (baseline, "baseline")):
         result.peak_memory_bytes = peaks[name].peak_memory_bytes
         result.memory_source = peaks[name].memory_source
+    return _paired_comparison(tuned, baseline, rates, against=against)
+
+
+def _prime(
+    workload: Workload,
+    dev: torch.device,
+    settings: TrainSettings,
+    cands: dict[str, Candidate | None],
+) -> dict[str, TrainResult]:
+    """A few steps of each run first, one at a time: the process's one-time costs (allocator
+    and library set-up, first-use kernels) are paid, and each run's peak memory is its own."""
+    prime = settings.model_copy(
+        update={"steps": 3, "epochs": None, "samples": None, "eval_samples": 0, "warmup_steps": 1}
+    )
+    return {
+        name: train(workload, cand, dev, prime, label="prime")
+        for name, cand in cands.items()
+        if cand is not None
+    }
+
+
+# A run's setup, its settings and its label.
+_Arm = tuple[TunedConfig | Candidate, TrainSettings, str]
+
+
+@dataclass
+class _Runs:
+    """What both runs share: the workload, the device, the held-out batches, the watcher."""
+
+    workload: Workload
+    dev: torch.device
+    held_out: list[Batch]
+    on_progress: Progress | None
+
+    def alone(
+        self, what: TunedConfig | Candidate, settings: TrainSettings, label: str
+    ) -> TrainResult:
+        return train(
+            self.workload,
+            what,
+            self.dev,
+            settings,
+            label=label,
+            on_progress=self.on_progress,
+            held_out=self.held_out,
+        )
+
+    def in_turn(
+        self, tuned: _Arm, baseline: _Arm
+    ) -> tuple[TrainResult, TrainResult, list[list[float]]]:
+        """Both runs alive at once, a block each in turn while both run; then whichever is
+        left finishes alone.
+
+        Returns:
+            Both results, and each run's block rates.
+        """
+        with contextlib.ExitStack() as stack:
+            runs = [
+                stack.enter_context(
+                    TrainRun(
+                        self.workload,
+                        run_setup,
+                        self.dev,
+                        run_settings,
+                        label=label,
+                        on_progress=self.on_progress,
+                        measure_memory=False,
+                    )
+                )
+                for run_setup, run_settings, label in (tuned, baseline)
+            ]
+            while any([run.advance() for run in runs]):
+                pass
+            first, second = (run.finish(self.held_out) for run in runs)
+            return first, second, [run.rates() for run in runs]
+
+
+def _paired_comparison(
+    tuned: TrainResult, baseline: TrainResult, rates: list[list[float]], *, against: str | None
+) -> Comparison:
+    """The speedup of paired runs: the median of the per-pair block-rate ratios, with its
+    interval from six pairs on."""
     pairs = min(len(rates[0]), len(rates[1]))
     est = ratio_estimate(rates[0][:pairs], rates[1][:pairs]) if tuned.ok else None
     est = claimed(est) if est is not None else None

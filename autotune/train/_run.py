@@ -34,7 +34,7 @@ def as_candidate(setup: TunedConfig | Candidate, workload: Workload) -> Candidat
     return cand
 
 
-def train(
+def train(  # noqa: PLR0913 - public API: what to train, then keyword-only options
     workload: Workload,
     setup: TunedConfig | Candidate,
     device: str | torch.device = "auto",
@@ -100,7 +100,7 @@ class TrainRun:
             it: the peak would be both runs').
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - train()'s arguments: a TrainRun is train() one block at a time
         self,
         workload: Workload,
         setup: TunedConfig | Candidate,

@@ -261,7 +261,7 @@ def _rows(batch: Mapping[str, Any]) -> int:
     return int(first.shape[0]) if first is not None else 1
 
 
-def huggingface_workload(
+def huggingface_workload(  # noqa: PLR0913 - public API: the objects a Trainer takes, keyword-only
     model: Any,
     dataset: Any,
     *,

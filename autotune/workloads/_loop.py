@@ -91,7 +91,7 @@ class _Loop:
         return self.loss_fn(model(batch[0]), batch[1])
 
 
-def loop_workload(
+def loop_workload(  # noqa: PLR0913 - public API: the loop's four parts, then keyword-only options
     model: Any,
     data: Any,
     optimizer: Any,
