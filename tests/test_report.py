@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
+from _browser import FLAGS
 from _configs import make_config, write_config
 from _sim import landscape
 from optuna.distributions import CategoricalDistribution, FloatDistribution
@@ -867,17 +868,11 @@ def test_a_trial_that_never_ran_is_counted_apart_and_shows_what_was_queued(
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium package")
 def test_report_renders_in_headless_chromium(searched: SimpleNamespace, tmp_path: Path) -> None:
     png = tmp_path / "report.png"
+    quiet = [f for f in FLAGS if f != "--remote-debugging-pipe"]  # one screenshot, no session
     subprocess.run(
         [
             "chromium",
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *quiet,
             f"--user-data-dir={tmp_path / 'profile'}",
             f"--screenshot={png}",
             "--window-size=1400,3000",
