@@ -19,7 +19,15 @@ from examples.huggingface.data import train_set
 from examples.huggingface.model import build_model, training_args
 
 
-def main(argv: list[str] | None = None) -> transformers.Trainer:
+def main(
+    argv: list[str] | None = None, callbacks: list[transformers.TrainerCallback] | None = None
+) -> transformers.Trainer:
+    """Train with the config; return the trained Trainer.
+
+    Args:
+        argv: the command line's arguments (default: the process's).
+        callbacks: more callbacks for the Trainer.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", help="best.json of a search, e.g. studies/hf-example/best.json")
     parser.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps")
@@ -32,7 +40,9 @@ def main(argv: list[str] | None = None) -> transformers.Trainer:
         training_args(args.output_dir), **ex.kwargs, max_steps=args.max_steps, save_strategy="no"
     )
     ex.elsewhere.set_backend_flags()  # after TrainingArguments, whose tf32= sets half of them
-    trainer = transformers.Trainer(model=build_model(), args=tuned, train_dataset=train_set())
+    trainer = transformers.Trainer(
+        model=build_model(), args=tuned, train_dataset=train_set(), callbacks=callbacks
+    )
     trainer.train()
     return trainer
 

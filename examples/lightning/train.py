@@ -20,7 +20,13 @@ MODULE_ARGS = {"channels": 16}
 DATAMODULE_ARGS = {"samples": 4096}
 
 
-def main(argv: list[str] | None = None) -> L.Trainer:
+def main(argv: list[str] | None = None, callbacks: list[L.Callback] | None = None) -> L.Trainer:
+    """Train with the config; return the fitted Trainer.
+
+    Args:
+        argv: the command line's arguments (default: the process's).
+        callbacks: more Lightning callbacks for the Trainer, beside the export's own check.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "config", help="best.json of a search, e.g. studies/lightning-example/best.json"
@@ -32,8 +38,10 @@ def main(argv: list[str] | None = None) -> L.Trainer:
     cfg = autotune.load_config(args.config)
     ex = autotune.export(cfg, "lightning", model=LitClassifier, datamodule=CIFARData)
     ex.elsewhere.set_backend_flags()  # TF32 as tuned, cudnn.benchmark=True
+    kwargs = ex.kwargs  # precision (or the fp16 plugin with the tuned GradScaler), accelerator
+    kwargs["callbacks"] += callbacks or []  # after the export's TunedSettingsCheck
     trainer = L.Trainer(
-        **ex.kwargs,  # precision (or the fp16 plugin with the tuned GradScaler), accelerator
+        **kwargs,
         max_epochs=args.epochs,
         max_steps=args.max_steps,
         logger=False,
