@@ -39,7 +39,7 @@ from autotune.version import __version__  # noqa: E402
 if TYPE_CHECKING:
     from autotune.config import TunedConfig, load_config
     from autotune.export import Export, export
-    from autotune.result import ProbeResult
+    from autotune.measure.result import ProbeResult
     from autotune.session import AmpSession, session
     from autotune.spec import Candidate, ProbeSettings, StudySpec, load_spec
     from autotune.workloads import Workload, load_workload
@@ -75,7 +75,7 @@ _LAZY = {
     "AmpSession": "autotune.session",
     "Candidate": "autotune.spec",
     "Export": "autotune.export",
-    "ProbeResult": "autotune.result",
+    "ProbeResult": "autotune.measure.result",
     "ProbeSettings": "autotune.spec",
     "StudySpec": "autotune.spec",
     "TunedConfig": "autotune.config",

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any, TextIO
 
 from autotune.search import Budget, Event, PhaseStarted, TrialFinished, TrialStarted
-from autotune.trials import label as params_label
+from autotune.study.trials import label as params_label
 
 __all__ = ["NotebookProgress"]
 

@@ -39,7 +39,7 @@ from autotune.search import (
     TrialFinished,
     TrialStarted,
 )
-from autotune.trials import label as params_label
+from autotune.study.trials import label as params_label
 
 __all__ = ["SearchProgress", "candidate_label", "params_label", "scale_text"]
 

@@ -31,8 +31,8 @@ from torch import nn
 from autotune.config import TunedConfig, warn_if_environment_differs
 from autotune.devices import prepare_batch
 from autotune.errors import AutotuneWarning, DeviceError
-from autotune.knobs import apply_knobs, mark_batch_dynamic
-from autotune.precision import (
+from autotune.measure.knobs import apply_knobs, mark_batch_dynamic
+from autotune.measure.precision import (
     PrecisionMode,
     apply_backend_flags,
     autocast,

@@ -26,8 +26,8 @@ from loguru import logger
 
 from autotune.config import TunedConfig
 from autotune.errors import AutotuneError, AutotuneWarning, SpecError
+from autotune.measure.precision import resolve_device
 from autotune.notebook import NotebookProgress
-from autotune.precision import resolve_device
 from autotune.spec import StudySpec, format_duration, load_spec, parse_spec
 from autotune.workloads import reference_for
 

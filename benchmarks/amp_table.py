@@ -42,15 +42,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autotune import load_config
 from autotune.config import TunedConfig
-from autotune.precision import autocast, backend_flags, get_mode, resolve_device
+from autotune.measure.precision import autocast, backend_flags, get_mode, resolve_device
+from autotune.measure.stats import Estimate, claimed, ratio_estimate
 from autotune.search import run_search
 from autotune.spec import Candidate, load_spec
-from autotune.stats import Estimate, claimed, ratio_estimate
 from autotune.train import TrainResult, TrainSettings, baseline_candidate, held_out_batches, train
 
 # The run that advances a block at a time, as `train --compare` interleaves two; autotune.train
 # does not export it (yet).
-from autotune.train._run import TrainRun
+from autotune.train._training_run import TrainRun
 from autotune.workloads import Workload, load_workload
 
 ROOT = Path(__file__).resolve().parent.parent

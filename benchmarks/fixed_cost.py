@@ -28,10 +28,10 @@ from typing import Any
 
 from loguru import logger
 
-from autotune.result import ProbeResult
+from autotune.execution.worker import ProbeWorker
+from autotune.measure.result import ProbeResult
 from autotune.search import Event, PhaseStarted, SearchStopped, TrialStarted, run_search
 from autotune.spec import Candidate, ProbeSettings, load_spec
-from autotune.worker import ProbeWorker
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_SECONDS = 3.0

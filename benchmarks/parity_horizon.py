@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from autotune.parity import parity_gap, smoothed_loss_at
+from autotune.measure.parity import parity_gap, smoothed_loss_at
 from autotune.search import lr_for
 from autotune.spec import Candidate, load_spec
 from autotune.train import TrainSettings, train

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from loguru import logger
 
-from autotune.precision import resolve_device
-from autotune.probe import run_probe
-from autotune.result import ProbeResult
+from autotune.measure.precision import resolve_device
+from autotune.measure.probe import run_probe
+from autotune.measure.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
 from autotune.workloads import load_workload
 

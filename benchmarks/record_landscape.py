@@ -3,17 +3,17 @@
 Every figure is measured here, the way the search measures (``benchmarks/search_vs_grid.py``):
 
 1. Start: a probe worker is started (timed: ``timing.worker_start_seconds``); the workload's
-   facts come from :func:`autotune.facts.workload_facts`, the device's from the machine.
+   facts come from :func:`autotune.execution.facts.workload_facts`, the device's from the machine.
 2. Timing, in this process: a run of the fp32 reference is built (``timing.build_seconds``) and
    stepped one step at a time, cold (the process's first use of the kernels) and warm; the first
    step's extra cost and the warm-up's decay are fitted to the per-step times.
 3. Grid: every (precision, batch size) is measured PAIRED against fp32 at the workload's base
-   batch and lr (:meth:`~autotune.worker.ProbeWorker.compare`: interleaved blocks in one
+   batch and lr (:meth:`~autotune.execution.worker.ProbeWorker.compare`: interleaved blocks in one
    worker), once per seed, at the lr the workload's rule gives. The candidate's samples/s in
    the table is the paired speedup (median over seeds) times the reference's samples/s (median
    over every paired run of the recording): drift and a neighbour's load hit both arms of a pair
    and cancel in the ratio, so the table's ratios are the paired speedups. The parity gap is
-   :func:`autotune.parity.parity_gap` of the two arms' loss curves at equal samples seen.
+   :func:`autotune.measure.parity.parity_gap` of the two arms' loss curves at equal samples seen.
 4. Knobs, paired the same way at the base batch: lr multipliers (``parity.gap_per_lr_log2``,
    ``parity.diverge_lr_multiplier``), channels_last against the workload's own layout (4-d
    inputs only), torch.compile (``--compile``).
@@ -61,16 +61,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from autotune.facts import workload_facts  # noqa: E402
-from autotune.limits import machine_memory  # noqa: E402
-from autotune.parity import parity_gap  # noqa: E402
-from autotune.precision import resolve_device, unsupported_modes  # noqa: E402
-from autotune.result import PairedResult, ProbeResult  # noqa: E402
+from autotune.execution.facts import workload_facts  # noqa: E402
+from autotune.execution.limits import machine_memory  # noqa: E402
+from autotune.execution.worker import ProbeWorker  # noqa: E402
+from autotune.measure.parity import parity_gap  # noqa: E402
+from autotune.measure.precision import resolve_device, unsupported_modes  # noqa: E402
+from autotune.measure.result import PairedResult, ProbeResult  # noqa: E402
+from autotune.measure.stats import ratio_estimate  # noqa: E402
+from autotune.measure.step import StepEngine  # noqa: E402
 from autotune.search import lr_for  # noqa: E402
 from autotune.spec import Candidate, ProbeSettings  # noqa: E402
-from autotune.stats import ratio_estimate  # noqa: E402
-from autotune.step import StepEngine  # noqa: E402
-from autotune.worker import ProbeWorker  # noqa: E402
 from autotune.workloads import load_workload, normalize_reference  # noqa: E402
 
 RAW_DIR = ROOT / "benchmarks" / "recordings"
@@ -1076,7 +1076,7 @@ def render(raw: dict[str, Any], f: dict[str, Any], raw_path: str) -> str:
     add(f"capability: {json.dumps(m['capability']) if m['capability'] else 'null'}")
     add(f"memory_total_bytes: {total}  # {m['memory_source']}: {total / 2**30:.2f} GiB")
     add(f"workload: {raw['workload']}")
-    add("facts:  # autotune.facts.workload_facts(load_workload(workload))")
+    add("facts:  # autotune.execution.facts.workload_facts(load_workload(workload))")
     add(f"  base_lr: {facts['base_lr']!r}")
     add(f"  base_batch_size: {base_bs}")
     add(f"  lr_scaling: {facts['lr_scaling']}")
@@ -1130,7 +1130,7 @@ def render(raw: dict[str, Any], f: dict[str, Any], raw_path: str) -> str:
             )
             add(f"    parity_gap: {num(g, 3)}  # measured: {how}")
     if raw["skipped_modes"] or raw["unsupported"]:
-        add("unsupported:  # autotune.precision.unsupported_modes on this device")
+        add("unsupported:  # autotune.measure.precision.unsupported_modes on this device")
         for p, why in raw["unsupported"].items():
             add(f"  {p}: {q(why)}")
     n = f["noise"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune.pgtest import throwaway_postgres
+from autotune.testing.pgtest import throwaway_postgres
 
 SPEC = """\
 name: scale

@@ -112,7 +112,7 @@ STRATEGIES = {
 }
 
 # What the strategies replace, as the product has it (restored for ``tpe``).
-_RUN = importlib.import_module("autotune.search._run")
+_RUN = importlib.import_module("autotune.search._run_search")
 _TPE_SAMPLER = optuna.samplers.TPESampler
 _ENQUEUE_FIRST_TRIALS = _RUN._enqueue_first_trials
 
@@ -130,12 +130,12 @@ def use_strategy(name: str) -> None:
     """Set this process up for the strategy ``name``, undoing any other's set-up first.
 
     Monkeypatches, for this benchmark's processes only (never the product's code on disk):
-    ``random`` replaces ``optuna.samplers.TPESampler``, the name ``autotune.storage.open_study``
-    builds its sampler by, which patches optuna globally in this process: fine for a benchmark
-    process that runs nothing else; ``no-informed`` replaces
-    ``autotune.search._run._enqueue_first_trials`` (looked up at call time by ``run_search``).
-    ``no-early-stop`` is a spec setting (:func:`spec_for`), nothing patched. One search runs at
-    a time in a process, so each run sets its own strategy up before it starts.
+    ``random`` replaces ``optuna.samplers.TPESampler``, the name
+    ``autotune.study.storage.open_study`` builds its sampler by, which patches optuna globally in
+    this process: fine for a benchmark process that runs nothing else; ``no-informed`` replaces
+    ``autotune.search._run_search._enqueue_first_trials`` (looked up at call time by
+    ``run_search``). ``no-early-stop`` is a spec setting (:func:`spec_for`), nothing patched. One
+    search runs at a time in a process, so each run sets its own strategy up before it starts.
     """
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")

@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.parity import parity_gap
+from autotune.execution.worker import ProbeWorker
+from autotune.measure.parity import parity_gap
 from autotune.report import knob_lines
 from autotune.search import lr_for, run_search
 from autotune.spec import Candidate, StudySpec
-from autotune.worker import ProbeWorker
 from autotune.workloads import normalize_reference
 
 TOLERANCE = 0.05

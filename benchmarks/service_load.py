@@ -8,11 +8,11 @@ Prints two sets of figures with their goals:
    requests/s, p50 and p99 latency, errors. ``--interval 0`` polls back to back: a stress test
    whose latency is queueing behind the offered load, not the service's own speed.
    Goals: p99 under 100 ms with 50 clients, zero errors.
-2. per-trial overhead: a persistent :class:`~autotune.worker.ProbeWorker` runs ``--probes``
-   one-step probes of ``tiny_mlp``; overhead = the wall time of ``ProbeWorker.run`` minus the
-   probe's own ``wall_seconds`` (request and reply over the pipes, JSON, validation), averaged
-   after a first untimed probe. Goal: under 1 s on CPU. Beside it, from the polled study: each
-   trial's wall time minus its probe's (sampling, the device gate, storage writes, the round
+2. per-trial overhead: a persistent :class:`~autotune.execution.worker.ProbeWorker` runs
+   ``--probes`` one-step probes of ``tiny_mlp``; overhead = the wall time of ``ProbeWorker.run``
+   minus the probe's own ``wall_seconds`` (request and reply over the pipes, JSON, validation),
+   averaged after a first untimed probe. Goal: under 1 s on CPU. Beside it, from the polled study:
+   each trial's wall time minus its probe's (sampling, the device gate, storage writes, the round
    trip), as the service really runs trials.
 3. ``--submits N`` instead: health under a burst of submits. N clients each POST a study spec at
    once (each parses a spec and writes the database in the service's thread pool) while one
@@ -333,8 +333,8 @@ def _trial_overhead(storage: str) -> dict[str, Any]:
 def _overhead(probes: int) -> dict[str, Any]:
     from loguru import logger
 
+    from autotune.execution.worker import ProbeWorker
     from autotune.spec import Candidate, ProbeSettings
-    from autotune.worker import ProbeWorker
 
     logger.remove()
     cand = Candidate(precision="fp32", batch_size=32, learning_rate=0.05)

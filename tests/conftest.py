@@ -48,7 +48,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from autotune.pgtest import PostgresServer, postgres_binaries, throwaway_postgres  # noqa: E402
+from autotune.testing.pgtest import (  # noqa: E402
+    PostgresServer,
+    postgres_binaries,
+    throwaway_postgres,
+)
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from autotune.errors import SpecError, WorkloadError
+from autotune.measure.step import StepEngine
 from autotune.spec import Candidate, parse_spec
-from autotune.step import StepEngine
 from autotune.workloads import load_workload, loop_workload, reference_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -299,7 +299,7 @@ def test_huggingface_builds_the_model_from_a_class_config_or_factory(form: str) 
 def test_the_schedule_a_workload_trains_under_reaches_its_facts(
     form: str, schedule: str, tmp_path: Path
 ) -> None:
-    from autotune.facts import workload_facts
+    from autotune.execution.facts import workload_facts
     from autotune.workloads import huggingface_workload
 
     if form.startswith("lightning"):

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.ceilings import find_ceiling, memory_budget
-from autotune.probe import run_probe
-from autotune.result import ProbeResult
+from autotune.measure.ceilings import find_ceiling, memory_budget
+from autotune.measure.probe import run_probe
+from autotune.measure.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
 from autotune.workloads.testing import make_oom_workload
 

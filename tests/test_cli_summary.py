@@ -18,8 +18,8 @@ from optuna.trial import TrialState, create_trial
 
 from autotune.cli import _search
 from autotune.cli._app import console
-from autotune.reference import ReferenceMeasurement, ReferenceRecord
-from autotune.trials import (
+from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
+from autotune.study.trials import (
     Rejection,
     TrialRecord,
 )

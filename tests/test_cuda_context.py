@@ -20,8 +20,8 @@ import torch
 import yaml
 
 from autotune.errors import DeviceError
-from autotune.precision import resolve_device
-from autotune.worker import WorkerMemory
+from autotune.execution.worker import WorkerMemory
+from autotune.measure.precision import resolve_device
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "_no_cuda_parent.py"

@@ -23,7 +23,7 @@ from autotune.diagnose import (
     worst_diverged_trial,
 )
 from autotune.errors import SpecError
-from autotune.probe import global_state
+from autotune.measure.probe import global_state
 from autotune.spec import Candidate
 from autotune.workloads import Workload, load_workload, synthetic_batches
 from autotune.workloads.testing import make_oom_workload

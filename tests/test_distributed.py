@@ -13,7 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.crown import stored_config
+from autotune.study.crown import stored_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,7 +22,7 @@ from _docs import DOCS, ROOT, code_block, page
 from torch import nn
 
 import autotune
-from autotune.precision import restore_backend_flags, snapshot_backend_flags
+from autotune.measure.precision import restore_backend_flags, snapshot_backend_flags
 
 README_LINES = 150
 # A tag that would fetch something when the page is opened: a script, a stylesheet or a font,

@@ -29,8 +29,8 @@ from autotune.errors import (
     SpecError,
     WorkloadError,
 )
-from autotune.facts import workload_facts
-from autotune.precision import restore_backend_flags, snapshot_backend_flags
+from autotune.execution.facts import workload_facts
+from autotune.measure.precision import restore_backend_flags, snapshot_backend_flags
 from autotune.workloads import load_workload
 
 # Lightning's MixedPrecision plugin and the export's check, as LightningCLI names them.

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.logs import log_to_file
 from autotune.service import StudyQueue
-from autotune.storage import open_storage
+from autotune.study.storage import open_storage
 
 
 def modes(root: Path) -> dict[str, str]:

@@ -11,15 +11,21 @@ import pytest
 import torch
 
 from autotune import load_config
-from autotune.ceilings import find_ceiling, memory_budget
-from autotune.memory import memory_cap
-from autotune.precision import autocast, backend_flags, get_mode, make_scaler, resolve_device
-from autotune.probe import run_probe
+from autotune.execution.worker import InProcessRunner, ProbeWorker
+from autotune.measure.ceilings import find_ceiling, memory_budget
+from autotune.measure.memory import memory_cap
+from autotune.measure.precision import (
+    autocast,
+    backend_flags,
+    get_mode,
+    make_scaler,
+    resolve_device,
+)
+from autotune.measure.probe import run_probe
+from autotune.measure.step import StepEngine
+from autotune.measure.timed import TimedRun
 from autotune.search import run_search
 from autotune.spec import Candidate, ProbeSettings, load_spec
-from autotune.step import StepEngine
-from autotune.timed import TimedRun
-from autotune.worker import InProcessRunner, ProbeWorker
 from autotune.workloads import load_workload
 from autotune.workloads.testing import CAPPED_BYTES
 

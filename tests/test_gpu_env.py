@@ -18,12 +18,12 @@ import pytest
 import torch
 from loguru import logger
 
-from autotune import limits, worker
 from autotune.errors import DeviceError
-from autotune.limits import worker_device, worker_env
+from autotune.execution import limits, worker
+from autotune.execution.limits import worker_device, worker_env
+from autotune.execution.worker import ProbeWorker
 from autotune.service import _devices
 from autotune.spec import Candidate, ProbeSettings
-from autotune.worker import ProbeWorker
 
 
 class FakeNVML:

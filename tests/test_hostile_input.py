@@ -26,7 +26,7 @@ from autotune.errors import ConfigError, ServiceError, SpecError, StorageError
 from autotune.inputs import MAX_SPEC_BYTES, load_text
 from autotune.service import ServiceClient
 from autotune.spec import load_spec
-from autotune.storage import open_storage
+from autotune.study.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "studies" / "tiny.yaml"

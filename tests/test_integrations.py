@@ -31,7 +31,7 @@ from torch import nn
 import autotune
 from autotune.config import current_environment
 from autotune.errors import DeviceError, ExportError, ExportWarning
-from autotune.precision import restore_backend_flags, snapshot_backend_flags
+from autotune.measure.precision import restore_backend_flags, snapshot_backend_flags
 
 DTYPES = {
     "fp32": torch.float32,

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from autotune.errors import SpecError
-from autotune.knobs import compile_failure
-from autotune.paired import run_paired
-from autotune.probe import global_state, run_probe
-from autotune.runner import InProcessRunner, poisons_context
+from autotune.execution.runner import InProcessRunner, poisons_context
+from autotune.measure.knobs import compile_failure
+from autotune.measure.paired import run_paired
+from autotune.measure.probe import global_state, run_probe
 from autotune.session import AmpSession
 from autotune.spec import Candidate, ProbeSettings
 from autotune.workloads import load_workload, tiny_convnet, tiny_mlp
@@ -139,7 +139,7 @@ def test_a_compiler_error_hiding_a_poisoning_cuda_error_is_poisoning(how: str) -
 
 
 def test_channels_last_is_the_candidates_when_it_says_so() -> None:
-    from autotune.step import StepEngine
+    from autotune.measure.step import StepEngine
 
     for wanted in (False, True):
         # A large batch: the data pool is made of fewer, larger batches, sooner.

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from autotune.memory import PeakMemory
-from autotune.paired import run_paired
-from autotune.probe import run_probe
+from autotune.measure.memory import PeakMemory
+from autotune.measure.paired import run_paired
+from autotune.measure.probe import run_probe
 from autotune.spec import Candidate, ProbeSettings
 from autotune.workloads import load_workload
 from autotune.workloads.testing import drifting

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autotune.errors import DeviceError, SpecError
-from autotune.precision import (
+from autotune.measure.precision import (
     MODES,
     autocast,
     backend_flags,

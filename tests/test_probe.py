@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from autotune.errors import WorkloadError
-from autotune.precision import restore_backend_flags, snapshot_backend_flags
-from autotune.probe import global_state, run_probe
-from autotune.result import ProbeResult
+from autotune.measure.precision import restore_backend_flags, snapshot_backend_flags
+from autotune.measure.probe import global_state, run_probe
+from autotune.measure.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
 from autotune.workloads import BUILTINS, Workload, load_workload
 from autotune.workloads.testing import make_oom_workload
@@ -244,7 +244,7 @@ def test_result_survives_a_json_round_trip_with_nan_losses() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
 def test_each_supported_mode_runs_on_the_gpu(precision: str) -> None:
-    from autotune.precision import unsupported_modes
+    from autotune.measure.precision import unsupported_modes
 
     dev = torch.device("cuda", torch.cuda.current_device())
     torch.zeros(1, device=dev)  # initialise CUDA first so its RNG state is in global_state

@@ -16,7 +16,7 @@ from _cli import run_tiny_search
 from loguru import logger
 from rich.console import Console
 
-from autotune.ceilings import Ceiling
+from autotune.measure.ceilings import Ceiling
 from autotune.progress import SearchProgress
 from autotune.search import (
     Budget,

@@ -12,10 +12,10 @@ import pytest
 from _sim import WORKLOAD, landscape
 
 from autotune import clock
-from autotune.reference import measurement_used
 from autotune.search import Budget, PhaseStarted, run_search
 from autotune.sim import Landscape, SimulatedRunner, simulate
 from autotune.spec import Candidate, parse_spec
+from autotune.study.reference import measurement_used
 
 
 def spec(budget: str = "2m", **fields: Any) -> Any:

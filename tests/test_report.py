@@ -27,12 +27,12 @@ from autotune.cli import app
 from autotune.config import TunedConfig
 from autotune.errors import StorageError
 from autotune.logs import reset_logging
-from autotune.reference import ReferenceMeasurement, ReferenceRecord, reference_key
 from autotune.report import collect, load_study, render_html, render_text, write_report
 from autotune.search import Budget, run_search
 from autotune.sim import SimulatedRunner
 from autotune.spec import load_spec
-from autotune.trials import (
+from autotune.study.reference import ReferenceMeasurement, ReferenceRecord, reference_key
+from autotune.study.trials import (
     TrialRecord,
     ceilings_key,
     record,

@@ -21,7 +21,7 @@ from autotune.logs import log_to_file, reset_logging, setup_logging
 from autotune.redact import mask_url
 from autotune.service import TuningService, create_app
 from autotune.spec import parse_spec
-from autotune.storage import open_study
+from autotune.study.storage import open_study
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "hunter2-Xq9"

@@ -12,10 +12,10 @@ from optuna.trial import TrialState
 
 from autotune import load_config
 from autotune.errors import StorageError
+from autotune.execution.worker import InProcessRunner
 from autotune.search import batch_ladder, lr_for, reference_factor, run_search
 from autotune.spec import StudySpec, load_spec
-from autotune.trials import role_trials
-from autotune.worker import InProcessRunner
+from autotune.study.trials import role_trials
 
 STUDIES = Path(__file__).resolve().parent.parent / "studies"
 
@@ -144,7 +144,7 @@ def test_first_trials_try_each_mode_at_base_then_the_next_batch_then_its_ceiling
     that rung is tried before each mode's ceiling, and nothing twice or above a ceiling."""
     from types import SimpleNamespace
 
-    from autotune.search._run import _enqueue_first_trials
+    from autotune.search._run_search import _enqueue_first_trials
     from autotune.search._space import Space
 
     spec = tiny_spec(
@@ -174,7 +174,7 @@ def test_a_reference_cut_inside_its_warm_up_is_measured_again(tmp_path: Path) ->
     a 2-step curve compares nothing, so the reference runs once more in the warm worker."""
     from types import SimpleNamespace
 
-    from autotune.result import ProbeResult
+    from autotune.measure.result import ProbeResult
     from autotune.search._reference import ReferenceKeeper
     from autotune.search._space import Space
 

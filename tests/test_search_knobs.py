@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from optuna.trial import TrialState
 
-from autotune.facts import WorkerFacts
-from autotune.knobs import break_even_steps
+from autotune.execution.facts import WorkerFacts
+from autotune.execution.worker import InProcessRunner
+from autotune.measure.knobs import break_even_steps
+from autotune.measure.result import PairedResult, ProbeResult
 from autotune.report import knob_gains
-from autotune.result import PairedResult, ProbeResult
 from autotune.search import run_search
 from autotune.spec import Candidate, ProbeSettings, StudySpec
-from autotune.worker import InProcessRunner
 
 # What the fake machine does: bf16 doubles the speed, compiling adds half after 2 s of
 # compiling, channels_last a tenth; its compiler cannot compile the model in nchw.

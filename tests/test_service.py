@@ -515,10 +515,10 @@ def test_standing_reads_trials_through_their_record(tmp_path: Path) -> None:
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    from autotune.reference import ReferenceMeasurement, ReferenceRecord, reference_key
     from autotune.service._models import StudyDetail
     from autotune.service._standing import read_standing
-    from autotune.trials import TrialRecord
+    from autotune.study.reference import ReferenceMeasurement, ReferenceRecord, reference_key
+    from autotune.study.trials import TrialRecord
 
     dists = {
         "precision": CategoricalDistribution(["fp32", "bf16"]),

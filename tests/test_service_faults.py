@@ -27,7 +27,7 @@ from _service import AUTH, TOKEN, Service, sleepy, wait_for
 from autotune.errors import StorageIOError
 from autotune.search import Budget
 from autotune.service import REQUEST_TIMEOUT, StudyQueue, TuningService, create_app
-from autotune.service._run import StudyRun
+from autotune.service._study_run import StudyRun
 from autotune.spec import StudySpec
 
 

@@ -23,11 +23,11 @@ from autotune.errors import (
     DeviceError,
     EnvironmentMismatchWarning,
 )
-from autotune.precision import restore_backend_flags, snapshot_backend_flags
+from autotune.execution.worker import InProcessRunner
+from autotune.measure.precision import restore_backend_flags, snapshot_backend_flags
 from autotune.search import run_search
 from autotune.session import AmpSession, check_supported
 from autotune.spec import Candidate, load_spec
-from autotune.worker import InProcessRunner
 from autotune.workloads import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ from autotune import clock
 from autotune.errors import SpecError, StorageError
 from autotune.search import Budget, SearchStopped, TrialFinished, run_search
 from autotune.search._budget import WRITE_RESERVE
-from autotune.search._run import EXHAUSTED
+from autotune.search._run_search import EXHAUSTED
 from autotune.sim import Landscape, SimulatedRunner, load_landscape, shipped_landscapes, simulate
 from autotune.spec import Candidate, parse_spec
 
@@ -316,7 +316,7 @@ class _RefusedWrite(SimulatedRunner):
 
     def run(self, workload, candidate, settings, **kwargs):  # noqa: ANN001, ANN003, ANN201
         if candidate.precision == "bf16" and self.orphan is None:
-            from autotune.storage import owner_id
+            from autotune.study.storage import owner_id
 
             study = optuna.load_study(study_name="sim", storage=self.storage)
             trial = study.ask()

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from autotune.stats import (
+from autotune.measure.stats import (
     MIN_VALUES,
     Estimate,
     claimed,

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from autotune import step
-from autotune.ceilings import find_ceiling
-from autotune.memory import PeakMemory, is_oom, memory_cap, memory_fraction
-from autotune.probe import run_probe
-from autotune.result import ProbeResult
+from autotune.measure import step
+from autotune.measure.ceilings import find_ceiling
+from autotune.measure.memory import PeakMemory, is_oom, memory_cap, memory_fraction
+from autotune.measure.probe import run_probe
+from autotune.measure.result import ProbeResult
+from autotune.measure.step import StepEngine
 from autotune.spec import Candidate, ProbeSettings
-from autotune.step import StepEngine
 from autotune.workloads import Workload, tiny_mlp
 
 CPU = torch.device("cpu")

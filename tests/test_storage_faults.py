@@ -19,7 +19,7 @@ import pytest
 from _service import wait_for
 
 from autotune.spec import StudySpec
-from autotune.storage import fail_stale, open_storage, open_study, owner_id
+from autotune.study.storage import fail_stale, open_storage, open_study, owner_id
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -184,7 +184,7 @@ def test_write_failures_name_the_database_reason(tmp_path: Path) -> None:
 import resource, sys
 from autotune.errors import StorageIOError
 from autotune.spec import StudySpec
-from autotune.storage import open_study
+from autotune.study.storage import open_study
 spec = StudySpec(name="w", workload="tiny_mlp", storage="sqlite:///{tmp_path / "w.db"}")
 study = open_study(spec)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
@@ -209,7 +209,7 @@ def test_a_trial_nobody_recorded_running_is_failed_once_it_is_old(
     study, _ = _study(tmp_path)
     trial = study.ask()
     assert fail_stale(study) == []  # just started: a live worker may be about to write its name
-    monkeypatch.setattr("autotune.storage._age", lambda t: 60.0)
+    monkeypatch.setattr("autotune.study.storage._age", lambda t: 60.0)
     assert fail_stale(study) == [trial.number]
     failed = study.trials[trial.number]
     assert failed.state == optuna.trial.TrialState.FAIL
@@ -227,7 +227,7 @@ def test_the_end_of_a_search_waits_out_a_trial_nobody_recorded_running(
     study, _ = _study(tmp_path)
     orphan = study.ask()
     live = _running(study, owner_id())  # a worker that named itself: not waited on
-    monkeypatch.setattr("autotune.storage.GRACE_PERIOD", 1)
+    monkeypatch.setattr("autotune.study.storage.GRACE_PERIOD", 1)
     monkeypatch.setattr("autotune.search._coordination.GRACE_PERIOD", 1)
     assert fail_ownerless(study, poll=0.1) == [orphan.number]
     assert study.trials[orphan.number].state == optuna.trial.TrialState.FAIL
@@ -240,7 +240,7 @@ def test_every_optuna_storage_call_autotune_relies_on_exists_in_the_installed_op
     from optuna.storages._rdb import models
     from optuna.storages._rdb import storage as rdb
 
-    from autotune.storage import GUARDED_PRIVATE
+    from autotune.study.storage import GUARDED_PRIVATE
 
     for name in GUARDED_PRIVATE:
         assert callable(getattr(optuna.storages.RDBStorage, name, None)), name
@@ -252,8 +252,8 @@ def test_every_optuna_storage_call_autotune_relies_on_exists_in_the_installed_op
 
 
 def test_a_trial_record_is_written_whole_and_read_back(tmp_path: Path) -> None:
-    from autotune.storage import open_storage
-    from autotune.trials import TrialRecord, record
+    from autotune.study.storage import open_storage
+    from autotune.study.trials import TrialRecord, record
 
     storage = open_storage(f"sqlite:///{tmp_path / 'r.db'}")
     study = optuna.create_study(study_name="r", storage=storage)

@@ -164,7 +164,7 @@ _NOT_YET_SPLIT = {
     "autotune/report/_plots.py loss_figure",
     "autotune/search/_trial.py run",
     "autotune/search/_trial.py _complete",
-    "autotune/worker.py _serve",
+    "autotune/execution/worker.py _serve",
 }
 
 
@@ -232,9 +232,9 @@ def test_search_and_diagnose_are_packages_with_a_face() -> None:
 
 # ---- stored keys: one home each ----------------------------------------------------------------
 
-# What a study stores is named in study_keys.py, what a trial stores is TrialRecord's fields in
-# trials.py: only these spell a key. Elsewhere a literal key is a second, drifting copy.
-_KEY_HOMES = {"study_keys.py", "trials.py"}
+# What a study stores is named in study/study_keys.py, what a trial stores is TrialRecord's fields
+# in study/trials.py: only these spell a key. Elsewhere a literal key is a second, drifting copy.
+_KEY_HOMES = {PACKAGE / "study" / "study_keys.py", PACKAGE / "study" / "trials.py"}
 _USER_ATTR_SETTERS = {"set_user_attr": 0, "set_trial_user_attr": 1}
 
 
@@ -269,11 +269,12 @@ def _literal_keys(source: str, where: str) -> list[str]:
 def test_stored_keys_are_spelled_only_in_their_home() -> None:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name not in _KEY_HOMES or path.parent != PACKAGE:
+        if path not in _KEY_HOMES:
             found += _literal_keys(path.read_text(), str(path.relative_to(PACKAGE.parent)))
     assert not found, (
-        "user attributes read or written by a literal key; name it in autotune/study_keys.py "
-        "(a study's) or read it from TrialRecord (a trial's): " + "; ".join(found)
+        "user attributes read or written by a literal key; name it in "
+        "autotune/study/study_keys.py (a study's) or read it from TrialRecord (a trial's): "
+        + "; ".join(found)
     )
 
 

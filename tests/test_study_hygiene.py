@@ -17,7 +17,7 @@ from autotune import clock
 from autotune.search import Budget, run_search
 from autotune.sim import SimulatedRunner
 from autotune.spec import parse_spec
-from autotune.trials import TrialRecord, record
+from autotune.study.trials import TrialRecord, record
 
 WORKLOAD = "autotune.workloads:tiny_convnet"
 

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.errors import SpecError
-from autotune.precision import snapshot_backend_flags
+from autotune.measure.precision import snapshot_backend_flags
 from autotune.spec import Candidate, load_spec
 from autotune.train import TrainSettings, compare, parse_train_settings, train
-from autotune.train._run import RandomStreams
+from autotune.train._training_run import RandomStreams
 from autotune.workloads import Workload, load_workload, synthetic_batches
 
 ROOT = Path(__file__).resolve().parent.parent

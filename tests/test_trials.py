@@ -25,12 +25,12 @@ from _configs import make_config
 from _sim import landscape
 
 from autotune.config import TunedConfig
-from autotune.crown import store_config, stored_config
 from autotune.enums import Outcome, Phase, Role, StudyState
 from autotune.sim import Landscape, simulate
 from autotune.spec import load_spec, parse_spec
-from autotune.storage import open_storage, open_study
-from autotune.trials import (
+from autotune.study.crown import store_config, stored_config
+from autotune.study.storage import open_storage, open_study
+from autotune.study.trials import (
     TrialRecord,
     constraints,
     display_outcome,

@@ -12,8 +12,9 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune import clock
-from autotune.facts import WorkerFacts
-from autotune.result import PairedResult, ProbeResult
+from autotune.execution.facts import WorkerFacts
+from autotune.measure.result import PairedResult, ProbeResult
+from autotune.measure.stats import claimed, ratio_estimate
 from autotune.search import run_search
 from autotune.search._budget import Budget
 from autotune.search._context import SearchContext
@@ -28,8 +29,7 @@ from autotune.search._validate import (
 )
 from autotune.sim import SimulatedRunner, simulate
 from autotune.spec import Candidate, parse_spec
-from autotune.stats import claimed, ratio_estimate
-from autotune.trials import TrialRecord
+from autotune.study.trials import TrialRecord
 
 _DISTS = {
     "precision": CategoricalDistribution(["fp32", "fp16", "bf16"]),

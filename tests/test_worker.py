@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from autotune.errors import SpecError, WorkloadError
-from autotune.limits import MEMORY_ENV, machine_memory
-from autotune.probe import run_probe
-from autotune.result import ProbeResult
+from autotune.execution.limits import MEMORY_ENV, machine_memory
+from autotune.execution.worker import InProcessRunner, ProbeWorker, poisons_context
+from autotune.measure.probe import run_probe
+from autotune.measure.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
-from autotune.worker import InProcessRunner, ProbeWorker, poisons_context
 from autotune.workloads import load_workload
 from autotune.workloads.testing import HUNGRY_ENV
 

@@ -65,7 +65,7 @@ def diagnose(  # noqa: PLR0913 - a typer command: its parameters are its command
 
     from autotune.diagnose import diagnose as run_diagnose
     from autotune.errors import format_validation_error
-    from autotune.precision import get_mode
+    from autotune.measure.precision import get_mode
     from autotune.spec import Candidate
     from autotune.workloads import load_workload
 
@@ -111,9 +111,9 @@ def diagnose(  # noqa: PLR0913 - a typer command: its parameters are its command
 
 def _resolve(target: str, storage: str, precision: str) -> tuple[str, Any, str]:
     """A workload reference or a study name → (workload reference, trial or None, a note)."""
-    from autotune import study_keys
     from autotune.diagnose import worst_diverged_trial
-    from autotune.trials import record
+    from autotune.study import study_keys
+    from autotune.study.trials import record
     from autotune.workloads import BUILTINS, normalize_reference
 
     ref = normalize_reference(target)
@@ -150,7 +150,7 @@ def _resolve(target: str, storage: str, precision: str) -> tuple[str, Any, str]:
 def _load_study(name: str, storage: str) -> Any:
     import optuna
 
-    from autotune.storage import mask_url, open_storage
+    from autotune.study.storage import mask_url, open_storage
     from autotune.workloads import BUILTINS
 
     what = (

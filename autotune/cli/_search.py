@@ -115,7 +115,7 @@ def _search_spec(
 ) -> tuple[Any, Any, str]:
     """The spec with the command line's overrides, the simulated runner of ``--simulate``
     (None: the real device), and where it runs, in words."""
-    from autotune.precision import resolve_device
+    from autotune.measure.precision import resolve_device
     from autotune.spec import load_spec
 
     path = spec_file or DEFAULT_SPEC
@@ -227,7 +227,7 @@ def _simulated(spec: Any, landscape: str, *, storage_given: bool) -> tuple[Any, 
     import optuna
 
     from autotune.sim import SimulatedRunner, load_landscape
-    from autotune.storage import open_storage
+    from autotune.study.storage import open_storage
     from autotune.workloads import normalize_reference
 
     land = load_landscape(landscape)
@@ -350,7 +350,7 @@ def probe(  # noqa: PLR0913 - a typer command: its parameters are its command-li
     from pydantic import ValidationError
 
     from autotune.errors import format_validation_error
-    from autotune.probe import run_probe
+    from autotune.measure.probe import run_probe
     from autotune.spec import Candidate, ProbeSettings
     from autotune.workloads import load_workload
 

@@ -120,7 +120,7 @@ def serve(  # noqa: PLR0913 - a typer command: its parameters are its command-li
         parse_devices,
     )
     from autotune.spec import parse_duration
-    from autotune.storage import mask_url
+    from autotune.study.storage import mask_url
 
     # An IPv6 address may come bracketed, as in a URL: [::1].
     host = host.strip().removeprefix("[").removesuffix("]")

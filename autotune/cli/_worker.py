@@ -40,10 +40,10 @@ def worker(
     setup_logging(verbose)
     import optuna
 
-    from autotune import study_keys
     from autotune.search import Budget, SearchInterrupted, run_search
     from autotune.spec import load_spec, parse_spec
-    from autotune.storage import mask_url, open_storage, open_study
+    from autotune.study import study_keys
+    from autotune.study.storage import mask_url, open_storage, open_study
 
     try:
         if spec_file is None and study is None:
@@ -91,7 +91,7 @@ def worker(
     except AutotuneError as exc:
         fail(str(exc))
         return
-    from autotune.trials import record
+    from autotune.study.trials import record
 
     mine = [t for t in result.study.trials if record(t).worker == _me()]
     console.print(
@@ -121,8 +121,8 @@ def _finish_spent(study: Any, spec: Any) -> bool:
     it still needs a config (True) or is done (False, said on the terminal)."""
     from optuna.trial import TrialState
 
-    from autotune.crown import stored_config
-    from autotune.storage import fail_stale
+    from autotune.study.crown import stored_config
+    from autotune.study.storage import fail_stale
 
     failed = fail_stale(study)
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -151,6 +151,6 @@ def _finish_spent(study: Any, spec: Any) -> bool:
 
 
 def _me() -> str:
-    from autotune.storage import owner_id
+    from autotune.study.storage import owner_id
 
     return owner_id()

@@ -3,8 +3,8 @@
 :func:`diagnose` trains a workload for a few steps under one candidate with hooks on every leaf
 module and records, per layer, how close its activations and gradients come to the limits of
 the precision's dtype, which layer first produced a non-finite value, and what to do about it.
-It is the step engine's training step (:class:`autotune.step.StepEngine`) with instruments on:
-slower, never timed. ``run_probe`` installs no hooks.
+It is the step engine's training step (:class:`autotune.measure.step.StepEngine`) with
+instruments on: slower, never timed. ``run_probe`` installs no hooks.
 
 Each step runs two passes on the same batch and the same weights:
 
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from autotune.diagnose._fp32 import fp32_modules, keep_in_fp32
+    from autotune.diagnose._instrumented import diagnose
     from autotune.diagnose._models import (
         DEFAULT_STEPS,
         NEAR_LIMIT,
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
         LayerStats,
         Recommendation,
     )
-    from autotune.diagnose._run import diagnose
     from autotune.diagnose._trials import trial_candidate, worst_diverged_trial
 
 __all__ = [
@@ -74,7 +74,7 @@ _LAZY = {
     "Diagnosis": "_models",
     "LayerStats": "_models",
     "Recommendation": "_models",
-    "diagnose": "_run",
+    "diagnose": "_instrumented",
     "fp32_modules": "_fp32",
     "keep_in_fp32": "_fp32",
     "trial_candidate": "_trials",

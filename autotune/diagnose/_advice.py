@@ -16,10 +16,10 @@ from autotune.diagnose._models import (
     Recommendation,
     Verdict,
 )
-from autotune.precision import PrecisionMode
+from autotune.measure.precision import PrecisionMode
 from autotune.spec import Candidate, ProbeSettings
 
-__all__ = ["Evidence", "advise", "reason_line"]
+__all__ = ["Observations", "advise", "reason_line"]
 
 # The init_scale advice keeps at least this share of each flagged layer's gradient values
 # at or above the dtype's smallest subnormal.
@@ -27,7 +27,7 @@ _KEEP_SHARE = 0.99
 
 
 @dataclass
-class Evidence:
+class Observations:
     """What an instrumented run saw, as the advice reads it."""
 
     candidate: Candidate
@@ -51,7 +51,7 @@ def _pow2(x: float) -> str:
     return f"2^{int(k)}" if k == int(k) else f"{x:g}"
 
 
-def _scales(ev: Evidence) -> str:
+def _scales(ev: Observations) -> str:
     """The GradScaler scales the steps ran at: ``scale 2^16`` or ``scales 2^13 to 2^16``."""
     lo, hi = min(ev.scales or [1.0]), max(ev.scales or [1.0])
     return f"scale {_pow2(hi)}" if lo == hi else f"scales {_pow2(lo)} to {_pow2(hi)}"
@@ -77,7 +77,7 @@ class _Words:
     fp32_ctx: str
 
     @classmethod
-    def of(cls, ev: Evidence) -> _Words:
+    def of(cls, ev: Observations) -> _Words:
         fp32_range = ev.limit >= torch.finfo(torch.float32).max
         fp32_how = (
             "with `torch.autocast(device_type, enabled=False)` and inputs cast with `.float()`"
@@ -93,7 +93,7 @@ class _Words:
 
 
 def advise(
-    ev: Evidence, ran: list[LayerFigures], stats: list[LayerStats]
+    ev: Observations, ran: list[LayerFigures], stats: list[LayerStats]
 ) -> tuple[list[Recommendation], Verdict]:
     """Turn the figures into recommendations, each with its evidence, and a verdict: five
     rules, each one recommendation or none; the first two say it fails, the next two that it
@@ -114,7 +114,7 @@ def advise(
     return recs, "safe"
 
 
-def _first_nonfinite(ev: Evidence, w: _Words) -> tuple[Recommendation | None, set[str]]:
+def _first_nonfinite(ev: Observations, w: _Words) -> tuple[Recommendation | None, set[str]]:
     """1. The first non-finite value: where, and what made it.
 
     Returns:
@@ -187,7 +187,7 @@ def _forward_nonfinite(
     )
 
 
-def _loss_blowup(ev: Evidence, w: _Words) -> Recommendation | None:
+def _loss_blowup(ev: Observations, w: _Words) -> Recommendation | None:
     """2. A loss that blows up with every value finite: the learning rate, not the precision."""
     finite = [v for v in ev.losses if math.isfinite(v)]
     factor = ProbeSettings().loss_blowup_factor
@@ -221,7 +221,7 @@ def _near_limit(w: _Words, stats: list[LayerStats], covered: set[str]) -> Recomm
 
 
 def _underflow(
-    ev: Evidence, w: _Words, stats: list[LayerStats], low: int | None, high: int | None
+    ev: Observations, w: _Words, stats: list[LayerStats], low: int | None, high: int | None
 ) -> Recommendation | None:
     """4. Gradient underflow, and the loss scale that keeps the gradients (between 2^low and
     2^high, see :func:`_scale_window`)."""
@@ -262,7 +262,7 @@ def _underflow(
 
 
 def _wasted_steps(
-    ev: Evidence, w: _Words, high: int | None, biggest: float
+    ev: Observations, w: _Words, high: int | None, biggest: float
 ) -> Recommendation | None:
     """5. A starting scale so high that the first steps are skipped (harmless, but wasted);
     asked only where no gradient underflows."""
@@ -281,7 +281,9 @@ def _wasted_steps(
     )
 
 
-def _scale_window(ev: Evidence, ran: list[LayerFigures]) -> tuple[int | None, int | None, float]:
+def _scale_window(
+    ev: Observations, ran: list[LayerFigures]
+) -> tuple[int | None, int | None, float]:
     """The powers of two ``(low, high)`` a loss scale 2^k should lie between, and the largest
     unscaled gradient that sets ``high``.
 
@@ -315,7 +317,7 @@ def _scale_window(ev: Evidence, ran: list[LayerFigures]) -> tuple[int | None, in
     return low, high, biggest
 
 
-def _safe(ev: Evidence, stats: list[LayerStats]) -> Recommendation:
+def _safe(ev: Observations, stats: list[LayerStats]) -> Recommendation:
     dt = ev.dtype_name
     if not stats:
         return Recommendation(

@@ -1,10 +1,10 @@
 """Using a diagnosis: the modules it says to keep in fp32, and running them so
-(:func:`autotune.knobs.keep_in_fp32`, which the step engine and the session apply too)."""
+(:func:`autotune.measure.knobs.keep_in_fp32`, which the step engine and the session apply too)."""
 
 from __future__ import annotations
 
 from autotune.diagnose._models import Diagnosis
-from autotune.knobs import keep_in_fp32
+from autotune.measure.knobs import keep_in_fp32
 
 __all__ = ["fp32_modules", "keep_in_fp32"]
 

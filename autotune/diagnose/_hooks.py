@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from autotune.diagnose._models import Pass
-from autotune.precision import PrecisionMode
+from autotune.measure.precision import PrecisionMode
 
 __all__ = ["EXP_BINS", "EXP_OFFSET", "First", "Hooks", "LayerFigures", "floats", "peaks"]
 

@@ -1,6 +1,6 @@
 """From a study: the diverged trial worth diagnosing, and the candidate it ran.
 
-Trials are read through :mod:`autotune.trials`, the one home of what autotune stores on them.
+Trials are read through :mod:`autotune.study.trials`, the one home of what autotune stores on them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from autotune.spec import Candidate
-from autotune.trials import DEFAULT_INIT_SCALE, candidate, record
+from autotune.study.trials import DEFAULT_INIT_SCALE, candidate, record
 from autotune.workloads import Workload
 
 __all__ = ["trial_candidate", "worst_diverged_trial"]

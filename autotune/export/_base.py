@@ -16,8 +16,8 @@ import torch
 from autotune.config import TunedConfig
 from autotune.errors import DeviceError, SpecError
 from autotune.export._optimizer import build_optimizer, tuned_schedule
-from autotune.knobs import knob_notes
-from autotune.precision import apply_backend_flags, get_mode
+from autotune.measure.knobs import knob_notes
+from autotune.measure.precision import apply_backend_flags, get_mode
 
 TARGETS: tuple[str, ...] = ("lightning", "hf", "accelerate")
 FORMATS: tuple[str, ...] = ("json", "yaml", "args")
@@ -97,7 +97,7 @@ class Elsewhere:
         and ``cudnn.benchmark`` as tuned, for the rest of the process.
 
         Example:
-            >>> from autotune.precision import restore_backend_flags, snapshot_backend_flags
+            >>> from autotune.measure.precision import restore_backend_flags, snapshot_backend_flags
             >>> saved = snapshot_backend_flags()
             >>> Elsewhere("bf16", 64, 0.1, "SGD", "linear", "highest", False).set_backend_flags()
             >>> torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark

@@ -14,15 +14,15 @@ from typing import Any, cast
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import study_keys
 from autotune.config import TunedConfig, load_config
-from autotune.crown import stored_config
 from autotune.enums import Role
 from autotune.errors import ConfigError, StorageError
-from autotune.reference import ReferenceMeasurement, ReferenceRecord, stored_references
 from autotune.spec import StudySpec
-from autotune.storage import mask_url, open_storage
-from autotune.trials import (
+from autotune.study import study_keys
+from autotune.study.crown import stored_config
+from autotune.study.reference import ReferenceMeasurement, ReferenceRecord, stored_references
+from autotune.study.storage import mask_url, open_storage
+from autotune.study.trials import (
     DEFAULT_INIT_SCALE,
     TrialRecord,
     ceilings_key,
@@ -46,8 +46,8 @@ DEFAULT_STORAGE: str = StudySpec.model_fields["storage"].default
 class ReportData:
     """Everything a report shows about one study.
 
-    Trials are read through their :class:`~autotune.trials.TrialRecord` (``rec(t)``); the fp32
-    reference is the study's :class:`~autotune.trials.ReferenceRecord` of the spec's device. A
+    Trials are read through their :class:`~autotune.study.trials.TrialRecord` (``rec(t)``); the fp32
+    reference is the study's :class:`~autotune.study.trials.ReferenceRecord` of the spec's device. A
     study written before the reference left the trials has it as a trial instead
     (``legacy_reference``): it is shown from that trial, measured once and without interval.
     """

@@ -142,7 +142,7 @@ def sentences(*parts: str) -> str:
     return " ".join(out)
 
 
-# What limited a mode's batch ceiling (autotune.ceilings.Ceiling.limited_by), in words.
+# What limited a mode's batch ceiling (autotune.measure.ceilings.Ceiling.limited_by), in words.
 _LIMITS = {
     "memory": "memory runs out above it",
     "margin": "a larger batch leaves less than the memory margin free",

@@ -30,8 +30,8 @@ from autotune.report._plots import (
     throughput_figure,
 )
 from autotune.report._svg import esc
-from autotune.trials import display_outcome
-from autotune.trials import label as params_label
+from autotune.study.trials import display_outcome
+from autotune.study.trials import label as params_label
 
 __all__ = ["render_html"]
 

@@ -12,10 +12,10 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from autotune.config import TunedConfig
-from autotune.knobs import break_even_steps
+from autotune.measure.knobs import break_even_steps
+from autotune.measure.result import knob_text
 from autotune.report._svg import esc
-from autotune.result import knob_text
-from autotune.trials import display_outcome, feasible_trials, label, record
+from autotune.study.trials import display_outcome, feasible_trials, label, record
 
 __all__ = ["KnobGain", "config_knobs", "knob_gains", "knob_lines", "knobs_html", "trial_knobs"]
 

@@ -20,10 +20,10 @@ from rich.table import Table
 
 from autotune.enums import Role
 from autotune.progress import scale_text
-from autotune.reference import ReferenceRecord
 from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.report._knobs import config_knobs, knob_lines
-from autotune.trials import display_outcome, record, role_trials
+from autotune.study.reference import ReferenceRecord
+from autotune.study.trials import display_outcome, record, role_trials
 
 __all__ = ["print_summary"]
 

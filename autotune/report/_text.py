@@ -15,8 +15,8 @@ from autotune.report._format import (
 )
 from autotune.report._knobs import config_knobs, knob_lines
 from autotune.report._plots import ref_label
-from autotune.trials import display_outcome, feasible_trials
-from autotune.trials import label as params_label
+from autotune.study.trials import display_outcome, feasible_trials
+from autotune.study.trials import label as params_label
 
 __all__ = ["render_text"]
 

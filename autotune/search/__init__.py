@@ -28,6 +28,7 @@ from pathlib import Path
 
 import optuna
 
+from autotune.execution.worker import Runner
 from autotune.search._budget import Budget, SearchInterrupted, SearchStopped
 from autotune.search._context import Gate
 from autotune.search._coordination import settle
@@ -41,11 +42,10 @@ from autotune.search._events import (
     TrialFinished,
     TrialStarted,
 )
-from autotune.search._run import SearchResult
-from autotune.search._run import run_search as _run_search
+from autotune.search._run_search import SearchResult
+from autotune.search._run_search import run_search as _run_search
 from autotune.search._space import batch_ladder, lr_for, reference_factor
 from autotune.spec import StudySpec
-from autotune.worker import Runner
 
 __all__ = [
     "Budget",
@@ -87,8 +87,8 @@ def run_search(  # noqa: PLR0913 - public API: the search's options, keyword-onl
     Args:
         spec: the study spec (budget, space, probe lengths, storage...).
         out_dir: where ``best.json`` goes; ``studies/<name>/`` by default.
-        runner: runs probes; a :class:`~autotune.worker.ProbeWorker` on the spec's device by
-            default (the workload is imported only there, never in this process).
+        runner: runs probes; a :class:`~autotune.execution.worker.ProbeWorker` on the spec's
+            device by default (the workload is imported only there, never in this process).
         budget: the clock to count against; starts now by default (the CLI starts it earlier).
         on_event: called with each :data:`Event` as phases, trials and results happen.
         gate: called before each probe with its candidate; may block while the device is busy

@@ -11,13 +11,13 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Evidence, GradScalerSettings, TrialCounts, TunedConfig
-from autotune.knobs import break_even_steps
-from autotune.reference import ReferenceRecord
-from autotune.result import PairedResult
+from autotune.measure.knobs import break_even_steps
+from autotune.measure.result import PairedResult
 from autotune.search._context import SearchContext
 from autotune.search._validate import Rerun, Selection
 from autotune.spec import Candidate, StudySpec
-from autotune.trials import (
+from autotune.study.reference import ReferenceRecord
+from autotune.study.trials import (
     Rejection,
     candidate,
     feasible_trials,

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 import optuna
 
-from autotune import clock, study_keys
+from autotune import clock
 from autotune.errors import AutotuneError
+from autotune.study import study_keys
 
 __all__ = [
     "CEILING_SHARE",

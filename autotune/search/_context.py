@@ -9,13 +9,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from autotune import clock
-from autotune.facts import WorkerFacts
-from autotune.result import PairedResult, ProbeResult
+from autotune.execution.facts import WorkerFacts
+from autotune.execution.worker import Runner
+from autotune.measure.result import PairedResult, ProbeResult
 from autotune.search._budget import HARD_GRACE, Budget, SearchStopped
 from autotune.search._events import Event, EventSink
 from autotune.search._space import Space
 from autotune.spec import DEFAULT_MIN_TIME, Candidate, EarlyStop, ProbeSettings, StudySpec
-from autotune.worker import Runner
 
 __all__ = ["Gate", "SearchContext"]
 

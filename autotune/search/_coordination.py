@@ -15,7 +15,7 @@ from loguru import logger
 from optuna.trial import TrialState
 
 from autotune import clock
-from autotune.storage import (
+from autotune.study.storage import (
     GRACE_PERIOD,
     HEARTBEAT_INTERVAL,
     claim,
@@ -23,7 +23,7 @@ from autotune.storage import (
     owner_id,
     retry_stale_trial,
 )
-from autotune.trials import TrialRecord, record, write_attrs
+from autotune.study.trials import TrialRecord, record, write_attrs
 
 __all__ = [
     "NOT_RUN",

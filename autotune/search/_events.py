@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.ceilings import Ceiling
+from autotune.measure.ceilings import Ceiling
 from autotune.spec import Candidate
 
 __all__ = [

@@ -1,13 +1,13 @@
 """Phases 1 and 2: which modes the device really runs, and each mode's batch ceiling.
 
 1. **Hardware**: modes the device cannot run are cut, with the worker's reasons.
-2. **Ceilings**: per mode, the largest batch that fits (:func:`autotune.ceilings.find_ceiling`;
-   each try one untimed step, which pays the mode's first-use costs, and one timed step),
-   inside a share of the budget. A mode whose first try cannot run is cut with the reason. The
-   first try's peak memory and step time, scaled with the batch, say how far the doubling may
-   skip ahead on a CPU (:func:`jump_size`): with memory to spare the next try is the cap.
-   The ceilings are stored with the study per machine and device, so a resumed run or another
-   worker on the same machine does not measure them again; beside them, what limited each
+2. **Ceilings**: per mode, the largest batch that fits
+   (:func:`autotune.measure.ceilings.find_ceiling`; each try one untimed step, which pays the mode's
+   first-use costs, and one timed step), inside a share of the budget. A mode whose first try cannot
+   run is cut with the reason. The first try's peak memory and step time, scaled with the batch, say
+   how far the doubling may skip ahead on a CPU (:func:`jump_size`): with memory to spare the next
+   try is the cap. The ceilings are stored with the study per machine and device, so a resumed run
+   or another worker on the same machine does not measure them again; beside them, what limited each
    (memory, margin, time, the space's cap), for the report.
 """
 
@@ -19,14 +19,14 @@ from collections.abc import Callable
 import optuna
 from loguru import logger
 
-from autotune.ceilings import Ceiling, CeilingTry, find_ceiling
 from autotune.enums import Outcome, Phase
-from autotune.result import ProbeResult
+from autotune.measure.ceilings import Ceiling, CeilingTry, find_ceiling
+from autotune.measure.result import ProbeResult
 from autotune.search._budget import CEILING_SHARE
 from autotune.search._context import SearchContext
 from autotune.search._events import CeilingFound, HardwareChecked, PhaseStarted
 from autotune.spec import ProbeSettings
-from autotune.study_keys import ceilings_key
+from autotune.study.study_keys import ceilings_key
 
 __all__ = ["check_hardware", "find_ceilings", "jump_size", "lower_ceiling"]
 

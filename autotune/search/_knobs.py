@@ -24,12 +24,12 @@ import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
-from autotune import study_keys
 from autotune.enums import Outcome, Phase, Role
 from autotune.search._budget import TRIAL_SHARE, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._space import ISLANDS_CHOICES
-from autotune.trials import (
+from autotune.study import study_keys
+from autotune.study.trials import (
     TrialRecord,
     candidate,
     feasible_trials,

@@ -19,7 +19,7 @@ A figure is divided by a reference measurement only once it is trusted:
 
 Every measurement after the first runs with a fresh seed: its loss curve against the first run's
 is the reference's own seed-to-seed spread, which the parity check allows on top of the
-tolerance (:meth:`~autotune.reference.ReferenceRecord.seed_noise`), as validation does.
+tolerance (:meth:`~autotune.study.reference.ReferenceRecord.seed_noise`), as validation does.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from loguru import logger
 
 from autotune import clock
 from autotune.enums import Phase
-from autotune.parity import parity_gap
-from autotune.reference import ReferenceMeasurement, ReferenceRecord
-from autotune.result import ProbeResult
+from autotune.measure.parity import parity_gap
+from autotune.measure.result import ProbeResult
 from autotune.search._context import SearchContext
 from autotune.search._events import PhaseStarted
 from autotune.search._space import reference_factor
 from autotune.spec import Candidate
-from autotune.study_keys import reference_key
+from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
+from autotune.study.study_keys import reference_key
 
 __all__ = ["ReferenceKeeper", "ReferenceUnavailable"]
 

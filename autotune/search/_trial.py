@@ -24,19 +24,19 @@ import optuna
 from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import study_keys
 from autotune.enums import Outcome
-from autotune.parity import parity_gap, time_to_loss
-from autotune.reference import ReferenceMeasurement
-from autotune.result import ProbeResult
+from autotune.measure.parity import parity_gap, time_to_loss
+from autotune.measure.result import ProbeResult
 from autotune.search._budget import TRIAL_SHARE, SearchStopped
 from autotune.search._context import SearchContext
 from autotune.search._events import Standing, TrialFinished, TrialStarted
 from autotune.search._hardware import lower_ceiling
 from autotune.search._reference import ReferenceKeeper
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
-from autotune.storage import owner_id
-from autotune.trials import (
+from autotune.study import study_keys
+from autotune.study.reference import ReferenceMeasurement
+from autotune.study.storage import owner_id
+from autotune.study.trials import (
     TrialRecord,
     feasible_trials,
     is_feasible,

@@ -7,7 +7,7 @@ the figure, not to punish the candidate for it.
 1. :func:`shortlist` (pure): the feasible, measured trials that could clearly beat the
    reference, best first, plus the fastest one with a clear parity margin.
 2. Each is measured again in one worker, its timed blocks interleaved with the reference's
-   (:meth:`autotune.worker.Runner.compare`), with a fresh seed and a longer horizon.
+   (:meth:`autotune.execution.worker.Runner.compare`), with a fresh seed and a longer horizon.
 3. :func:`select` (pure): among the reruns that completed with at least six pairs (fewer
    give no 95% interval: the smaller of two ratios is a 50% bound), keep loss parity with the
    reference rerun (tolerance plus the reference's own seed-to-seed noise) and whose speedup's
@@ -26,13 +26,13 @@ import optuna
 from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.parity import parity_gap
-from autotune.reference import ReferenceRecord
-from autotune.result import PairedResult
+from autotune.measure.parity import parity_gap
+from autotune.measure.result import PairedResult
+from autotune.measure.stats import MIN_VALUES
 from autotune.search._budget import VALIDATION_SHARE
 from autotune.search._context import SearchContext
-from autotune.stats import MIN_VALUES
-from autotune.trials import (
+from autotune.study.reference import ReferenceRecord
+from autotune.study.trials import (
     Rejection,
     candidate,
     display_outcome,
@@ -131,8 +131,8 @@ def select(
     """Choose among paired reruns: at least six pairs, parity kept, lower bound above
     ``min_speedup``, best lower bound wins. Pure: it reads only the reruns.
 
-    A rerun with fewer pairs than a 95% interval needs (:data:`autotune.stats.MIN_VALUES`) is
-    refused whatever its figures: its "interval" is the range of a few ratios, and its lower
+    A rerun with fewer pairs than a 95% interval needs (:data:`autotune.measure.stats.MIN_VALUES`)
+    is refused whatever its figures: its "interval" is the range of a few ratios, and its lower
     bound clears ``min_speedup`` far more often than 5% of the time by chance.
 
     Args:

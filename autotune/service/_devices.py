@@ -4,7 +4,7 @@ CUDA devices are read through NVML (``nvidia-ml-py``): the driver's view, which 
 process on the GPU, and it creates no CUDA context in the service (a context costs hundreds of
 MiB of exactly the memory we try to leave to colleagues). The service never opens one: without
 NVML, a device's memory is what its probe worker last reported (see
-:class:`~autotune.worker.WorkerMemory`). The CPU reads ``/proc/meminfo``.
+:class:`~autotune.execution.worker.WorkerMemory`). The CPU reads ``/proc/meminfo``.
 
 What our worker's allocator holds (its cache included) is ours, never a neighbour's: its next
 probe reuses it. NVML ties memory to a process id, which does not match ours inside a container
@@ -31,11 +31,17 @@ from loguru import logger
 
 from autotune import clock
 from autotune.errors import DeviceError, SpecError
-from autotune.limits import VISIBLE_ENV, gpu_handle, load_nvml, pci_bus_order, visible_entries
+from autotune.execution.limits import (
+    VISIBLE_ENV,
+    gpu_handle,
+    load_nvml,
+    pci_bus_order,
+    visible_entries,
+)
 
 if TYPE_CHECKING:
+    from autotune.execution.worker import WorkerMemory
     from autotune.search import Event
-    from autotune.worker import WorkerMemory
 
 __all__ = [
     "BUSY_UTILIZATION",

@@ -37,7 +37,7 @@ from autotune.service._models import DeviceInfo, Health, StudyDetail, StudyStatu
 from autotune.service._page_assets import PRIVATE_NOTE, SCRIPT, STYLE
 from autotune.service._service import RequestError, TuningService
 from autotune.spec import format_duration
-from autotune.trials import label
+from autotune.study.trials import label
 
 __all__ = [
     "Overview",

@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from autotune import clock
 from autotune.enums import StudyState
 from autotune.errors import StorageError, StorageIOError
-from autotune.storage import database_error, mask_url, owner_alive, owner_id
+from autotune.study.storage import database_error, mask_url, owner_alive, owner_id
 
 __all__ = ["QUEUE_TABLE", "STATES", "QueueRow", "StudyQueue"]
 

@@ -4,7 +4,7 @@ Per device, in a loop:
 
 1. While someone else's work holds the device, take nothing (queued studies say why).
 2. Take the next queued study this device may run (priority, then submission order).
-3. Run its search with the device's persistent :class:`~autotune.worker.ProbeWorker`, a
+3. Run its search with the device's persistent :class:`~autotune.execution.worker.ProbeWorker`, a
    *gate* before every probe, and a stop flag:
 
    - the gate waits until the device is free of other people's work and has the candidate's
@@ -37,8 +37,8 @@ import optuna
 from loguru import logger
 
 from autotune import clock
-from autotune.crown import stored_config
 from autotune.errors import AutotuneError, StorageIOError
+from autotune.execution.worker import ProbeWorker
 from autotune.logs import log_to_file
 from autotune.search import (
     Budget,
@@ -53,10 +53,10 @@ from autotune.search import (
 )
 from autotune.service._devices import DeviceMonitor
 from autotune.service._queue import QueueRow, StudyQueue
-from autotune.service._run import DeviceRunner, StudyRun, accepts, preemptor
+from autotune.service._study_run import DeviceRunner, StudyRun, accepts, preemptor
 from autotune.spec import Candidate, parse_spec
-from autotune.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
-from autotune.worker import ProbeWorker
+from autotune.study.crown import stored_config
+from autotune.study.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
 
 __all__ = ["DRAIN_GRACE", "Scheduler"]
 
@@ -87,7 +87,7 @@ class Scheduler:
         out_dir: each study writes ``<out_dir>/<name>/best.json`` and ``service.log``.
         storage: the opened storage (for the stale-trial check of resumed studies).
         workers, poll, observer: see :class:`~autotune.service.SimulatedHardware`; by default
-            a :class:`~autotune.worker.ProbeWorker` per device, polls every 0.5 s, no observer.
+            a :class:`~autotune.execution.worker.ProbeWorker` per device, 0.5 s polls, no observer.
     """
 
     def __init__(  # noqa: PLR0913 - its collaborators and knobs, keyword-only, built in one place (TuningService)
@@ -413,8 +413,8 @@ class Scheduler:
         return run.cancel.is_set() or self._draining.is_set() or self._preempted(run)
 
     def _preempted(self, run: StudyRun) -> bool:
-        """Whether a queued study of higher priority takes this device now (see
-        :func:`~autotune.service._run.preemptor`); asked of the queue once a second at most."""
+        """Whether a queued study of higher priority takes this device now, asked of the queue at
+        most once a second (see :func:`~autotune.service._study_run.preemptor`)."""
         if run.phase != "search":
             return False
         now = clock.now()

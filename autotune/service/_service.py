@@ -14,7 +14,6 @@ from typing import Any
 import optuna
 
 import autotune
-from autotune import study_keys
 from autotune.errors import AutotuneError, SpecError, WorkloadError
 from autotune.inputs import Format, load_text
 from autotune.service._access import WorkloadPolicy, WorkloadRefused
@@ -30,11 +29,12 @@ from autotune.service._models import (
     SubmitReply,
 )
 from autotune.service._queue import FINISHED, QueueRow, StudyQueue, service_owner
-from autotune.service._run import accepts
 from autotune.service._scheduler import Scheduler
-from autotune.service._standing import Standing, StandingCache
+from autotune.service._standing import StandingCache, StudyStanding
+from autotune.service._study_run import accepts
 from autotune.spec import StudySpec, format_duration, parse_duration, parse_spec
-from autotune.storage import mask_url, open_storage, owner_alive
+from autotune.study import study_keys
+from autotune.study.storage import mask_url, open_storage, owner_alive
 
 __all__ = ["MAX_BUDGET", "RequestError", "TuningService"]
 
@@ -281,7 +281,7 @@ class TuningService:
         queued = [r for r in self.queue.rows() if r.state == "queued"]
         return next((i for i, r in enumerate(queued, 1) if r.name == row.name), 0)
 
-    def _detail(self, row: QueueRow, standing: Standing | None, position: int) -> str:
+    def _detail(self, row: QueueRow, standing: StudyStanding | None, position: int) -> str:
         run = self.scheduler.run_of(row.name)
         if row.state == "running":
             if run is not None:

@@ -17,16 +17,16 @@ from typing import Any, cast
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.crown import stored_config
-from autotune.reference import ReferenceMeasurement, stored_references
 from autotune.service._models import TrialInfo
-from autotune.trials import (
+from autotune.study.crown import stored_config
+from autotune.study.reference import ReferenceMeasurement, stored_references
+from autotune.study.trials import (
     display_outcome,
     feasible_trials,
     record,
 )
 
-__all__ = ["Standing", "StandingCache", "latest_reference", "read_standing", "trial_info"]
+__all__ = ["StudyStanding", "StandingCache", "latest_reference", "read_standing", "trial_info"]
 
 # Seconds a running study's standing is reused: trials take seconds, polls come faster.
 _TTL = 1.0
@@ -35,7 +35,7 @@ _LATEST = 100
 
 
 @dataclass
-class Standing:
+class StudyStanding:
     """A study's trials summed up."""
 
     trials: dict[str, int] = field(default_factory=dict)
@@ -79,10 +79,10 @@ def latest_reference(attrs: dict[str, Any]) -> ReferenceMeasurement | None:
     return max(latest, key=lambda m: m.at) if latest else None
 
 
-def read_standing(study: optuna.Study) -> Standing:
+def read_standing(study: optuna.Study) -> StudyStanding:
     """The standing of a study, from its trials and user attributes."""
     trials = study.get_trials(deepcopy=False)
-    out = Standing()
+    out = StudyStanding()
     for t in trials:
         key = t.state.name.lower()
         out.trials[key] = out.trials.get(key, 0) + 1
@@ -109,11 +109,11 @@ class StandingCache:
     def __init__(self, storage: optuna.storages.BaseStorage) -> None:
         self.storage = storage
         self._lock = threading.Lock()
-        self._entries: dict[str, tuple[float, Any, Standing | None]] = {}
+        self._entries: dict[str, tuple[float, Any, StudyStanding | None]] = {}
         self._refreshing: set[str] = set()
         self._studies: dict[str, optuna.Study] = {}
 
-    def get(self, name: str, version: Any, *, final: bool) -> Standing | None:
+    def get(self, name: str, version: Any, *, final: bool) -> StudyStanding | None:
         """The standing of ``name``; ``version`` changes whenever the queue row does, and a
         ``final`` (finished) study is read once."""
         now = time.monotonic()
@@ -138,7 +138,7 @@ class StandingCache:
             self._entries[name] = (now, version, standing)
         return standing
 
-    def _read(self, name: str) -> Standing | None:
+    def _read(self, name: str) -> StudyStanding | None:
         # One Study object per name: its storage cache keeps finished trials, so a refresh
         # reads only the trials that changed, however long the study grows.
         study = self._studies.get(name)

@@ -1,7 +1,7 @@
-"""A simulated step engine: the probe's real policy (:class:`~autotune.timed.TimedRun`, the
+"""A simulated step engine: the probe's real policy (:class:`~autotune.measure.timed.TimedRun`, the
 paired interleave) runs over it, and it answers each step from a landscape.
 
-It has what the policy reads of a :class:`~autotune.step.StepEngine` — ``build``,
+It has what the policy reads of a :class:`~autotune.measure.step.StepEngine` — ``build``,
 ``run_steps``, ``read_losses``, ``scale``, ``steps``, ``applied``, ``skipped``, ``losses``,
 ``candidate``, ``device``, ``mode``, ``run`` and ``close`` — and advances a virtual clock by the
 time each block would have taken.
@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from autotune.clock import VirtualClock
-from autotune.precision import get_mode
+from autotune.measure.precision import get_mode
+from autotune.measure.step import Block
 from autotune.sim._landscape import Landscape
 from autotune.spec import Candidate
-from autotune.step import Block
 
 __all__ = ["HardTimeout", "Killed", "SimEngine", "SimOOM"]
 

@@ -1,8 +1,8 @@
 """The simulated device behind the Runner interface.
 
-Every probe runs the real probe policy (:class:`~autotune.timed.TimedRun`) and every paired run
-the real interleave (:func:`~autotune.paired.interleave`) over a :class:`SimEngine`; only the
-steps are answered from the landscape, and the virtual clock moves by what they would have
+Every probe runs the real probe policy (:class:`~autotune.measure.timed.TimedRun`) and every paired
+run the real interleave (:func:`~autotune.measure.paired.interleave`) over a :class:`SimEngine`;
+only the steps are answered from the landscape, and the virtual clock moves by what they would have
 taken. So the search, validation, artifact and report code above it runs unchanged.
 """
 
@@ -19,14 +19,14 @@ import autotune
 from autotune.clock import VirtualClock
 from autotune.config import Environment
 from autotune.errors import DeviceError
-from autotune.facts import WorkerFacts
-from autotune.paired import interleave
-from autotune.result import PairedResult, ProbeResult
-from autotune.runner import Runner, crashed_result
+from autotune.execution.facts import WorkerFacts
+from autotune.execution.runner import Runner, crashed_result
+from autotune.measure.paired import interleave
+from autotune.measure.result import PairedResult, ProbeResult
+from autotune.measure.timed import TimedRun
 from autotune.sim._engine import HardTimeout, Killed, SimEngine
 from autotune.sim._landscape import Landscape
 from autotune.spec import PRECISIONS, Candidate, EarlyStop, ProbeSettings
-from autotune.timed import TimedRun
 
 __all__ = ["SimulatedRunner"]
 

@@ -1,7 +1,7 @@
 """Training runs under a tuned config, measured the way people compare AMP.
 
-A run is a measurement policy over :class:`~autotune.step.StepEngine` (the AMP step, the loss
-read-back, the OOM recovery):
+A run is a measurement policy over :class:`~autotune.measure.step.StepEngine` (the AMP step,
+the loss read-back, the OOM recovery):
 1. opens an :class:`~autotune.session.AmpSession` (backend flags restored afterwards) and forks
    the RNG, so the caller's random state is untouched and every run starts from the same seed;
 2. builds the model, the optimizer at the run's learning rate and the batches at its size;
@@ -28,7 +28,7 @@ from autotune.train._models import (
     TrainSettings,
     parse_train_settings,
 )
-from autotune.train._run import held_out_batches, train
+from autotune.train._training_run import held_out_batches, train
 
 __all__ = [
     "BASELINES",

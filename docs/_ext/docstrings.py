@@ -3,7 +3,7 @@
 The code's docstrings are Google style with two habits from reST that Markdown reads otherwise:
 an ``Example:`` section (Google's parser takes only ``Examples:`` as doctest examples, and
 renders the rest as Markdown, where ``>>>`` is a quote and ``m[0](x)`` a link), and roles such
-as ``:class:`~autotune.step.StepEngine``` and ``::`` before a literal block. The text is
+as ``:class:`~autotune.measure.step.StepEngine``` and ``::`` before a literal block. The text is
 rewritten when an object is loaded; the code is not touched.
 """
 

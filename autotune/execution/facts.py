@@ -22,7 +22,7 @@ from autotune.config import (
     is_optimizer_setting,
 )
 from autotune.errors import WorkloadError
-from autotune.precision import resolve_device, unsupported_modes
+from autotune.measure.precision import resolve_device, unsupported_modes
 from autotune.workloads import Workload, load_workload
 
 __all__ = [

@@ -11,12 +11,12 @@ import torch
 from loguru import logger
 
 from autotune.config import TunedConfig, warn_if_environment_differs
-from autotune.knobs import compile_failure
-from autotune.memory import PeakMemory, release_memory
-from autotune.precision import apply_backend_flags, resolve_device
+from autotune.measure.knobs import compile_failure
+from autotune.measure.memory import PeakMemory, release_memory
+from autotune.measure.precision import apply_backend_flags, resolve_device
+from autotune.measure.step import StepEngine
 from autotune.session import AmpSession
 from autotune.spec import Candidate
-from autotune.step import StepEngine
 from autotune.train._models import Progress, TrainResult, TrainSettings
 from autotune.workloads import Batch, Workload
 

@@ -18,9 +18,9 @@ from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import ValidationError
 
-from autotune import study_keys
 from autotune.config import TunedConfig
-from autotune.trials import TrialRecord, is_feasible, record
+from autotune.study import study_keys
+from autotune.study.trials import TrialRecord, is_feasible, record
 
 __all__ = ["store_config", "stored_config"]
 

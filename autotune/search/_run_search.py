@@ -14,13 +14,12 @@ import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
-from autotune import clock, study_keys
+from autotune import clock
 from autotune.config import TunedConfig
-from autotune.crown import store_config, stored_config
 from autotune.enums import Outcome, Phase, Role
 from autotune.errors import AutotuneError, DeviceError, StorageError, StorageIOError
-from autotune.facts import WorkerFacts
-from autotune.reference import ReferenceRecord
+from autotune.execution.facts import WorkerFacts
+from autotune.execution.worker import ProbeWorker, Runner
 from autotune.search._artifact import baseline, build_config
 from autotune.search._budget import (
     WRITE_RESERVE,
@@ -57,13 +56,15 @@ from autotune.search._validate import (
     validation_reserve,
 )
 from autotune.spec import StudySpec
-from autotune.storage import fail_stale, heartbeat, open_study
-from autotune.trials import (
+from autotune.study import study_keys
+from autotune.study.crown import store_config, stored_config
+from autotune.study.reference import ReferenceRecord
+from autotune.study.storage import fail_stale, heartbeat, open_study
+from autotune.study.trials import (
     Rejection,
     TrialRecord,
     role_trials,
 )
-from autotune.worker import ProbeWorker, Runner
 from autotune.workloads import normalize_reference
 
 __all__ = ["SearchResult", "run_search"]

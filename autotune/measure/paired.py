@@ -4,7 +4,7 @@ Two runs one after the other on a shared machine measure two different machines:
 neighbour's job that starts in between slows only one of them. Interleaved blocks — candidate,
 reference, candidate, reference, … in one process, each run on its own model, optimizer and
 data — let drift and bursts hit both arms, and the speedup is the median of the per-pair
-ratios, with its interval (:func:`autotune.stats.ratio_estimate`).
+ratios, with its interval (:func:`autotune.measure.stats.ratio_estimate`).
 
 1. Both arms build from the same seed and warm up (untimed; a compiled candidate compiles
    here, and the time limit counts from after it); each arm's backend flags are set before
@@ -19,7 +19,7 @@ ratios, with its interval (:func:`autotune.stats.ratio_estimate`).
 The candidate's peak memory is measured over its warm-up, while it runs alone (the reference
 arm is built after it): what it needs, not what both arms hold together. The reference's is
 not measured here. When the settings carry the spec's ``memory_margin``, the whole paired
-run keeps it free (:func:`autotune.memory.memory_cap`).
+run keeps it free (:func:`autotune.measure.memory.memory_cap`).
 """
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ from typing import Any
 import torch
 from loguru import logger
 
-from autotune.knobs import compile_failure
-from autotune.memory import PeakMemory, memory_cap
-from autotune.precision import PrecisionMode, apply_backend_flags, get_mode, resolve_device
-from autotune.probe import leave_no_trace, unsupported_reason
-from autotune.result import PairedResult, ProbeResult
+from autotune.measure.knobs import compile_failure
+from autotune.measure.memory import PeakMemory, memory_cap
+from autotune.measure.precision import PrecisionMode, apply_backend_flags, get_mode, resolve_device
+from autotune.measure.probe import leave_no_trace, unsupported_reason
+from autotune.measure.result import PairedResult, ProbeResult
+from autotune.measure.stats import claimed, ratio_estimate
+from autotune.measure.step import StepEngine
+from autotune.measure.timed import TimedRun
 from autotune.spec import Candidate, ProbeSettings
-from autotune.stats import claimed, ratio_estimate
-from autotune.step import StepEngine
-from autotune.timed import TimedRun
 from autotune.workloads import Workload
 
 __all__ = ["interleave", "run_paired"]

@@ -1,5 +1,5 @@
 """A timed run: the measurement policy a probe (and each arm of a paired run) applies to one
-:class:`~autotune.step.StepEngine`.
+:class:`~autotune.measure.step.StepEngine`.
 
 Timed windows are sized by time, not by count, the way ``timeit`` sizes its runs: blocks of
 steps between two device syncs until the timed phase has lasted ``min_time`` *and* ``steps``
@@ -16,12 +16,12 @@ from typing import Any, Protocol
 import torch
 from loguru import logger
 
-from autotune.memory import memory_cap, restart_peak
-from autotune.parity import parity_gap
-from autotune.precision import PrecisionMode
+from autotune.measure.memory import memory_cap, restart_peak
+from autotune.measure.parity import parity_gap
+from autotune.measure.precision import PrecisionMode
+from autotune.measure.stats import median_interval, spread
+from autotune.measure.step import Block
 from autotune.spec import DEFAULT_MIN_TIME, Candidate, EarlyStop, ProbeSettings, format_duration
-from autotune.stats import median_interval, spread
-from autotune.step import Block
 
 __all__ = ["Engine", "TimedRun", "min_time_for"]
 
@@ -47,7 +47,7 @@ def min_time_for(settings: ProbeSettings, device: torch.device) -> float:
 
 
 class Engine(Protocol):
-    """What a :class:`TimedRun` drives: a :class:`~autotune.step.StepEngine`, or a simulated
+    """What a :class:`TimedRun` drives: a :class:`~autotune.measure.step.StepEngine`, or a simulated
     device's engine."""
 
     @property
@@ -70,7 +70,8 @@ class Engine(Protocol):
 
 
 class TimedRun:
-    """A probe's policy over one :class:`~autotune.step.StepEngine`: warm up, then time blocks.
+    """A probe's policy over one :class:`~autotune.measure.step.StepEngine`: warm up, then time
+    blocks.
 
     1. Warm-up: ``warmup_steps`` untimed steps (the first one timed apart, to size blocks and
        to score a run its time limit stops inside warm-up), then more untimed blocks while the

@@ -8,8 +8,8 @@ Also here, as data with one rule each: the feasibility test (every constraint â‰
 own ``_constrained_optimization`` has it), how constraints and the objective value are written
 so that optuna-dashboard shows what Optuna decides, the outcome a person reads for a trial, the
 candidate a trial ran, the batch ceilings stored on the study, and why a candidate was rejected.
-The study's own keys are :mod:`autotune.study_keys`; outcomes and roles are the enums of
-:mod:`autotune.enums`. The fp32 reference's record is :mod:`autotune.reference`.
+The study's own keys are :mod:`autotune.study.study_keys`; outcomes and roles are the enums of
+:mod:`autotune.enums`. The fp32 reference's record is :mod:`autotune.study.reference`.
 
 =====================  =================================================================
 attribute              meaning
@@ -48,7 +48,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from autotune.enums import Outcome
 from autotune.spec import Candidate
-from autotune.study_keys import ceilings_key, parse_ceilings_key
+from autotune.study.study_keys import ceilings_key, parse_ceilings_key
 
 __all__ = [
     "CONSTRAINTS_KEY",

@@ -11,20 +11,20 @@ from typing import Any
 import torch
 from loguru import logger
 
-from autotune.diagnose._advice import Evidence, advise, reason_line
+from autotune.diagnose._advice import Observations, advise, reason_line
 from autotune.diagnose._hooks import First, Hooks, LayerFigures
 from autotune.diagnose._models import DEFAULT_STEPS, Diagnosis, LayerStats, Recommendation
 from autotune.errors import SpecError, WorkloadError
-from autotune.precision import (
+from autotune.measure.precision import (
     PrecisionMode,
     apply_backend_flags,
     get_mode,
     resolve_device,
     unsupported_modes,
 )
-from autotune.probe import leave_no_trace
+from autotune.measure.probe import leave_no_trace
+from autotune.measure.step import StepEngine, check_loss
 from autotune.spec import Candidate
-from autotune.step import StepEngine, check_loss
 from autotune.workloads import Workload
 
 __all__ = ["InstrumentedRun", "diagnose"]
@@ -105,7 +105,7 @@ def diagnose(
 
 
 class InstrumentedRun:
-    """One diagnosis: the instrumented steps over a :class:`~autotune.step.StepEngine`, then
+    """One diagnosis: the instrumented steps over a :class:`~autotune.measure.step.StepEngine`, then
     the summary."""
 
     def __init__(
@@ -226,7 +226,7 @@ class InstrumentedRun:
                 recommendations=[Recommendation(kind="retry", evidence=why, action=advice)],
             )
             return out
-        evidence = Evidence(
+        evidence = Observations(
             candidate=self.candidate,
             mode=self.mode,
             dtype_name=self.dtype_name,

@@ -2,7 +2,7 @@
 
 As optuna keeps ``_CONSTRAINTS_KEY`` beside the one rule that reads it, autotune keeps the name of
 everything it stores on a study here, and every module reads and writes through these names: a
-reader never spells a key. What a *trial* stores is :class:`autotune.trials.TrialRecord`'s
+reader never spells a key. What a *trial* stores is :class:`autotune.study.trials.TrialRecord`'s
 fields; the one trial attribute outside it (:data:`MEASUREMENT`) is named here too.
 
 Older studies may also hold ``time_spent`` (wall seconds by phase): nothing read it, so it is no

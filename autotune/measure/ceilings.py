@@ -17,7 +17,7 @@ import torch
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.result import ProbeResult
+from autotune.measure.result import ProbeResult
 
 __all__ = ["Ceiling", "CeilingTry", "find_ceiling", "memory_budget"]
 
@@ -97,7 +97,7 @@ def find_ceiling(  # noqa: PLR0913 - public API: the try function, then keyword-
         A Ceiling with the size, what limited it and every try in order.
 
     Example:
-        >>> from autotune.result import ProbeResult
+        >>> from autotune.measure.result import ProbeResult
         >>> from autotune.spec import Candidate
         >>> def probe(bs):  # a device where anything above 80 runs out of memory
         ...     cand = Candidate(precision="fp32", batch_size=bs, learning_rate=0.1)

@@ -20,13 +20,14 @@ import optuna
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from autotune import clock, study_keys
+from autotune import clock
 from autotune.enums import Outcome
 from autotune.errors import StorageError, StorageIOError
 from autotune.files import create_file, make_dirs
 from autotune.redact import mask_url, userinfo_ats
 from autotune.spec import StudySpec
-from autotune.trials import TrialRecord, record, write_attrs
+from autotune.study import study_keys
+from autotune.study.trials import TrialRecord, record, write_attrs
 
 __all__ = [
     "GRACE_PERIOD",

@@ -1,7 +1,7 @@
 """Who runs probes: the Runner interface, and a runner that probes in this process.
 
-:class:`~autotune.worker.ProbeWorker` runs them in an isolated worker process (the default for
-searches and the service); :class:`InProcessRunner` runs them here, with no isolation and no
+:class:`~autotune.execution.worker.ProbeWorker` runs them in an isolated worker process (the default
+for searches and the service); :class:`InProcessRunner` runs them here, with no isolation and no
 hard limit, but no start-up cost (tests, notebooks).
 """
 
@@ -11,9 +11,9 @@ import json
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.facts import WorkerFacts
-from autotune.knobs import poisons_context
-from autotune.result import PairedResult, ProbeResult
+from autotune.execution.facts import WorkerFacts
+from autotune.measure.knobs import poisons_context
+from autotune.measure.result import PairedResult, ProbeResult
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 
 __all__ = ["RESTARTED", "InProcessRunner", "Runner", "crashed_result", "poisons_context"]
@@ -49,7 +49,7 @@ class Runner:
         timeout: float | None = None,
     ) -> PairedResult:  # pragma: no cover - interface
         """Measure ``candidate`` paired with ``reference``: their timed blocks interleaved in
-        one process (see :func:`autotune.paired.run_paired`)."""
+        one process (see :func:`autotune.measure.paired.run_paired`)."""
         raise NotImplementedError
 
     def facts(self, workload: str) -> WorkerFacts:  # pragma: no cover - interface
@@ -130,7 +130,7 @@ class InProcessRunner(Runner):
         timeout: float | None = None,
         early_stop: EarlyStop | None = None,
     ) -> ProbeResult:
-        from autotune.probe import run_probe
+        from autotune.measure.probe import run_probe
         from autotune.workloads import load_workload
 
         if workload not in self._cache:
@@ -160,7 +160,7 @@ class InProcessRunner(Runner):
         *,
         timeout: float | None = None,
     ) -> PairedResult:
-        from autotune.paired import run_paired
+        from autotune.measure.paired import run_paired
         from autotune.workloads import load_workload
 
         if workload not in self._cache:
@@ -177,7 +177,7 @@ class InProcessRunner(Runner):
             )
 
     def facts(self, workload: str) -> WorkerFacts:
-        from autotune.facts import collect_facts
+        from autotune.execution.facts import collect_facts
 
         return collect_facts(workload, self.device)
 

@@ -1,6 +1,6 @@
 """One short, honestly timed training run of a workload under one candidate.
 
-A probe is a measurement policy over :class:`~autotune.step.StepEngine`, which owns the AMP
+A probe is a measurement policy over :class:`~autotune.measure.step.StepEngine`, which owns the AMP
 step, the loss read-back and the OOM recovery. A probe:
 1. checks the device really supports the precision mode (autocast output dtype included);
 2. clears the device cache and resets the peak memory statistics, so its peak is its own;
@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from loguru import logger
 
-from autotune.knobs import compile_failure
-from autotune.memory import PeakMemory, release_memory
-from autotune.precision import (
+from autotune.measure.knobs import compile_failure
+from autotune.measure.memory import PeakMemory, release_memory
+from autotune.measure.precision import (
     PrecisionMode,
     apply_backend_flags,
     check_autocast,
@@ -42,10 +42,10 @@ from autotune.precision import (
     snapshot_backend_flags,
     unsupported_modes,
 )
-from autotune.result import ProbeResult
+from autotune.measure.result import ProbeResult
+from autotune.measure.step import StepEngine
+from autotune.measure.timed import TimedRun
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
-from autotune.step import StepEngine
-from autotune.timed import TimedRun
 from autotune.workloads import Workload
 
 __all__ = ["global_state", "leave_no_trace", "run_probe", "unsupported_reason"]
@@ -137,8 +137,8 @@ def run_probe(
         >>> from autotune.workloads import tiny_mlp
         >>> r = run_probe(tiny_mlp(), Candidate(precision="fp32", batch_size=32, learning_rate=0.05),
         ...               settings=ProbeSettings(warmup_steps=1, steps=4))
-        >>> r.outcome
-        'completed'
+        >>> print(r.outcome)
+        completed
     """
     settings = settings or ProbeSettings()
     dev = resolve_device(device)

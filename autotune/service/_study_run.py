@@ -13,13 +13,13 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import clock
-from autotune.facts import WorkerFacts
-from autotune.result import PairedResult, ProbeResult
+from autotune.execution.facts import WorkerFacts
+from autotune.execution.worker import ProbeWorker, Runner
+from autotune.measure.result import PairedResult, ProbeResult
 from autotune.search import Budget
 from autotune.service._queue import QueueRow
 from autotune.spec import Candidate, EarlyStop, ProbeSettings, StudySpec
-from autotune.trials import record
-from autotune.worker import ProbeWorker, Runner
+from autotune.study.trials import record
 
 __all__ = ["DeviceRunner", "StudyRun", "accepts", "preemptor"]
 

@@ -25,8 +25,8 @@ import torch
 from loguru import logger
 
 from autotune.errors import AutotuneError, WorkloadError
-from autotune.facts import WorkerFacts
-from autotune.limits import (
+from autotune.execution.facts import WorkerFacts
+from autotune.execution.limits import (
     apply_memory_limit,
     limit_note,
     pci_bus_order,
@@ -34,15 +34,15 @@ from autotune.limits import (
     worker_env,
     worker_memory_limit,
 )
-from autotune.memory import OOM_MESSAGES
-from autotune.result import PairedResult, ProbeResult
-from autotune.runner import (
+from autotune.execution.runner import (
     RESTARTED,
     InProcessRunner,
     Runner,
     crashed_result,
     poisons_context,
 )
+from autotune.measure.memory import OOM_MESSAGES
+from autotune.measure.result import PairedResult, ProbeResult
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 
 __all__ = ["InProcessRunner", "ProbeWorker", "Runner", "WorkerMemory", "poisons_context"]
@@ -86,12 +86,12 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
     After an error that poisons the CUDA context it says so and returns: the process exits
     and the parent starts a fresh one for the next request.
 
-    A CUDA worker sees its one GPU as ``cuda:0`` (:func:`~autotune.limits.worker_env`): it runs
-    everything there, and its replies name the device as the caller did, ``cuda:N``.
+    A CUDA worker sees its one GPU as ``cuda:0`` (:func:`~autotune.execution.limits.worker_env`): it
+    runs everything there, and its replies name the device as the caller did, ``cuda:N``.
     """
     # Ctrl-C goes to the whole process group; the parent decides what to do with it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from autotune.probe import run_probe
+    from autotune.measure.probe import run_probe
     from autotune.workloads import load_workload
 
     shown = f"cuda:{device.partition(':')[2] or 0}" if device.startswith("cuda") else device
@@ -111,7 +111,7 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
             if ref not in cache:
                 cache[ref] = load_workload(ref)
             if op == "compare":
-                from autotune.paired import run_paired
+                from autotune.measure.paired import run_paired
 
                 candidate, reference = (
                     Candidate.model_validate(c) for c in json.loads(candidate_json)
@@ -126,7 +126,7 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
                 send("paired", paired.model_dump_json())
                 continue
             if op == "facts":
-                from autotune.facts import collect_facts
+                from autotune.execution.facts import collect_facts
 
                 facts = collect_facts(ref, device).model_dump_json()
                 send("facts", facts, _device_memory(device))
@@ -163,10 +163,11 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
 
 def main() -> None:
     """Entry point of a worker process:
-    ``python -m autotune.worker DEVICE REQ_FD REPLY_FD [MEMORY_LIMIT_BYTES]``."""
+    ``python -m autotune.execution.worker DEVICE REQ_FD REPLY_FD [MEMORY_LIMIT_BYTES]``."""
     device, req_fd, reply_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    # First thing: what the probes allocate from here on counts against it (autotune.limits);
-    # and GPUs numbered in PCI bus order (the parent set it; before CUDA starts, in any case).
+    # First thing: what the probes allocate from here on counts against it
+    # (autotune.execution.limits); and GPUs numbered in PCI bus order (the parent set it; before
+    # CUDA starts, in any case).
     apply_memory_limit(int(sys.argv[4]) if len(sys.argv) > 4 else None)
     if not device.startswith("cpu"):
         pci_bus_order()
@@ -188,7 +189,7 @@ class ProbeWorker(Runner):
         device: the device probes run on, e.g. ``cpu`` or ``cuda:1``.
 
     Raises:
-        SpecError: ``AUTOTUNE_WORKER_MEMORY`` is not a size (:mod:`autotune.limits`).
+        SpecError: ``AUTOTUNE_WORKER_MEMORY`` is not a size (:mod:`autotune.execution.limits`).
 
     Example:
         >>> with ProbeWorker("cpu") as worker:  # doctest: +SKIP
@@ -230,7 +231,7 @@ class ProbeWorker(Runner):
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.worker", self.device, str(req_r), str(rep_w)]
+            [sys.executable, "-m", "autotune.execution.worker", self.device, str(req_r), str(rep_w)]
             + [str(self.memory_limit or 0)],
             pass_fds=(req_r, rep_w),
             stdin=subprocess.DEVNULL,

@@ -42,9 +42,9 @@ from torch import nn
 
 from autotune.devices import prepare_batch
 from autotune.errors import WorkloadError
-from autotune.knobs import apply_knobs, mark_batch_dynamic
-from autotune.memory import is_oom, oom_message, release_memory, sync
-from autotune.precision import autocast, get_mode, make_scaler
+from autotune.measure.knobs import apply_knobs, mark_batch_dynamic
+from autotune.measure.memory import is_oom, oom_message, release_memory, sync
+from autotune.measure.precision import autocast, get_mode, make_scaler
 from autotune.spec import Candidate
 from autotune.workloads import Batch, Workload
 
@@ -107,8 +107,8 @@ class StepEngine:
             model's initial weights.
         scaler: a GradScaler to use (an AmpSession's); one is made from the candidate if None.
         prepare: turns the built model into the one trained (an AmpSession's ``prepare``); by
-            default :func:`autotune.knobs.apply_knobs`, compiling afresh (what a new training
-            process pays), undone when the engine closes.
+            default :func:`autotune.measure.knobs.apply_knobs`, compiling afresh (what a new
+            training process pays), undone when the engine closes.
 
     Example:
         >>> from autotune.workloads import tiny_mlp
