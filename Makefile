@@ -38,7 +38,7 @@ test: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy & checker=$$!; \
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile; tests=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15; tests=$$?; \
 	wait $$checker && exit $$tests
 
 # The documentation site, offline, into site/ (open site/index.html). --strict: a broken link,
