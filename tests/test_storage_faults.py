@@ -110,13 +110,14 @@ def test_cli_search_on_a_full_disk_says_so_and_resumes(tmp_path: Path) -> None:
     assert all(after[n].user_attrs.get("speedup") == measured[n] for n in before if n in measured)
     assert not [t for t in after.values() if t.state == optuna.trial.TrialState.RUNNING]
     # Every trial the full disk left RUNNING (none when it filled between two trials: the next
-    # ask was refused) is failed as stale, with its reason, and run again.
+    # ask was refused) is failed as stale, with its reason, and run again: all but one the disk
+    # cut off before its parameters were written, which holds nothing to run again.
     left = [n for n, (state, _) in kept.items() if state == optuna.trial.TrialState.RUNNING]
     retried = {t.user_attrs.get("retry_of") for t in after.values()}
     for n in left:
         assert after[n].state == optuna.trial.TrialState.FAIL
         assert after[n].user_attrs["outcome"] == "stale" and after[n].user_attrs["reason"]
-        assert n in retried
+        assert n in retried or not after[n].params
 
 
 # ---- the stale-trial path -------------------------------------------------------------------
