@@ -132,6 +132,10 @@ def test_fp16_overflow_diverges_only_in_fp16(precision: str, outcome: str) -> No
     if outcome == "diverged":
         assert re.fullmatch(r"loss=(nan|inf|-inf) at step \d+", r.reason), r.reason
         assert not math.isfinite(r.losses[-1])
+        # Its GradScaler scale is recorded at the check that found it diverging, the step
+        # the report's plot ends it at.
+        at = int(r.reason.rsplit(" ", 1)[1])
+        assert r.scales and r.scales[-1][0] >= at and r.scales[-1][1] > 0
 
 
 def test_persistent_grad_scaler_skips_are_divergence() -> None:

@@ -136,32 +136,40 @@ class TimedRun:
     # ---- what the policy checks -------------------------------------------------------------
 
     def _check(self, step: int, timed: bool) -> str | None:
-        """Read pending losses (one sync) and the scale; return a divergence reason or None."""
+        """Read pending losses (one sync) and the scale; return a divergence reason or None.
+
+        The scale is recorded at every check, a diverging probe's too: the report's GradScaler
+        plot shows where it ended."""
         engine, settings = self.engine, self.settings
-        losses = engine.losses
-        first = len(losses)
-        for offset, value in enumerate(engine.read_losses()):
-            at = first + offset
+        blowup = self._blowup(engine.read_losses())
+        if not engine.mode.scales_loss:
+            return blowup
+        scale = engine.scale()
+        self.scales.append((step, scale))
+        if blowup:
+            return blowup
+        if scale < 1:
+            return f"GradScaler scale fell to {scale:g} at step {step}"
+        steps = self.timed_steps
+        if timed and steps >= settings.check_every:
+            skipped = engine.skipped - self.skipped_at_start
+            if skipped / steps > settings.max_skip_rate:
+                return (
+                    f"GradScaler skipped {skipped} of {steps} steps after warmup "
+                    f"(limit {settings.max_skip_rate:.0%}) at step {step}, scale={scale:g}"
+                )
+        return None
+
+    def _blowup(self, values: list[float]) -> str | None:
+        """Why the losses just read show a diverging run (non-finite, or far above the first
+        loss), or None."""
+        losses, factor = self.engine.losses, self.settings.loss_blowup_factor
+        first = len(losses) - len(values)
+        for at, value in enumerate(values, start=first):
             if not math.isfinite(value):
                 return f"loss={value} at step {at}"
-            if losses[0] > 0 and value > settings.loss_blowup_factor * losses[0]:
-                return (
-                    f"loss={value:.4g} at step {at} is above {settings.loss_blowup_factor:g}x "
-                    f"the initial {losses[0]:.4g}"
-                )
-        if engine.mode.scales_loss:
-            scale = engine.scale()
-            self.scales.append((step, scale))
-            if scale < 1:
-                return f"GradScaler scale fell to {scale:g} at step {step}"
-            steps = self.timed_steps
-            if timed and steps >= settings.check_every:
-                skipped = engine.skipped - self.skipped_at_start
-                if skipped / steps > settings.max_skip_rate:
-                    return (
-                        f"GradScaler skipped {skipped} of {steps} steps after warmup "
-                        f"(limit {settings.max_skip_rate:.0%}) at step {step}, scale={scale:g}"
-                    )
+            if losses[0] > 0 and value > factor * losses[0]:
+                return f"loss={value:.4g} at step {at} is above {factor:g}x the initial {losses[0]:.4g}"
         return None
 
     def _diverged(self, reason: str | None) -> bool:

@@ -298,10 +298,11 @@ def loss_figure(data: ReportData) -> Figure:
 
 
 def _scale_points(data: ReportData, t: FrozenTrial) -> tuple[list[tuple[float, float]], str]:
-    """The scales a probe recorded at its check points; a diverged probe's run on to the step
-    where its loss turned non-finite (a probe that diverged before its first check recorded
-    none), at the scale its skipped steps left: GradScaler halves it at each, and a short
-    probe never grows it. The second value says so, for the derived point's tooltip."""
+    """The scales a probe recorded at its check points, the one that found it diverging
+    included. A diverged probe of an older study (which recorded no scale at that check) is run
+    on to the step where its loss turned non-finite, at the scale its skipped steps left:
+    GradScaler halves it at each, and a short probe never grows it. The second value says so,
+    for the derived point's tooltip."""
     rec = data.rec(t)
     pts = [(float(s), v) for s, v in rec.scales if v and v > 0]
     if rec.outcome != Outcome.DIVERGED:
