@@ -1,6 +1,6 @@
 """Scale-out: trials per minute with 1, 2 and 4 workers on one PostgreSQL study, in one run.
 
-The workload (``autotune.workloads.testing:sleepy``) sleeps a fixed time per step and does
+The workload (``autotune.testing.workloads:sleepy``) sleeps a fixed time per step and does
 almost no compute, so a probe's length is known and workers on this machine do not compete for
 its cores: what is measured is the coordination — the shared sampler, the storage, the
 heartbeats — not the hardware.
@@ -28,7 +28,7 @@ from autotune.testing.pgtest import throwaway_postgres
 
 SPEC = """\
 name: scale
-workload: autotune.workloads.testing:sleepy
+workload: autotune.testing.workloads:sleepy
 device: cpu
 budget: {budget}s
 space:

@@ -158,7 +158,7 @@ def _burst_spec(i: int) -> bytes:
     behind the first: sleepy probes, one device."""
     spec = {
         "name": f"burst-{i:04d}",
-        "workload": "autotune.workloads.testing:sleepy",
+        "workload": "autotune.testing.workloads:sleepy",
         "budget": "30s",
         "space": {"precisions": ["fp32"], "batch_sizes": [16]},
         "probe": {"warmup_steps": 1, "steps": 6, "check_every": 6, "time_limit": "8s"},
@@ -289,7 +289,7 @@ def _load(args: argparse.Namespace) -> dict[str, Any]:
             # A study long enough to be running throughout the polling.
             spec = {
                 "name": "load",
-                "workload": "autotune.workloads.testing:sleepy",
+                "workload": "autotune.testing.workloads:sleepy",
                 "budget": f"{args.seconds + 60:g}s",
                 "space": {"precisions": ["fp32"], "batch_size": {"min": 16, "max": 64}},
                 "probe": {"warmup_steps": 1, "steps": 12, "check_every": 6, "time_limit": "8s"},

@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import optuna
 
+from autotune.testing.busy import FAKE_BUSY_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -24,7 +26,7 @@ def sleepy(name: str, *, budget: str = "10s", steps: int = 12, **extra: Any) -> 
     """A test-sized study: fp32 only, probes of ``steps`` sleeping steps (0.05 s each)."""
     return {
         "name": name,
-        "workload": "autotune.workloads.testing:sleepy",
+        "workload": "autotune.testing.workloads:sleepy",
         "budget": budget,
         # Three batch sizes and three learning rates: trials enough for a short budget.
         "space": {
@@ -79,7 +81,9 @@ class Service:
         self.http = httpx.Client(base_url=self.url, timeout=10)
 
     def start(self) -> Service:
-        cmd = [sys.executable, "-m", "autotune", "serve", "--port", str(self.port)]
+        # With a fake-busy file, the command line that can fake a colleague's job.
+        entry = "autotune.testing.busy" if FAKE_BUSY_ENV in self.env else "autotune"
+        cmd = [sys.executable, "-m", entry, "serve", "--port", str(self.port)]
         cmd += ["--devices", "cpu", "--storage", self.db, "--out", str(self.tmp / "out")]
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(

@@ -12,7 +12,7 @@ from autotune.measure.ceilings import find_ceiling, memory_budget
 from autotune.measure.probe import run_probe
 from autotune.measure.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
-from autotune.workloads.testing import make_oom_workload
+from autotune.testing.workloads import make_oom_workload
 
 MIB = 2**20
 TWO_STEPS = ProbeSettings(warmup_steps=0, steps=2, min_time=0)

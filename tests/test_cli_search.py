@@ -98,7 +98,7 @@ def test_existing_study_with_another_space_is_refused_and_kept(tmp_path: Path) -
         (["--batch-size", "0", "--steps", "0"], "steps: Input should be greater than 0"),
         (["--device", "cuda:7"], "device 'cuda:7' does not exist"),
         (
-            ["--workload", "autotune.workloads.testing:non_scalar_loss"],
+            ["--workload", "autotune.testing.workloads:non_scalar_loss"],
             "loss must be a scalar tensor",
         ),
     ],

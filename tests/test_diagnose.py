@@ -26,9 +26,9 @@ from autotune.errors import SpecError
 from autotune.measure.probe import global_state
 from autotune.spec import Candidate
 from autotune.workloads import Workload, load_workload, synthetic_batches
-from autotune.workloads.testing import make_oom_workload
+from autotune.testing.workloads import make_oom_workload
 
-TESTING = "autotune.workloads.testing"
+TESTING = "autotune.testing.workloads"
 
 
 def workload(name: str) -> Workload:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SPEC = """\
 name: dist
-workload: autotune.workloads.testing:sleepy
+workload: autotune.testing.workloads:sleepy
 device: cpu
 budget: {budget}
 space:

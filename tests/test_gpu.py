@@ -27,7 +27,7 @@ from autotune.measure.timed import TimedRun
 from autotune.search import run_search
 from autotune.spec import Candidate, ProbeSettings, load_spec
 from autotune.workloads import load_workload
-from autotune.workloads.testing import CAPPED_BYTES
+from autotune.testing.workloads import CAPPED_BYTES
 
 pytestmark = pytest.mark.gpu
 
@@ -99,7 +99,7 @@ def test_a_real_oom_is_caught_and_the_next_probe_runs() -> None:
     # The cap lives in the worker: loading resnet18_capped there limits that process's allocator
     # to CAPPED_BYTES (2 GiB), so the OOM is real even with 140 GB free. ResNet-18 at 32x32 needs
     # about 0.5 MB a sample in fp32: 8192 samples want about 4 GB.
-    capped = "autotune.workloads.testing:resnet18_capped"
+    capped = "autotune.testing.workloads:resnet18_capped"
     huge = Candidate(precision="fp32", batch_size=8192, learning_rate=0.1)
     with ProbeWorker(str(device())) as worker:
         r = worker.run(capped, huge, SHORT, timeout=180)

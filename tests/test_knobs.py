@@ -27,7 +27,7 @@ def cand(precision: str = "fp32", batch_size: int = 16, lr: float = 0.05, **kw: 
 
 
 def overflow() -> Any:
-    return load_workload("autotune.workloads.testing:fp16_overflow")
+    return load_workload("autotune.testing.workloads:fp16_overflow")
 
 
 def test_fp32_islands_make_an_overflowing_fp16_run_train() -> None:

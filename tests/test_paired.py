@@ -12,7 +12,7 @@ from autotune.measure.paired import run_paired
 from autotune.measure.probe import run_probe
 from autotune.spec import Candidate, ProbeSettings
 from autotune.workloads import load_workload
-from autotune.workloads.testing import drifting
+from autotune.testing.workloads import drifting
 
 SETTINGS = ProbeSettings(warmup_steps=1, steps=4, min_time=0.3, precision=0.02, time_limit=30)
 
@@ -66,7 +66,7 @@ def test_a_drifting_machine_does_not_move_the_paired_speedup(clock: VirtualClock
 
 
 def test_an_arm_that_diverges_ends_the_pair_with_its_reason() -> None:
-    wl = load_workload("autotune.workloads.testing:fp16_overflow")
+    wl = load_workload("autotune.testing.workloads:fp16_overflow")
     cand = Candidate(precision="fp16", batch_size=32, learning_rate=0.001)
     ref = Candidate(precision="fp32", batch_size=32, learning_rate=0.001)
     result = run_paired(wl, cand, ref, "cpu", SETTINGS)

@@ -18,7 +18,7 @@ from autotune.measure.probe import global_state, run_probe
 from autotune.measure.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
 from autotune.workloads import BUILTINS, Workload, load_workload
-from autotune.workloads.testing import make_oom_workload
+from autotune.testing.workloads import make_oom_workload
 
 SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2, min_time=0)
 
@@ -30,8 +30,8 @@ def candidate(
 
 
 def workload(name: str) -> Workload:
-    """A built-in by name, else one of the misbehaving workloads in autotune.workloads.testing."""
-    return load_workload(name if name in BUILTINS else f"autotune.workloads.testing:{name}")
+    """A built-in by name, else one of the misbehaving workloads in autotune.testing.workloads."""
+    return load_workload(name if name in BUILTINS else f"autotune.testing.workloads:{name}")
 
 
 def assert_same_state(before: dict[str, Any], after: dict[str, Any]) -> None:

@@ -93,7 +93,7 @@ def test_fp16_overflow_trials_are_pruned_with_the_reason_and_fp32_islands_tried(
     spec = tiny_spec(
         tmp_path,
         name="overflow",
-        workload="autotune.workloads.testing:fp16_overflow",
+        workload="autotune.testing.workloads:fp16_overflow",
         budget="16s",
         space={"precisions": ["fp32", "fp16"], "batch_size": {"min": 64, "max": 64}},
         # Shorter timed phases: time for the diagnosis and the islands trial after it.

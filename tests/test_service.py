@@ -29,7 +29,6 @@ from typer.testing import CliRunner  # noqa: E402
 from autotune.cli import app  # noqa: E402
 from autotune.errors import SpecError, WorkloadError  # noqa: E402
 from autotune.service import (  # noqa: E402
-    FAKE_BUSY_ENV,
     MAX_BODY,
     RequestError,
     StudyQueue,
@@ -39,6 +38,7 @@ from autotune.service import (  # noqa: E402
 )
 from autotune.service._access import WorkloadRefused, check_bind  # noqa: E402
 from autotune.service._devices import parse_devices  # noqa: E402
+from autotune.testing.busy import FAKE_BUSY_ENV  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -353,7 +353,7 @@ def test_serve_refuses_a_public_address_without_token() -> None:
     ("ref", "error", "needle"),
     [
         ("tiny_convnet", None, "autotune.workloads:tiny_convnet"),
-        ("autotune.workloads.testing:sleepy", None, "sleepy"),
+        ("autotune.testing.workloads:sleepy", None, "sleepy"),
         ("mypkg.train:workload", None, "mypkg.train:workload"),
         ("mypkg.nosuch:workload", WorkloadError, "does not exist"),
         ("autotune.cli:main", WorkloadRefused, "imports only the built-in"),
@@ -361,7 +361,7 @@ def test_serve_refuses_a_public_address_without_token() -> None:
         ("autotune.workloads:load_workload", WorkloadError, "has no workload 'load_workload'"),
         ("autotune.workloads:Workload", WorkloadError, "has no workload 'Workload'"),
         (
-            "autotune.workloads.testing:make_oom_workload",
+            "autotune.testing.workloads:make_oom_workload",
             WorkloadError,
             "it has cuda_context_lost, diverging",
         ),

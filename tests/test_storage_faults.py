@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # on a busy machine, and the run is ended by the fault long before.
 SPEC = """\
 name: full
-workload: autotune.workloads.testing:sleepy
+workload: autotune.testing.workloads:sleepy
 device: cpu
 budget: 60s
 space: {precisions: [fp32], batch_size: {min: 16, max: 64}}

@@ -110,7 +110,7 @@ def test_compare_against_amp_runs_fp16_with_the_default_scaler() -> None:
 
 
 def test_a_diverging_run_stops_with_the_reason() -> None:
-    wl = load_workload("autotune.workloads.testing:diverging")  # explodes above lr ~0.5
+    wl = load_workload("autotune.testing.workloads:diverging")  # explodes above lr ~0.5
     r = train(wl, Candidate(precision="fp32", batch_size=32, learning_rate=5.0), "cpu",
               TrainSettings(steps=200, check_every=10))  # fmt: skip
     assert r.outcome == "diverged"
@@ -284,7 +284,7 @@ def _bad_workload(tmp_path: Path) -> Path:
 
 def _bad_loss(tmp_path: Path) -> Path:
     # Fails inside training, after the session opened: the flags must still come back.
-    ref = "autotune.workloads.testing:non_scalar_loss"
+    ref = "autotune.testing.workloads:non_scalar_loss"
     return write_config(tmp_path / "l.json", make_config(workload=ref, batch_size=16))
 
 

@@ -20,7 +20,7 @@ from autotune.measure.probe import run_probe
 from autotune.measure.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
 from autotune.workloads import load_workload
-from autotune.workloads.testing import HUNGRY_ENV
+from autotune.testing.workloads import HUNGRY_ENV
 
 SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2, min_time=0)
 CRASHING = "autotune_test_crashing_workload:crashes"
@@ -81,8 +81,8 @@ def test_worker_result_matches_an_in_process_probe(worker: ProbeWorker) -> None:
 @pytest.mark.parametrize(
     ("ref", "candidate", "outcome"),
     [
-        ("autotune.workloads.testing:fp16_overflow", cand("fp16", 32, 0.001), "diverged"),
-        ("autotune.workloads.testing:oom_above_64", cand("fp32", 128), "oom"),
+        ("autotune.testing.workloads:fp16_overflow", cand("fp16", 32, 0.001), "diverged"),
+        ("autotune.testing.workloads:oom_above_64", cand("fp32", 128), "oom"),
         (CRASHING, cand(), "crashed"),
     ],
 )
@@ -104,7 +104,7 @@ def test_failures_come_back_as_outcomes_and_the_worker_lives_on(
     ("ref", "expected"),
     [
         ("no_such_package_xyz.mod:fn", "cannot import module 'no_such_package_xyz.mod'"),
-        ("autotune.workloads.testing:non_scalar_loss", "loss must be a scalar tensor"),
+        ("autotune.testing.workloads:non_scalar_loss", "loss must be a scalar tensor"),
     ],
     ids=["bad-reference", "broken-contract"],
 )
@@ -139,7 +139,7 @@ def test_a_poisoned_cuda_context_restarts_the_worker_and_the_outcome_says_so(
 ) -> None:
     worker.run("tiny_mlp", cand(), SHORT, timeout=60)
     pid, starts = worker.pid, worker.starts
-    r = worker.run("autotune.workloads.testing:cuda_context_lost", cand(), SHORT, timeout=60)
+    r = worker.run("autotune.testing.workloads:cuda_context_lost", cand(), SHORT, timeout=60)
     assert r.outcome == "crashed"
     assert "illegal memory access" in r.reason
     assert "the probe worker was restarted" in r.reason
@@ -175,7 +175,7 @@ def test_in_process_runner_turns_a_crash_into_an_outcome(crashing_module: None) 
     assert r.outcome == "crashed"
     assert r.reason == "ValueError: label 11 is out of range for 10 classes"
     with pytest.raises(WorkloadError, match="loss must be a scalar tensor"):
-        runner.run("autotune.workloads.testing:non_scalar_loss", cand(), SHORT)
+        runner.run("autotune.testing.workloads:non_scalar_loss", cand(), SHORT)
     assert runner.run("tiny_mlp", cand(), SHORT).outcome == "completed"
 
 
@@ -201,7 +201,7 @@ def test_a_workload_past_the_workers_memory_limit_is_an_oom_naming_the_limit(
     monkeypatch.setenv(MEMORY_ENV, "6G")
     monkeypatch.setenv(HUNGRY_ENV, str(8 * 2**30))
     with ProbeWorker("cpu") as limited:
-        r = limited.run("autotune.workloads.testing:hungry", cand(), SHORT, timeout=120)
+        r = limited.run("autotune.testing.workloads:hungry", cand(), SHORT, timeout=120)
         assert r.outcome == "oom", r.reason
         assert "the worker may map at most 6.0 GiB (AUTOTUNE_WORKER_MEMORY" in r.reason
         pid = limited.pid

@@ -95,7 +95,7 @@ def test_normalize_reference(ref: str, expected: str) -> None:
         ("pkg/mod.py:fn", "must look like package.module:function"),
         ("no_such_package_xyz.mod:fn", "cannot import module 'no_such_package_xyz.mod'"),
         ("autotune.workloads:no_such_thing", "has no attribute 'no_such_thing'"),
-        ("autotune.workloads.testing:OOM_LIMIT", "'OOM_LIMIT' is a int, expected a function"),
+        ("autotune.testing.workloads:OOM_LIMIT", "'OOM_LIMIT' is a int, expected a function"),
         ("os:getcwd", "getcwd() returned str, expected autotune.Workload"),
         ("os.path:join", "calling join() raised TypeError"),
     ],

@@ -28,7 +28,7 @@ Example:
     >>> from autotune.diagnose import diagnose
     >>> from autotune.spec import Candidate
     >>> from autotune.workloads import load_workload
-    >>> d = diagnose(load_workload("autotune.workloads.testing:fp16_overflow"),
+    >>> d = diagnose(load_workload("autotune.testing.workloads:fp16_overflow"),
     ...              Candidate(precision="fp16", batch_size=64, learning_rate=1e-3), "cpu")
     >>> d.verdict, d.first_nonfinite
     ('fails', 'amplify')

@@ -18,7 +18,6 @@ from autotune.service._app import (
 )
 from autotune.service._client import DEFAULT_SERVER, SERVER_ENV, ServiceClient
 from autotune.service._devices import (
-    FAKE_BUSY_ENV,
     DeviceMonitor,
     DeviceReading,
     SimulatedHardware,
@@ -40,7 +39,6 @@ __all__ = [
     "DeviceReading",
     "SimulatedHardware",
     "DEFAULT_SERVER",
-    "FAKE_BUSY_ENV",
     "KEEP_ALIVE",
     "MAX_BODY",
     "MAX_BUDGET",

@@ -11,7 +11,7 @@
    needs the token as well, or the page's view cookie (:func:`may_read`), which reads and never
    writes.
 4. **Workloads.** A workload reference is code the service imports and calls. Only the
-   built-ins (``autotune.workloads:*``, ``autotune.workloads.testing:*``) and packages whose
+   built-ins (``autotune.workloads:*``, ``autotune.testing.workloads:*``) and packages whose
    top-level folder lies under a configured ``--workload-dir`` are accepted; the check finds
    the package without importing anything. An adapter spec (``workload: {lightning: ...}``)
    names several objects, which the service builds with the spec's args: each one is held to

@@ -14,8 +14,7 @@ A device is *busy* when someone else's work holds it: on a GPU, utilisation at o
 ``BUSY_UTILIZATION`` percent while our own worker is idle. CPU load is not counted (a shared
 box always has some); CPU memory is, through the free-memory check in :meth:`room_for`.
 
-Test hook: with ``AUTOTUNE_FAKE_BUSY_FILE=<path>`` set, every device reports busy, "used by
-another process", while that file exists — so tests can fake a colleague's job on a CPU box.
+Tests fake a colleague's job on a CPU box from outside (:mod:`autotune.testing.busy`).
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUSY_UTILIZATION",
-    "FAKE_BUSY_ENV",
     "DeviceMonitor",
     "DeviceReading",
     "ProcessUse",
@@ -53,7 +51,6 @@ __all__ = [
     "parse_devices",
 ]
 
-FAKE_BUSY_ENV = "AUTOTUNE_FAKE_BUSY_FILE"
 # NVML samples utilisation over the last second or so; half the SMs busy with someone else's
 # kernels means our timings would be noise and their job would slow down.
 BUSY_UTILIZATION = 50.0
@@ -183,13 +180,6 @@ def _rss(pid: int) -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def _fake_busy() -> str:
-    path = os.environ.get(FAKE_BUSY_ENV)
-    if path and Path(path).exists():
-        return f"used by another process ({FAKE_BUSY_ENV} file {path} exists)"
-    return ""
-
-
 class DeviceMonitor:
     """Reads the devices a service schedules on.
 
@@ -253,9 +243,6 @@ class DeviceMonitor:
         if cached is not None and now - cached[0] <= max_age:
             return cached[1]
         reading = self._read_cpu() if device == "cpu" else self._read_cuda(device)
-        fake = _fake_busy()
-        if fake:
-            reading.busy_reason = f"{device} is {fake}"
         self._cache[device] = (now, reading)
         return reading
 

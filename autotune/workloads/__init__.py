@@ -5,7 +5,14 @@ model and dataset, or the pieces of a plain loop).
 The adapters import Lightning or transformers only when called."""
 
 from autotune.workloads._base import Batch, Workload, cross_entropy_loss, synthetic_batches
-from autotune.workloads._builtin import BUILTINS, resnet18, tiny_convnet, tiny_gpt, tiny_mlp
+from autotune.workloads._builtin import (
+    BUILTINS,
+    class_images,
+    resnet18,
+    tiny_convnet,
+    tiny_gpt,
+    tiny_mlp,
+)
 from autotune.workloads._factory import (
     BUILTIN_MODULES,
     builtin_factories,
@@ -30,6 +37,7 @@ __all__ = [
     "Workload",
     "builtin_factories",
     "check_factory",
+    "class_images",
     "cross_entropy_loss",
     "factory_problem",
     "huggingface_workload",

@@ -25,7 +25,7 @@ from autotune.workloads._base import Workload
 
 __all__ = ["BUILTIN_MODULES", "builtin_factories", "factory_problem", "is_stdlib"]
 
-BUILTIN_MODULES = ("autotune.workloads", "autotune.workloads.testing")
+BUILTIN_MODULES = ("autotune.workloads", "autotune.testing.workloads")
 
 
 def is_stdlib(module: str) -> bool:

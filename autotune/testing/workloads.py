@@ -1,6 +1,6 @@
 """Workloads that misbehave on purpose: they let tests (and users) see each outcome on a CPU.
 
-Each is importable by reference, e.g. ``autotune.workloads.testing:oom_above_64``, so worker
+Each is importable by reference, e.g. ``autotune.testing.workloads:oom_above_64``, so worker
 processes can load them too.
 """
 
@@ -11,8 +11,15 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from autotune.workloads._base import Batch, Workload, synthetic_batches
-from autotune.workloads._builtin import class_images, resnet18, tiny_convnet, tiny_mlp
+from autotune.workloads import (
+    Batch,
+    Workload,
+    class_images,
+    resnet18,
+    synthetic_batches,
+    tiny_convnet,
+    tiny_mlp,
+)
 
 __all__ = [
     "CAPPED_BYTES",
@@ -280,7 +287,7 @@ def cuda_context_lost() -> Workload:
     def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
         raise error(
             "CUDA error: an illegal memory access was encountered (faked on purpose by "
-            "autotune.workloads.testing:cuda_context_lost)"
+            "autotune.testing.workloads:cuda_context_lost)"
         )
 
     wl.loss = loss

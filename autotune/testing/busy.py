@@ -1,0 +1,43 @@
+"""``python -m autotune.testing.busy ARGS``: the command line, with a colleague's job faked.
+
+A shared box's scheduling (a device left alone while someone else's work holds it) cannot be
+seen on a CPU box, where nobody else holds anything. Run this instead of ``python -m autotune``
+with ``AUTOTUNE_FAKE_BUSY_FILE=<path>`` set: while that file exists, every device the service
+reads is busy, "used by another process"; remove the file and it is free again.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from autotune.service import DeviceMonitor, DeviceReading
+
+__all__ = ["FAKE_BUSY_ENV", "install"]
+
+FAKE_BUSY_ENV = "AUTOTUNE_FAKE_BUSY_FILE"
+
+
+def install(path: Path) -> None:
+    """Make every :class:`DeviceMonitor` in this process read busy while ``path`` exists."""
+    real_read = DeviceMonitor.read
+
+    def read(self: DeviceMonitor, device: str, *, max_age: float = 0.0) -> DeviceReading:
+        reading = real_read(self, device, max_age=max_age)
+        if path.exists():
+            reading.busy_reason = (
+                f"{device} is used by another process ({FAKE_BUSY_ENV} file {path} exists)"
+            )
+        elif reading.busy_reason.endswith(f"({FAKE_BUSY_ENV} file {path} exists)"):
+            reading.busy_reason = ""  # a cached reading from while the file was there
+        return reading
+
+    DeviceMonitor.read = read  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    from autotune.cli import main
+
+    if os.environ.get(FAKE_BUSY_ENV):
+        install(Path(os.environ[FAKE_BUSY_ENV]))
+    main()
