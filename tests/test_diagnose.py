@@ -25,8 +25,8 @@ from autotune.diagnose import (
 from autotune.errors import SpecError
 from autotune.measure.probe import global_state
 from autotune.spec import Candidate
-from autotune.workloads import Workload, load_workload, synthetic_batches
 from autotune.testing.workloads import make_oom_workload
+from autotune.workloads import Workload, load_workload, synthetic_batches
 
 TESTING = "autotune.testing.workloads"
 

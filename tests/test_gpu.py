@@ -26,8 +26,8 @@ from autotune.measure.step import StepEngine
 from autotune.measure.timed import TimedRun
 from autotune.search import run_search
 from autotune.spec import Candidate, ProbeSettings, load_spec
-from autotune.workloads import load_workload
 from autotune.testing.workloads import CAPPED_BYTES
+from autotune.workloads import load_workload
 
 pytestmark = pytest.mark.gpu
 

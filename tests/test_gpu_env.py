@@ -18,9 +18,11 @@ import pytest
 import torch
 from loguru import logger
 
+from autotune.enums import Outcome
 from autotune.errors import DeviceError
 from autotune.execution import limits, worker
 from autotune.execution.limits import worker_device, worker_env
+from autotune.execution.messages import ProbeRequest, ReadyReply, ResultReply, decode_reply, encode
 from autotune.execution.worker import ProbeWorker
 from autotune.service import _devices
 from autotune.spec import Candidate, ProbeSettings
@@ -110,7 +112,7 @@ class _FakePopen:
 
     def __init__(self, args: list[str], *, pass_fds: tuple[int, int], env: dict, **_: Any):
         _FakePopen.started.append((args, env))
-        os.write(pass_fds[1], json.dumps(["ready", 4242]).encode() + b"\n")
+        os.write(pass_fds[1], encode(ReadyReply(pid=4242)).encode())
         self.pid = 4242
 
     def poll(self) -> int | None:
@@ -332,14 +334,13 @@ def test_a_gpu_worker_runs_on_its_cuda_0_and_replies_with_the_callers_name(
     """The worker's loop, in this process, as a worker for cuda:5 that sees one GPU (this
     process's CUDA_VISIBLE_DEVICES is left alone: CUDA here has already read it)."""
     monkeypatch.setattr(worker, "worker_device", lambda device: "cuda:0")
-    request = ["tiny_mlp", _CAND.model_dump_json(), SHORT.model_dump_json(), "probe"]
+    request = ProbeRequest(workload="tiny_mlp", candidate=_CAND, settings=SHORT)
     replies = StringIO()
     previous = signal.getsignal(signal.SIGINT)
     try:
-        worker._serve(StringIO(json.dumps(request) + "\n"), replies, "cuda:5")
+        worker._serve(StringIO(encode(request)), replies, "cuda:5")
     finally:
         signal.signal(signal.SIGINT, previous)
-    kind, text, _memory = json.loads(replies.getvalue().splitlines()[1])
-    assert kind == "result", text
-    result = json.loads(text)
-    assert result["outcome"] == "completed" and result["device"] == "cuda:5"
+    reply = decode_reply(replies.getvalue().splitlines()[1])
+    assert isinstance(reply, ResultReply), reply
+    assert reply.result.outcome == Outcome.COMPLETED and reply.result.device == "cuda:5"

@@ -11,8 +11,8 @@ from autotune.measure.memory import PeakMemory
 from autotune.measure.paired import run_paired
 from autotune.measure.probe import run_probe
 from autotune.spec import Candidate, ProbeSettings
-from autotune.workloads import load_workload
 from autotune.testing.workloads import drifting
+from autotune.workloads import load_workload
 
 SETTINGS = ProbeSettings(warmup_steps=1, steps=4, min_time=0.3, precision=0.02, time_limit=30)
 

@@ -17,8 +17,8 @@ from autotune.measure.precision import restore_backend_flags, snapshot_backend_f
 from autotune.measure.probe import global_state, run_probe
 from autotune.measure.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
-from autotune.workloads import BUILTINS, Workload, load_workload
 from autotune.testing.workloads import make_oom_workload
+from autotune.workloads import BUILTINS, Workload, load_workload
 
 SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2, min_time=0)
 

@@ -13,14 +13,15 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from autotune.enums import Outcome
 from autotune.errors import SpecError, WorkloadError
 from autotune.execution.limits import MEMORY_ENV, machine_memory
 from autotune.execution.worker import InProcessRunner, ProbeWorker, poisons_context
 from autotune.measure.probe import run_probe
 from autotune.measure.result import ProbeResult
 from autotune.spec import Candidate, ProbeSettings
-from autotune.workloads import load_workload
 from autotune.testing.workloads import HUNGRY_ENV
+from autotune.workloads import load_workload
 
 SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2, min_time=0)
 CRASHING = "autotune_test_crashing_workload:crashes"
@@ -72,7 +73,7 @@ def test_worker_result_matches_an_in_process_probe(worker: ProbeWorker) -> None:
     remote = worker.run("tiny_mlp", cand(), SHORT, timeout=60)
     local = run_probe(load_workload("tiny_mlp"), cand(), "cpu", SHORT)
     assert isinstance(remote, ProbeResult)
-    assert remote.outcome == local.outcome == "completed"
+    assert remote.outcome == local.outcome == Outcome.COMPLETED
     assert remote.workload == local.workload == "autotune.workloads:tiny_mlp"
     assert remote.losses == pytest.approx(local.losses, rel=1e-5)
     assert remote.throughput > 0
@@ -81,21 +82,21 @@ def test_worker_result_matches_an_in_process_probe(worker: ProbeWorker) -> None:
 @pytest.mark.parametrize(
     ("ref", "candidate", "outcome"),
     [
-        ("autotune.testing.workloads:fp16_overflow", cand("fp16", 32, 0.001), "diverged"),
-        ("autotune.testing.workloads:oom_above_64", cand("fp32", 128), "oom"),
-        (CRASHING, cand(), "crashed"),
+        ("autotune.testing.workloads:fp16_overflow", cand("fp16", 32, 0.001), Outcome.DIVERGED),
+        ("autotune.testing.workloads:oom_above_64", cand("fp32", 128), Outcome.OOM),
+        (CRASHING, cand(), Outcome.CRASHED),
     ],
 )
 def test_failures_come_back_as_outcomes_and_the_worker_lives_on(
-    worker: ProbeWorker, ref: str, candidate: Candidate, outcome: str
+    worker: ProbeWorker, ref: str, candidate: Candidate, outcome: Outcome
 ) -> None:
     worker.run("tiny_mlp", cand(), SHORT, timeout=60)
     pid = worker.pid
     r = worker.run(ref, candidate, SHORT, timeout=60)
     assert r.outcome == outcome, r.reason
-    if outcome == "diverged":
+    if outcome == Outcome.DIVERGED:
         assert math.isnan(r.losses[-1])  # NaN survives the trip between processes
-    if outcome == "crashed":
+    if outcome == Outcome.CRASHED:
         assert r.reason == "ValueError: label 11 is out of range for 10 classes"
     assert worker.pid == pid
 
@@ -112,7 +113,7 @@ def test_user_errors_are_raised_in_the_parent(worker: ProbeWorker, ref: str, exp
     with pytest.raises(WorkloadError, match=expected) as info:
         worker.run(ref, cand(), SHORT, timeout=60)
     assert ref.split(":")[0] in str(info.value)
-    assert worker.run("tiny_mlp", cand(), SHORT, timeout=60).outcome == "completed"
+    assert worker.run("tiny_mlp", cand(), SHORT, timeout=60).outcome == Outcome.COMPLETED
 
 
 def test_hard_timeout_kills_the_probe_and_the_next_run_restarts_the_worker(
@@ -124,12 +125,12 @@ def test_hard_timeout_kills_the_probe_and_the_next_run_restarts_the_worker(
     started = time.perf_counter()
     r = worker.run("tiny_gpt", cand(batch_size=8, lr=0.003), endless, timeout=2)
     assert time.perf_counter() - started < 10
-    assert r.outcome == "crashed"
+    assert r.outcome == Outcome.CRASHED
     assert "hard time limit of 2s" in r.reason
     assert r.timed_out
     assert (r.planned_steps, r.batch_size) == (1_000_000, 8)
     after = worker.run("tiny_mlp", cand(), SHORT, timeout=60)
-    assert after.outcome == "completed", after.reason
+    assert after.outcome == Outcome.COMPLETED, after.reason
     assert worker.pid != pid
     assert worker.starts == starts + 1
 
@@ -140,14 +141,14 @@ def test_a_poisoned_cuda_context_restarts_the_worker_and_the_outcome_says_so(
     worker.run("tiny_mlp", cand(), SHORT, timeout=60)
     pid, starts = worker.pid, worker.starts
     r = worker.run("autotune.testing.workloads:cuda_context_lost", cand(), SHORT, timeout=60)
-    assert r.outcome == "crashed"
+    assert r.outcome == Outcome.CRASHED
     assert "illegal memory access" in r.reason
     assert "the probe worker was restarted" in r.reason
     # The poisoned process is gone; the next probe runs in a fresh one.
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     after = worker.run("tiny_mlp", cand(), SHORT, timeout=60)
-    assert after.outcome == "completed", after.reason
+    assert after.outcome == Outcome.COMPLETED, after.reason
     assert worker.pid != pid and worker.starts == starts + 1
 
 
@@ -172,11 +173,11 @@ def test_only_errors_that_corrupt_the_context_restart_the_worker(
 def test_in_process_runner_turns_a_crash_into_an_outcome(crashing_module: None) -> None:
     runner = InProcessRunner("cpu")
     r = runner.run(CRASHING, cand(), SHORT)
-    assert r.outcome == "crashed"
+    assert r.outcome == Outcome.CRASHED
     assert r.reason == "ValueError: label 11 is out of range for 10 classes"
     with pytest.raises(WorkloadError, match="loss must be a scalar tensor"):
         runner.run("autotune.testing.workloads:non_scalar_loss", cand(), SHORT)
-    assert runner.run("tiny_mlp", cand(), SHORT).outcome == "completed"
+    assert runner.run("tiny_mlp", cand(), SHORT).outcome == Outcome.COMPLETED
 
 
 def test_close_ends_the_worker_process(worker: ProbeWorker) -> None:
@@ -202,10 +203,10 @@ def test_a_workload_past_the_workers_memory_limit_is_an_oom_naming_the_limit(
     monkeypatch.setenv(HUNGRY_ENV, str(8 * 2**30))
     with ProbeWorker("cpu") as limited:
         r = limited.run("autotune.testing.workloads:hungry", cand(), SHORT, timeout=120)
-        assert r.outcome == "oom", r.reason
+        assert r.outcome == Outcome.OOM, r.reason
         assert "the worker may map at most 6.0 GiB (AUTOTUNE_WORKER_MEMORY" in r.reason
         pid = limited.pid
-        assert limited.run("tiny_mlp", cand(), SHORT, timeout=60).outcome == "completed"
+        assert limited.run("tiny_mlp", cand(), SHORT, timeout=60).outcome == Outcome.COMPLETED
         assert limited.pid == pid
 
 

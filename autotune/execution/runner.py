@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autotune.enums import Outcome
 from autotune.errors import AutotuneError
 from autotune.execution.facts import WorkerFacts
 from autotune.measure.knobs import poisons_context
@@ -106,7 +107,7 @@ def crashed_result(
         candidate=candidate,
         workload=workload,
         device=device,
-        outcome="crashed",
+        outcome=Outcome.CRASHED,
         reason=reason,
         seed=settings.seed,
         planned_steps=settings.steps,

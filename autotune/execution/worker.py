@@ -4,11 +4,15 @@ An OOM can leave an allocator fragmented, a CUDA error can poison a context, a p
 a worker process contains all of it. The worker imports torch once and keeps loaded workloads,
 so a trial costs only its probe. A probe that outlives its hard time limit, or a worker that
 dies, becomes a ``crashed`` result with the reason, and the next call starts a fresh worker.
+
+The two processes speak the typed messages of :mod:`autotune.execution.messages`; what each
+failure means to the caller is decided once, in ``ProbeWorker._ask``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import re
@@ -17,13 +21,14 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from loguru import logger
+from pydantic import BaseModel
 
+from autotune.enums import Outcome
 from autotune.errors import AutotuneError, WorkloadError
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.limits import (
@@ -33,6 +38,27 @@ from autotune.execution.limits import (
     worker_device,
     worker_env,
     worker_memory_limit,
+)
+from autotune.execution.messages import (
+    CompareRequest,
+    CrashReply,
+    DiagnoseRequest,
+    DiagnosisReply,
+    FactsReply,
+    FactsRequest,
+    MessageError,
+    PairedReply,
+    PoisonedReply,
+    ProbeRequest,
+    ReadyReply,
+    Reply,
+    Request,
+    ResultReply,
+    UserErrorReply,
+    WorkerMemory,
+    decode_reply,
+    decode_request,
+    encode,
 )
 from autotune.execution.runner import (
     RESTARTED,
@@ -51,37 +77,37 @@ __all__ = ["InProcessRunner", "ProbeWorker", "Runner", "WorkerMemory", "poisons_
 _GRACE = 15.0
 # How a failed allocation reads in a reason, beside torch's own OOM messages.
 _NO_MEMORY = (*OOM_MESSAGES, "MemoryError", "Cannot allocate memory")
+# The reply a request waits for.
+_Answer = TypeVar("_Answer", ResultReply, PairedReply, FactsReply, DiagnosisReply)
 
 
 @dataclass(frozen=True)
-class WorkerMemory:
-    """A CUDA device's memory as the worker saw it after its last request, in bytes.
+class _Failure:
+    """A request that brought no answer, as its caller reads it."""
 
-    ``reserved`` is what the worker's allocator holds (its cache included): the next probe
-    there reuses it, so it is the worker's own memory, never a neighbour's.
-    """
-
-    free: int
-    total: int
-    reserved: int
+    # The ``crashed`` result's reason.
+    reason: str
+    # The worker's own words ("Type: message"); "" when it said nothing: it died, or hung.
+    said: str = ""
+    timed_out: bool = False
 
 
-def _device_memory(device: str) -> list[int] | None:
-    """``[free, total, reserved]`` of the worker's CUDA device; None on a CPU or before CUDA
-    was used here (asking would open a context for nothing)."""
+def _device_memory(device: str) -> WorkerMemory | None:
+    """The worker's CUDA device's memory; None on a CPU or before CUDA was used here (asking
+    would open a context for nothing)."""
     try:
         dev = torch.device(device)
         if dev.type != "cuda" or not torch.cuda.is_initialized():
             return None
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         free, total = torch.cuda.mem_get_info(index)
-        return [int(free), int(total), int(torch.cuda.memory_reserved(index))]
+        return WorkerMemory(int(free), int(total), int(torch.cuda.memory_reserved(index)))
     except Exception:  # a broken context or an odd device name: no report, not a failure
         return None
 
 
 def _serve(requests: Any, replies: Any, device: str) -> None:
-    """The worker's loop: read a probe request line, run it, write the reply line.
+    """The worker's loop: read a request line, answer it, write the reply line.
 
     After an error that poisons the CUDA context it says so and returns: the process exits
     and the parent starts a fresh one for the next request.
@@ -91,74 +117,80 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
     """
     # Ctrl-C goes to the whole process group; the parent decides what to do with it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from autotune.measure.probe import run_probe
-    from autotune.workloads import load_workload
-
     shown = f"cuda:{device.partition(':')[2] or 0}" if device.startswith("cuda") else device
     device = worker_device(device)
     here = re.compile(rf"\b{re.escape(device)}\b") if device != shown else None
 
-    def send(*message: Any) -> None:
-        text = json.dumps(message)
-        replies.write((here.sub(shown, text) if here else text) + "\n")
+    def send(message: BaseModel) -> None:
+        text = encode(message)
+        replies.write(here.sub(shown, text) if here else text)
         replies.flush()
 
+    # Loaded before `ready`, as start() promises: the first probe pays only for itself.
+    importlib.import_module("autotune.measure.probe")
     cache: dict[str, Any] = {}
-    send("ready", os.getpid())
+    send(ReadyReply(pid=os.getpid()))
     for line in requests:
-        ref, candidate_json, settings_json, op, *extra = json.loads(line)
-        try:
-            if ref not in cache:
-                cache[ref] = load_workload(ref)
-            if op == "compare":
-                from autotune.measure.paired import run_paired
+        reply = _answer(line, cache, device)
+        send(reply)
+        if isinstance(reply, PoisonedReply):
+            return
 
-                candidate, reference = (
-                    Candidate.model_validate(c) for c in json.loads(candidate_json)
-                )
-                paired = run_paired(
-                    cache[ref],
-                    candidate,
-                    reference,
-                    device,
-                    ProbeSettings.model_validate_json(settings_json),
-                )
-                send("paired", paired.model_dump_json())
-                continue
-            if op == "facts":
-                from autotune.execution.facts import collect_facts
 
-                facts = collect_facts(ref, device).model_dump_json()
-                send("facts", facts, _device_memory(device))
-                continue
-            if op == "diagnose":
-                from autotune.diagnose import diagnose
+def _answer(line: str, cache: dict[str, Any], device: str) -> BaseModel:
+    """The reply to one request line; an exception becomes a reply too, by what it means (a
+    line that is no request, a bug, is a crash: the worker lives on)."""
+    from autotune.workloads import load_workload
 
-                settings = ProbeSettings.model_validate_json(settings_json)
-                found = diagnose(
-                    cache[ref],
-                    Candidate.model_validate_json(candidate_json),
-                    device,
-                    steps=settings.steps,
-                    seed=settings.seed,
-                )
-                send("diagnosis", found.model_dump_json(), _device_memory(device))
-                continue
-            result = run_probe(
-                cache[ref],
-                Candidate.model_validate_json(candidate_json),
-                device,
-                ProbeSettings.model_validate_json(settings_json),
-                early_stop=EarlyStop.model_validate_json(extra[0]) if extra and extra[0] else None,
-            )
-            send("result", result.model_dump_json(), _device_memory(device))
-        except AutotuneError as exc:
-            send("user_error", type(exc).__name__, str(exc))
-        except Exception as exc:  # a bug in the workload or in autotune: a crashed probe
-            if poisons_context(exc):
-                send("poisoned", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-                return
-            send("crash", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    try:
+        request = decode_request(line)
+        if request.workload not in cache:
+            cache[request.workload] = load_workload(request.workload)
+        workload = cache[request.workload]
+        if isinstance(request, CompareRequest):
+            return _compare(request, workload, device)
+        if isinstance(request, FactsRequest):
+            return _facts(request, device)
+        if isinstance(request, DiagnoseRequest):
+            return _diagnose(request, workload, device)
+        return _probe(request, workload, device)
+    except AutotuneError as exc:
+        return UserErrorReply.from_exception(exc)
+    except Exception as exc:  # a bug in the workload or in autotune: a crashed probe
+        if poisons_context(exc):
+            return PoisonedReply.from_exception(exc)
+        return CrashReply.from_exception(exc)
+
+
+def _probe(request: ProbeRequest, workload: Any, device: str) -> ResultReply:
+    from autotune.measure.probe import run_probe
+
+    result = run_probe(
+        workload, request.candidate, device, request.settings, early_stop=request.early_stop
+    )
+    return ResultReply(result=result, memory=_device_memory(device))
+
+
+def _compare(request: CompareRequest, workload: Any, device: str) -> PairedReply:
+    from autotune.measure.paired import run_paired
+
+    paired = run_paired(workload, request.candidate, request.reference, device, request.settings)
+    return PairedReply(paired=paired)
+
+
+def _facts(request: FactsRequest, device: str) -> FactsReply:
+    from autotune.execution.facts import collect_facts
+
+    return FactsReply(facts=collect_facts(request.workload, device), memory=_device_memory(device))
+
+
+def _diagnose(request: DiagnoseRequest, workload: Any, device: str) -> DiagnosisReply:
+    from autotune.diagnose import diagnose
+
+    found = diagnose(workload, request.candidate, device, steps=request.steps, seed=request.seed)
+    # Its JSON, as the in-process runner returns it.
+    diagnosis = json.loads(found.model_dump_json())
+    return DiagnosisReply(diagnosis=diagnosis, memory=_device_memory(device))
 
 
 def main() -> None:
@@ -243,21 +275,26 @@ class ProbeWorker(Runner):
         self._requests = os.fdopen(req_w, "w")
         self._replies = os.fdopen(rep_r, "r")
         reply = self._recv(120)
-        if reply is None or reply[0] != "ready":
+        if not isinstance(reply, ReadyReply):
             self._stop(kill=True)
             raise RuntimeError("the probe worker did not start within 120 s")
         self.starts += 1
         logger.debug("worker pid {} started for {}", proc.pid, self.device)
 
-    def _recv(self, timeout: float) -> list | None:
-        """One reply line, or None when none came within ``timeout`` or the worker is gone."""
+    def _recv(self, timeout: float) -> Reply | None:
+        """One reply, or None when none came within ``timeout``.
+
+        Raises:
+            EOFError: the worker closed its pipe (it died).
+            MessageError: the line is no reply.
+        """
         ready, _, _ = select.select([self._replies], [], [], timeout)
         if not ready:
             return None
         line = self._replies.readline()
         if not line:
             raise EOFError("worker closed its pipe")
-        return json.loads(line)
+        return decode_reply(line)
 
     def _stop(self, kill: bool = False) -> None:
         if self._proc is None:
@@ -284,7 +321,7 @@ class ProbeWorker(Runner):
         return reason
 
     def _noted_result(self, result: ProbeResult) -> ProbeResult:
-        if result.reason and (result.outcome == "oom" or result.outcome == "crashed"):
+        if result.reason and (result.outcome in (Outcome.OOM, Outcome.CRASHED)):
             return result.model_copy(update={"reason": self._noted(result.reason)})
         return result
 
@@ -316,67 +353,20 @@ class ProbeWorker(Runner):
             WorkloadError, SpecError, DeviceError: the user's mistake, raised again here.
         """
         hard = timeout if timeout is not None else settings.time_limit + _GRACE
-        started = time.perf_counter()
-        try:
-            reply = self._exchange("probe", workload, candidate, settings, hard, early_stop)
-        except (EOFError, OSError, ValueError):
-            how = _death(self._proc)
-            self._stop(kill=True)
+        request = ProbeRequest(
+            workload=workload, candidate=candidate, settings=settings, early_stop=early_stop
+        )
+        answer = self._ask(request, ResultReply, hard, doing="probe")
+        if isinstance(answer, _Failure):
             return crashed_result(
                 workload,
                 candidate,
                 self.device,
                 settings,
-                f"worker process died ({how}) during the probe",
+                answer.reason,
+                timed_out=answer.timed_out,
             )
-        if reply is None:
-            self._stop(kill=True)
-            return crashed_result(
-                workload,
-                candidate,
-                self.device,
-                settings,
-                f"probe exceeded its hard time limit of {hard:.0f}s; worker stopped "
-                f"after {time.perf_counter() - started:.0f}s",
-                timed_out=True,
-            )
-        kind = reply[0]
-        if kind == "result":
-            return self._noted_result(ProbeResult.model_validate_json(reply[1]))
-        if kind == "user_error":
-            from autotune import errors
-
-            raise getattr(errors, reply[1], WorkloadError)(self._noted(reply[2]))
-        if kind == "poisoned":
-            # The worker has exited; the next request starts a fresh one.
-            logger.warning("{}: {}\n{}", RESTARTED, reply[1], reply[2])
-            self._stop(kill=True)
-            return crashed_result(
-                workload, candidate, self.device, settings, f"{reply[1]}; {RESTARTED}"
-            )
-        logger.debug("probe crashed in worker:\n{}", reply[2])
-        return crashed_result(workload, candidate, self.device, settings, self._noted(reply[1]))
-
-    def _exchange(
-        self,
-        op: str,
-        workload: str,
-        candidate: Candidate,
-        settings: ProbeSettings,
-        timeout: float,
-        early_stop: EarlyStop | None = None,
-    ) -> list | None:
-        """Send one request (starting the worker if needed); its reply, or None on timeout."""
-        self.start()
-        request = [workload, candidate.model_dump_json(), settings.model_dump_json(), op]
-        if early_stop is not None:
-            request.append(early_stop.model_dump_json())
-        self._requests.write(json.dumps(request) + "\n")
-        self._requests.flush()
-        reply = self._recv(timeout)
-        if reply is not None and reply[0] in ("result", "facts", "diagnosis") and len(reply) > 2:
-            self.memory = WorkerMemory(*reply[2]) if reply[2] else None
-        return reply
+        return self._noted_result(answer.result)
 
     def compare(
         self,
@@ -389,74 +379,33 @@ class ProbeWorker(Runner):
     ) -> PairedResult:
         """Run a paired measurement in the worker; a crashed arm when the worker hung or died."""
         hard = timeout if timeout is not None else settings.time_limit + _GRACE
-        started = time.perf_counter()
-        both = json.dumps([candidate.model_dump(mode="json"), reference.model_dump(mode="json")])
-        reason = ""
-        try:
-            self.start()
-            request = [workload, both, settings.model_dump_json(), "compare"]
-            self._requests.write(json.dumps(request) + "\n")
-            self._requests.flush()
-            reply = self._recv(hard)
-        except (EOFError, OSError, ValueError):
-            how = _death(self._proc)
-            self._stop(kill=True)
-            reply, reason = None, f"worker process died ({how}) during the paired run"
-        timed_out = False
-        if reply is None and not reason:
-            self._stop(kill=True)
-            timed_out = True
-            reason = (
-                f"paired run exceeded its hard time limit of {hard:.0f}s; worker stopped after "
-                f"{time.perf_counter() - started:.0f}s"
+        request = CompareRequest(
+            workload=workload, candidate=candidate, reference=reference, settings=settings
+        )
+        answer = self._ask(request, PairedReply, hard, doing="paired run")
+        if isinstance(answer, _Failure):
+            arms = (
+                crashed_result(
+                    workload, arm, self.device, settings, answer.reason, timed_out=answer.timed_out
+                )
+                for arm in (candidate, reference)
             )
-        elif reply is not None and reply[0] == "paired":
-            paired = PairedResult.model_validate_json(reply[1])
-            return paired.model_copy(
-                update={
-                    "candidate": self._noted_result(paired.candidate),
-                    "reference": self._noted_result(paired.reference),
-                }
-            )
-        elif reply is not None and reply[0] == "user_error":
-            from autotune import errors
-
-            raise getattr(errors, reply[1], WorkloadError)(self._noted(reply[2]))
-        elif reply is not None:
-            reason = self._noted(reply[1])
-        return PairedResult(
-            candidate=crashed_result(
-                workload, candidate, self.device, settings, reason, timed_out=timed_out
-            ),
-            reference=crashed_result(
-                workload, reference, self.device, settings, reason, timed_out=timed_out
-            ),
+            return PairedResult(candidate=next(arms), reference=next(arms))
+        paired = answer.paired
+        return paired.model_copy(
+            update={
+                "candidate": self._noted_result(paired.candidate),
+                "reference": self._noted_result(paired.reference),
+            }
         )
 
     def facts(self, workload: str, *, timeout: float = 120.0) -> WorkerFacts:
-        reply = None
-        try:
-            reply = self._exchange(
-                "facts",
-                workload,
-                Candidate(precision="fp32", batch_size=1, learning_rate=1.0),
-                ProbeSettings(),
-                timeout,
-            )
-        except (EOFError, OSError, ValueError):
-            reply = None
-        if reply is None:
-            self._stop(kill=True)
+        answer = self._ask(FactsRequest(workload=workload), FactsReply, timeout, doing="facts")
+        if not isinstance(answer, _Failure):
+            return answer.facts
+        if not answer.said:
             raise RuntimeError(f"the probe worker did not answer about workload {workload!r}")
-        if reply[0] == "facts":
-            return WorkerFacts.model_validate_json(reply[1])
-        if reply[0] == "user_error":
-            from autotune import errors
-
-            raise getattr(errors, reply[1], WorkloadError)(reply[2])
-        if reply[0] == "poisoned":
-            self._stop(kill=True)
-        raise WorkloadError(f"workload {workload!r} could not be inspected: {reply[1]}")
+        raise WorkloadError(f"workload {workload!r} could not be inspected: {answer.said}")
 
     def diagnose(
         self,
@@ -467,18 +416,66 @@ class ProbeWorker(Runner):
         seed: int = 0,
         timeout: float = 60.0,
     ) -> dict | None:
-        """Run :func:`autotune.diagnose.diagnose` in the worker; its JSON, or None when the
-        worker hung or died (the diagnosis is evidence, never a reason to fail a search)."""
-        settings = ProbeSettings(steps=steps, seed=seed)
+        """Run :func:`autotune.diagnose.diagnose` in the worker; its JSON, or None when it could
+        not run (the diagnosis is evidence, never a reason to fail a search)."""
+        request = DiagnoseRequest(workload=workload, candidate=candidate, steps=steps, seed=seed)
         try:
-            reply = self._exchange("diagnose", workload, candidate, settings, timeout)
-        except (EOFError, OSError, ValueError):
-            reply = None
-        if reply is None or reply[0] != "diagnosis":
-            if reply is None or reply[0] == "poisoned":
-                self._stop(kill=True)
+            answer = self._ask(request, DiagnosisReply, timeout, doing="diagnosis")
+        except AutotuneError:
             return None
-        return json.loads(reply[1])
+        return None if isinstance(answer, _Failure) else answer.diagnosis
+
+    def _ask(
+        self, request: Request, answer: type[_Answer], timeout: float, *, doing: str
+    ) -> _Answer | _Failure:
+        """Send one request (starting the worker if needed) and wait for its reply ``answer``:
+        the one place that says what each way of failing means to the caller.
+
+        1. The worker died (or its reply could not be read): it is stopped; the reason says how.
+        2. No reply within ``timeout``: the worker is killed; the failure is ``timed_out``.
+        3. A user error: raised again here, as its own class.
+        4. A poisoned CUDA context: the worker has exited; stopped, and the reason says so.
+        5. A crash (or a reply of another kind): the worker lives on; its message is the reason.
+
+        Raises:
+            AutotuneError: the user's mistake, raised in the worker (its message noted with the
+                worker's memory limit where that may be what ran out).
+        """
+        started = time.perf_counter()
+        try:
+            self.start()
+            self._requests.write(encode(request))
+            self._requests.flush()
+            reply = self._recv(timeout)
+        except MessageError as exc:
+            self._stop(kill=True)
+            return _Failure(f"the probe worker's reply to the {doing} could not be read: {exc}")
+        except (EOFError, OSError, ValueError):
+            how = _death(self._proc)
+            self._stop(kill=True)
+            return _Failure(f"worker process died ({how}) during the {doing}")
+        if reply is None:
+            self._stop(kill=True)
+            return _Failure(
+                f"{doing} exceeded its hard time limit of {timeout:.0f}s; worker stopped after "
+                f"{time.perf_counter() - started:.0f}s",
+                timed_out=True,
+            )
+        if isinstance(reply, ResultReply | FactsReply | DiagnosisReply):
+            self.memory = reply.memory
+        if isinstance(reply, answer):
+            return reply
+        if isinstance(reply, UserErrorReply):
+            raise reply.exception(self._noted(reply.message))
+        if isinstance(reply, PoisonedReply):
+            logger.warning("{}: {}\n{}", RESTARTED, reply.message, reply.traceback)
+            self._stop(kill=True)
+            return _Failure(f"{reply.message}; {RESTARTED}", said=reply.message)
+        if isinstance(reply, CrashReply):
+            logger.debug("{} crashed in worker:\n{}", doing, reply.traceback)
+            return _Failure(self._noted(reply.message), said=reply.message)
+        said = f"the worker answered a {request.op} request with a {reply.kind!r} reply"
+        return _Failure(said, said=said)
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
