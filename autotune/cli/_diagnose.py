@@ -182,6 +182,14 @@ def _share(x: float) -> str:
 
 
 def _print(d: Any) -> None:
+    """The diagnosis for a person: what ran, its worst layers, where it broke, what to do."""
+    _print_run(d)
+    if d.layers:
+        _print_layers(d)
+    _print_verdict(d)
+
+
+def _print_run(d: Any) -> None:
     c = d.candidate
     settings = f"{c.precision} bs={c.batch_size} lr={c.learning_rate:.3g}"
     if c.precision == "fp16":
@@ -193,52 +201,63 @@ def _print(d: Any) -> None:
         f"{d.wall_seconds:.1f}s, loss {losses}, skipped steps {d.skipped_steps}",
         highlight=False,
     )
-    if d.layers:
-        short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-        limit = f"{d.limit:,.0f}" if d.limit < 1e7 else f"{d.limit:.3g}"
-        worst = d.worst(SHOWN_LAYERS)
-        table = Table(
-            title=f"worst layers ({short.get(d.dtype, d.dtype)} limit {limit})",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-        )
-        # The names matter most: the type column gives way on a narrow terminal (the numbers
-        # take about 60 columns).
-        name_width = max(len(s.label) for s in worst)
-        with_type = console.width >= name_width + 70
-        table.add_column("layer", min_width=min(40, name_width))
-        if with_type:
-            table.add_column("type", overflow="ellipsis", no_wrap=True, max_width=12)
-        table.add_column("dtype", no_wrap=True)
-        for col in ("|act|", "of limit", "inf/nan", "|grad|", "uflow"):
-            table.add_column(col, justify="right", no_wrap=True)
-        for s in worst:
-            first = d.first_nonfinite == s.name and d.first_nonfinite_pass in (
-                "forward",
-                "backward",
-            )
-            table.add_row(
-                s.label,
-                *([s.type] if with_type else []),
-                short.get(s.dtype, s.dtype),
-                _fmt(s.act_max),
-                _share(s.act_limit_ratio),
-                f"{s.act_nonfinite}/{s.grad_nonfinite}",
-                _fmt(s.grad_max),
-                "—" if s.grad_underflow is None else f"{s.grad_underflow:.1%}",
-                style="bold red" if first else None,
-            )
-        console.print(table)
+
+
+def _print_layers(d: Any) -> None:
+    """The worst layers as a table, with what its columns mean."""
+    console.print(_layer_table(d))
+    console.print(
+        "  [dim]|act| |grad|: largest size (fp32, unscaled); inf/nan: non-finite values "
+        "forward/backward; uflow: share of gradient values flushed to zero[/]",
+        highlight=False,
+    )
+    if len(d.layers) > SHOWN_LAYERS:
         console.print(
-            "  [dim]|act| |grad|: largest size (fp32, unscaled); inf/nan: non-finite values "
-            "forward/backward; uflow: share of gradient values flushed to zero[/]",
+            f"  {len(d.layers) - SHOWN_LAYERS} more layers: --json lists them all",
             highlight=False,
         )
-        if len(d.layers) > SHOWN_LAYERS:
-            console.print(
-                f"  {len(d.layers) - SHOWN_LAYERS} more layers: --json lists them all",
-                highlight=False,
-            )
+
+
+def _layer_table(d: Any) -> Table:
+    short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+    limit = f"{d.limit:,.0f}" if d.limit < 1e7 else f"{d.limit:.3g}"
+    worst = d.worst(SHOWN_LAYERS)
+    table = Table(
+        title=f"worst layers ({short.get(d.dtype, d.dtype)} limit {limit})",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    # The names matter most: the type column gives way on a narrow terminal (the numbers
+    # take about 60 columns).
+    name_width = max(len(s.label) for s in worst)
+    with_type = console.width >= name_width + 70
+    table.add_column("layer", min_width=min(40, name_width))
+    if with_type:
+        table.add_column("type", overflow="ellipsis", no_wrap=True, max_width=12)
+    table.add_column("dtype", no_wrap=True)
+    for col in ("|act|", "of limit", "inf/nan", "|grad|", "uflow"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for s in worst:
+        first = d.first_nonfinite == s.name and d.first_nonfinite_pass in (
+            "forward",
+            "backward",
+        )
+        table.add_row(
+            s.label,
+            *([s.type] if with_type else []),
+            short.get(s.dtype, s.dtype),
+            _fmt(s.act_max),
+            _share(s.act_limit_ratio),
+            f"{s.act_nonfinite}/{s.grad_nonfinite}",
+            _fmt(s.grad_max),
+            "—" if s.grad_underflow is None else f"{s.grad_underflow:.1%}",
+            style="bold red" if first else None,
+        )
+    return table
+
+
+def _print_verdict(d: Any) -> None:
+    """Where the first non-finite value appeared, the verdict, and what to do about it."""
     if d.first_nonfinite_pass is not None:
         where = (
             f"`{d.first_nonfinite or '(model)'}`"

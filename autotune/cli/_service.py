@@ -13,10 +13,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotune.cli._app import app, console, fail, setup_logging
+from autotune.enums import StudyState
 from autotune.errors import AutotuneError, SpecError
 
 if TYPE_CHECKING:
-    from autotune.service import ServiceClient
+    from autotune.service import ServiceClient, TuningService
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
@@ -102,23 +103,8 @@ def serve(  # noqa: PLR0913 - a typer command: its parameters are its command-li
 ) -> None:
     """Run the tuning service: queue studies, run their probes where there is room, serve status
     and results over HTTP (API docs at /docs). SIGTERM or Ctrl-C drains it."""
-    import sys
-
     setup_logging(verbose)
-    import uvicorn
-
-    from autotune.service import (
-        KEEP_ALIVE,
-        MAX_HEAD,
-        DrainFirstServer,
-        SlowClientGuard,
-        TuningService,
-        check_bind,
-        create_app,
-        is_loopback,
-        load_token,
-        parse_devices,
-    )
+    from autotune.service import TuningService, check_bind, load_token, parse_devices
     from autotune.spec import parse_duration
     from autotune.study.storage import mask_url
 
@@ -134,20 +120,7 @@ def serve(  # noqa: PLR0913 - a typer command: its parameters are its command-li
                 "AUTOTUNE_TOKEN"
             )
         names = parse_devices(devices)
-        dirs = []
-        for d in workload_dir or []:
-            if not d.is_dir():
-                raise SpecError(f"--workload-dir {str(d)!r} is not a folder; pass an existing one")
-            dirs.append(d.resolve())
-        # The service and its workers import workloads from these folders (and nothing else
-        # outside the built-ins: the policy checks every submitted reference first).
-        if os.getcwd() not in sys.path:
-            sys.path.append(os.getcwd())
-        for d in reversed(dirs):
-            sys.path.insert(0, str(d))
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            [*map(str, dirs), *filter(None, [os.environ.get("PYTHONPATH")])]
-        )
+        dirs = _workload_dirs(workload_dir or [])
         service = TuningService(
             storage, names, out_dir=out, workload_dirs=dirs, token=token, max_budget=longest
         )
@@ -172,6 +145,45 @@ def serve(  # noqa: PLR0913 - a typer command: its parameters are its command-li
             f"resuming after an unclean stop: {', '.join(recovered)} back in the queue",
             highlight=False,
         )
+    _run_server(service, sock, host, private=private, verbose=verbose)
+
+
+def _workload_dirs(given: list[Path]) -> list[Path]:
+    """The --workload-dir folders, resolved, put on this process's and its workers' import
+    path: the service and its workers import workloads from these folders (and nothing else
+    outside the built-ins: the policy checks every submitted reference first)."""
+    import sys
+
+    dirs = []
+    for d in given:
+        if not d.is_dir():
+            raise SpecError(f"--workload-dir {str(d)!r} is not a folder; pass an existing one")
+        dirs.append(d.resolve())
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    for d in reversed(dirs):
+        sys.path.insert(0, str(d))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [*map(str, dirs), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    return dirs
+
+
+def _run_server(
+    service: TuningService, sock: socket.socket, host: str, *, private: bool, verbose: bool
+) -> None:
+    """Serve the app on the bound socket until SIGTERM or Ctrl-C drains it."""
+    import uvicorn
+
+    from autotune.service import (
+        KEEP_ALIVE,
+        MAX_HEAD,
+        DrainFirstServer,
+        SlowClientGuard,
+        create_app,
+        is_loopback,
+    )
+
     config = uvicorn.Config(
         create_app(service, loopback_only=is_loopback(host), private=private),
         log_config=None,
@@ -230,12 +242,12 @@ def _tp(value: float | None) -> str:
 
 
 _STATE_STYLE = {
-    "queued": "cyan",
-    "running": "bold yellow",
-    "done": "green",
-    "failed": "red",
-    "cancelled": "dim",
-    "paused": "bold red",
+    StudyState.QUEUED: "cyan",
+    StudyState.RUNNING: "bold yellow",
+    StudyState.DONE: "green",
+    StudyState.FAILED: "red",
+    StudyState.CANCELLED: "dim",
+    StudyState.PAUSED: "bold red",
 }
 
 

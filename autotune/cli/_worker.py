@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from autotune.cli._app import app, console, err_console, fail, setup_logging
 from autotune.errors import AutotuneError, SpecError
+
+if TYPE_CHECKING:
+    from autotune.spec import StudySpec
 
 
 @app.command()
@@ -38,42 +41,20 @@ def worker(
     by another, and validation runs once, in whichever worker reaches it first.
     """
     setup_logging(verbose)
-    import optuna
-
     from autotune.search import Budget, SearchInterrupted, run_search
-    from autotune.spec import load_spec, parse_spec
-    from autotune.study import study_keys
-    from autotune.study.storage import mask_url, open_storage, open_study
+    from autotune.spec import load_spec
+    from autotune.study.storage import open_study
 
     try:
-        if spec_file is None and study is None:
-            raise SpecError(
-                "give a spec file or --study NAME; e.g. autotune worker --study resnet18 --storage URL"
-            )
         if spec_file is not None:
             spec = load_spec(spec_file)
             spec = spec.with_overrides({"storage": storage, "device": device, "name": study})
+        elif study is not None:
+            spec = _stored_spec(study, storage, device)
         else:
-            if storage is None:
-                raise SpecError("--study needs --storage URL: the storage the study lives in")
-            opened = open_storage(storage)
-            try:
-                stored = optuna.load_study(study_name=study, storage=opened)
-            except KeyError:
-                names = ", ".join(
-                    sorted(s.study_name for s in optuna.get_all_study_summaries(opened))
-                )
-                raise SpecError(
-                    f"study {study!r} does not exist in {mask_url(storage)!r} (studies there: "
-                    f"{names or 'none'}); start it with `autotune search` or a worker given its spec"
-                ) from None
-            data = stored.user_attrs.get(study_keys.SPEC)
-            if not isinstance(data, dict):
-                raise SpecError(f"study {study!r} was not made by autotune: it has no stored spec")
-            data = {**data, "storage": storage}
-            if device is not None:
-                data["device"] = device
-            spec = parse_spec(data, source=f"stored spec of study {study!r}")
+            raise SpecError(
+                "give a spec file or --study NAME; e.g. autotune worker --study resnet18 --storage URL"
+            )
         # Join the window a running search opened; open one when there is none.
         opened_study = open_study(spec)
         shared = Budget.shared(opened_study)
@@ -103,6 +84,38 @@ def worker(
         ),
         highlight=False,
     )
+
+
+def _stored_spec(study: str, storage: str | None, device: str | None) -> StudySpec:
+    """The spec an existing study stored, on this worker's storage URL and device.
+
+    Raises:
+        SpecError: no --storage, no such study there, or a study autotune did not make.
+    """
+    import optuna
+
+    from autotune.spec import parse_spec
+    from autotune.study import study_keys
+    from autotune.study.storage import mask_url, open_storage
+
+    if storage is None:
+        raise SpecError("--study needs --storage URL: the storage the study lives in")
+    opened = open_storage(storage)
+    try:
+        stored = optuna.load_study(study_name=study, storage=opened)
+    except KeyError:
+        names = ", ".join(sorted(s.study_name for s in optuna.get_all_study_summaries(opened)))
+        raise SpecError(
+            f"study {study!r} does not exist in {mask_url(storage)!r} (studies there: "
+            f"{names or 'none'}); start it with `autotune search` or a worker given its spec"
+        ) from None
+    data = stored.user_attrs.get(study_keys.SPEC)
+    if not isinstance(data, dict):
+        raise SpecError(f"study {study!r} was not made by autotune: it has no stored spec")
+    data = {**data, "storage": storage}
+    if device is not None:
+        data["device"] = device
+    return parse_spec(data, source=f"stored spec of study {study!r}")
 
 
 # A study whose budget is spent without a config gets this share of its budget to finish

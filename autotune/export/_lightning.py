@@ -158,10 +158,9 @@ def _unplaced(cfg: TunedConfig, missing: dict[str, str], in_file: bool) -> list[
     return out
 
 
-def lightning(
-    cfg: TunedConfig, device: str, model: type | None, datamodule: type | None
-) -> tuple[Export, list[str]]:
-    """The export, and a warning for each tuned value it could not place."""
+def _trainer_kwargs(cfg: TunedConfig, device: str) -> dict[str, Any]:
+    """The Trainer's arguments: the mode (fp16 with the tuned GradScaler), and the callback
+    that checks the tuned settings as training starts."""
     accelerator = "cuda" if device == "cuda" else "cpu"
     kwargs: dict[str, Any] = {"accelerator": accelerator, "benchmark": True}
     scaler = tuned_scaler(cfg)
@@ -187,6 +186,34 @@ def lightning(
         "lr_scaling": cfg.evidence.lr_scaling,
     }
     kwargs["callbacks"] = [Obj(_CHECK, check)]
+    return kwargs
+
+
+def _notes(cfg: TunedConfig, device: str) -> list[str]:
+    """What a person is told: where the lr goes, what the check callback does, and the lr
+    schedule the lr was tuned under."""
+    notes = [
+        lr_note(cfg, "the optimizer configure_optimizers builds"),
+        "the Trainer's TunedSettingsCheck callback refuses another optimizer than the lr was "
+        "tuned for, and warns when the first step's lr or batch size is not the tuned one",
+        *common_notes(cfg, device, "lightning"),
+    ]
+    schedule = tuned_schedule(cfg)
+    if schedule != "constant":
+        notes.insert(
+            1,
+            f"the lr was tuned under the {schedule} lr schedule: configure_optimizers returns "
+            "that scheduler with the optimizer, as the tuned LightningModule's does (for a "
+            "Hugging Face schedule name, transformers.get_scheduler builds it)",
+        )
+    return notes
+
+
+def lightning(
+    cfg: TunedConfig, device: str, model: type | None, datamodule: type | None
+) -> tuple[Export, list[str]]:
+    """The export, and a warning for each tuned value it could not place."""
+    kwargs = _trainer_kwargs(cfg, device)
     model_kwargs, data_kwargs, missing = _place(cfg, model, datamodule)
     trainer = walk(kwargs, Obj.described)  # LightningCLI's class_path and init_args
     file: dict[str, Any] = {"trainer": trainer}
@@ -203,25 +230,11 @@ def lightning(
     if optimizer is not None:
         file["optimizer"] = optimizer
         args += flags("", {"optimizer": optimizer})
-    notes = [
-        lr_note(cfg, "the optimizer configure_optimizers builds"),
-        "the Trainer's TunedSettingsCheck callback refuses another optimizer than the lr was "
-        "tuned for, and warns when the first step's lr or batch size is not the tuned one",
-        *common_notes(cfg, device, "lightning"),
-    ]
-    schedule = tuned_schedule(cfg)
-    if schedule != "constant":
-        notes.insert(
-            1,
-            f"the lr was tuned under the {schedule} lr schedule: configure_optimizers returns "
-            "that scheduler with the optimizer, as the tuned LightningModule's does (for a "
-            "Hugging Face schedule name, transformers.get_scheduler builds it)",
-        )
     ex = make_export(
         "lightning",
         cfg,
         device,
-        notes,
+        _notes(cfg, device),
         kwargs,
         file,
         args,

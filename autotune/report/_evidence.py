@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from datetime import datetime
 
+from autotune.config import TunedConfig
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._format import (
     noise_text,
@@ -18,7 +19,7 @@ from autotune.report._format import (
 from autotune.report._plots import REF_COLOR, Figure, ref_label
 from autotune.report._svg import Plot, esc, mode_color, nice_range
 from autotune.spec import ValidationSettings
-from autotune.study.reference import ReferenceMeasurement
+from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.trials import label as params_label
 
 __all__ = ["drifted", "reference_figure", "validation_figure"]
@@ -27,6 +28,8 @@ _DRIFT = "#c0392b"
 _SEARCH = "#8c8c8c"
 # What validation's bar was when a stored spec does not say (older studies).
 _MIN_SPEEDUP = float(ValidationSettings.model_fields["min_speedup"].default)
+# A row of the validation chart: name, speedup, its interval's low and high, colour.
+_Row = tuple[str, float, float | None, float | None, str]
 
 
 def drifted(measurements: list[ReferenceMeasurement]) -> list[bool]:
@@ -66,11 +69,30 @@ def reference_figure(data: ReportData) -> Figure:
                 "to show."
             ),
         )
-    t0 = ms[0].at
-    span = ms[-1].at - t0
-    minutes = span >= 120
-    scale = 60.0 if minutes else 1.0
-    xs = [(m.at - t0) / scale for m in ms]
+    minutes = _in_minutes(ms)
+    xs = [(m.at - ms[0].at) / (60.0 if minutes else 1.0) for m in ms]
+    plot = _reference_axes(ms, xs, minutes)
+    median = statistics.median(m.throughput for m in ms)
+    if len(ms) > 1:
+        plot.hline(median, "#999", label=f"median {median:,.1f}", dash="2 3")
+        plot.line([(x, m.throughput) for x, m in zip(xs, ms, strict=True)], REF_COLOR, width=1.2)
+    moved = drifted(ms)
+    for x, m, drift in zip(xs, ms, moved, strict=True):
+        _draw_measurement(plot, x, m, drift)
+    legend = [("measurement", REF_COLOR, "dot")]
+    if any(moved):
+        legend.append(("drifted from the previous one", _DRIFT, "dot"))
+    caption = _reference_caption(data, ref, ms, moved)
+    return Figure(plot.render(), caption=caption, legend=legend)
+
+
+def _in_minutes(ms: list[ReferenceMeasurement]) -> bool:
+    """Whether the time axis counts minutes (the measurements span two or more), else seconds."""
+    return ms[-1].at - ms[0].at >= 120
+
+
+def _reference_axes(ms: list[ReferenceMeasurement], xs: list[float], minutes: bool) -> Plot:
+    """Time since the first measurement across; samples/s up, over every interval."""
     lows = [measured_interval(m)[0] or m.throughput for m in ms]
     highs = [measured_interval(m)[1] or m.throughput for m in ms]
     y_lo, y_hi, y_ticks = nice_range(min(lows) * 0.97, max(highs) * 1.03)
@@ -87,23 +109,32 @@ def reference_figure(data: ReportData) -> Figure:
         x_label=f"{'minutes' if minutes else 'seconds'} since its first measurement",
         y_label="samples/s",
     )
+    return plot
+
+
+def _draw_measurement(plot: Plot, x: float, m: ReferenceMeasurement, drift: bool) -> None:
+    """One measurement with its interval, red when it moved out of the previous one's."""
+    low, high = measured_interval(m)
+    when = datetime.fromtimestamp(m.at).strftime("%H:%M:%S")
+    tip = (
+        f"{when}: {throughput_text(m.throughput, low, high, unit=' samples/s')}, "
+        f"{m.blocks} timed blocks, "
+        + (f"spread {m.spread:.1%}" if m.spread else "too few for a spread")
+    ) + (": moved outside the previous interval (drift)" if drift else "")
+    color = _DRIFT if drift else REF_COLOR
+    if low is not None and high is not None:
+        plot.errorbar(x, low, high, color, title=tip)
+    plot.marker(x, m.throughput, color, title=tip)
+
+
+def _reference_caption(
+    data: ReportData, ref: ReferenceRecord, ms: list[ReferenceMeasurement], moved: list[bool]
+) -> str:
+    """How often the reference was measured, over how long, how far it ranged and drifted."""
+    minutes = _in_minutes(ms)
+    span = ms[-1].at - ms[0].at
+    scale = 60.0 if minutes else 1.0
     median = statistics.median(m.throughput for m in ms)
-    if len(ms) > 1:
-        plot.hline(median, "#999", label=f"median {median:,.1f}", dash="2 3")
-        plot.line([(x, m.throughput) for x, m in zip(xs, ms, strict=True)], REF_COLOR, width=1.2)
-    moved = drifted(ms)
-    for x, m, drift in zip(xs, ms, moved, strict=True):
-        low, high = measured_interval(m)
-        when = datetime.fromtimestamp(m.at).strftime("%H:%M:%S")
-        tip = (
-            f"{when}: {throughput_text(m.throughput, low, high, unit=' samples/s')}, "
-            f"{m.blocks} timed blocks, "
-            + (f"spread {m.spread:.1%}" if m.spread else "too few for a spread")
-        ) + (": moved outside the previous interval (drift)" if drift else "")
-        color = _DRIFT if drift else REF_COLOR
-        if low is not None and high is not None:
-            plot.errorbar(x, low, high, color, title=tip)
-        plot.marker(x, m.throughput, color, title=tip)
     rng = (max(m.throughput for m in ms) - min(m.throughput for m in ms)) / median
     caption = (
         f"The fp32 reference ({ref_label(ref)}, {data.reference_where}) measured "
@@ -119,10 +150,7 @@ def reference_figure(data: ReportData) -> Figure:
             "re-measurements moved outside the previous interval (drift)."
         )
     caption += f" Timing noise: {noise_text(data.noise, data.noise_interval)}."
-    legend = [("measurement", REF_COLOR, "dot")]
-    if any(moved):
-        legend.append(("drifted from the previous one", _DRIFT, "dot"))
-    return Figure(plot.render(), caption=caption, legend=legend)
+    return caption
 
 
 def validation_figure(data: ReportData) -> Figure:
@@ -141,29 +169,8 @@ def validation_figure(data: ReportData) -> Figure:
                 ev.validation_note,
             ),
         )
-    win = data.winner
-    rec = data.rec(win) if win is not None else None
-    search = ev.search_speedup if ev.search_speedup is not None else (rec.speedup if rec else None)
-    s_low = rec.speedup_low if rec is not None else None
-    s_high = rec.speedup_high if rec is not None else None
-    rows: list[tuple[str, float, float | None, float | None, str]] = []
-    if search is not None:
-        name = f"search · trial {win.number}" if win is not None else "search"
-        rows.append((name, search, s_low, s_high, _SEARCH))
-    blocks = f", {ev.paired_blocks} paired blocks" if ev.paired_blocks else ""
-    rows.append(
-        (
-            f"validation{blocks}",
-            ev.speedup,
-            ev.speedup_low,
-            ev.speedup_high,
-            mode_color(cfg.precision),
-        )
-    )
-    stored = data.spec.get("validation")
-    bar = float(
-        stored.get("min_speedup", _MIN_SPEEDUP) if isinstance(stored, dict) else _MIN_SPEEDUP
-    )
+    rows = _speedup_rows(data, cfg)
+    bar = _min_speedup(data)
     values = [v for _, s, lo, hi, _ in rows for v in (s, lo, hi) if v is not None] + [1.0, bar]
     x_lo, x_hi, x_ticks = nice_range(min(values) * 0.95, max(values) * 1.05)
     row_h = 40
@@ -188,6 +195,7 @@ def validation_figure(data: ReportData) -> Figure:
             f"<title>{esc(text)}</title></circle>"
         )
         plot.text(plot.plot_left - 8, y + 4, name, anchor="end", size=12)
+    win = data.winner
     caption = (
         f"The winner ({params_label(win.params) if win is not None else cfg.precision}) as the "
         "search measured it (against the reference measured close in time) and as validation "
@@ -197,3 +205,36 @@ def validation_figure(data: ReportData) -> Figure:
     if ev.search_optimism is not None:
         caption += f" Search optimism: {optimism_text(ev.search_optimism)}."
     return Figure(plot.render(), caption=caption)
+
+
+def _speedup_rows(data: ReportData, cfg: TunedConfig) -> list[_Row]:
+    """The winner's speedup as the search measured it (when known) and as validation did."""
+    ev = cfg.evidence
+    win = data.winner
+    rec = data.rec(win) if win is not None else None
+    search = ev.search_speedup if ev.search_speedup is not None else (rec.speedup if rec else None)
+    s_low = rec.speedup_low if rec is not None else None
+    s_high = rec.speedup_high if rec is not None else None
+    rows: list[_Row] = []
+    if search is not None:
+        name = f"search · trial {win.number}" if win is not None else "search"
+        rows.append((name, search, s_low, s_high, _SEARCH))
+    blocks = f", {ev.paired_blocks} paired blocks" if ev.paired_blocks else ""
+    rows.append(
+        (
+            f"validation{blocks}",
+            ev.speedup,
+            ev.speedup_low,
+            ev.speedup_high,
+            mode_color(cfg.precision),
+        )
+    )
+    return rows
+
+
+def _min_speedup(data: ReportData) -> float:
+    """Validation's bar: the stored spec's min_speedup (the default for older studies)."""
+    stored = data.spec.get("validation")
+    return float(
+        stored.get("min_speedup", _MIN_SPEEDUP) if isinstance(stored, dict) else _MIN_SPEEDUP
+    )

@@ -18,11 +18,7 @@ from autotune.report._data import ReportData, measured_interval
 from autotune.report._format import ceiling_text, ratio_text, sentences, throughput_text
 from autotune.report._svg import PALETTE, Plot, mode_color, nice_range
 from autotune.study.reference import ReferenceRecord
-from autotune.study.trials import (
-    DEFAULT_INIT_SCALE,
-    display_outcome,
-    is_feasible,
-)
+from autotune.study.trials import DEFAULT_INIT_SCALE, TrialRecord, display_outcome, is_feasible
 from autotune.study.trials import label as params_label
 
 __all__ = [
@@ -38,13 +34,7 @@ __all__ = [
 
 REF_COLOR = "#4d4d4d"
 # A ceiling's cause, short enough for its label on the chart (the tooltip says it in full).
-_LIMIT_WORDS = {
-    "memory": "memory",
-    "margin": "memory margin",
-    "time": "time",
-    "cap": "cap",
-    "crash": "crash",
-}
+_LIMIT_WORDS = dict(memory="memory", margin="memory margin", time="time", cap="cap", crash="crash")
 _BAD = "#c0392b"
 
 
@@ -232,29 +222,19 @@ def _curve(batch_size: int, losses: list[float | None]) -> list[tuple[float, flo
 
 def loss_figure(data: ReportData) -> Figure:
     """The winner's loss against the fp32 reference's on a samples-seen axis: the parity check."""
-    ref, win = data.reference, data.winner
+    ref = data.reference
     if ref is None or not ref.losses:
         return Figure(None, note="The fp32 reference has no loss curve yet: nothing to compare.")
-    curves = [("fp32 reference · " + ref_label(ref), _curve(ref.batch_size, ref.losses), REF_COLOR)]
-    win_rec = data.rec(win) if win is not None else None
-    same = (
-        win is None
-        or win_rec is None
-        or not win_rec.losses
-        or (
-            win.params.get("precision") == ref.precision
-            and win.params.get("batch_size") == ref.batch_size
-            and win_rec.learning_rate is not None
-            and math.isclose(win_rec.learning_rate, ref.learning_rate, rel_tol=1e-9)
-        )
-    )
-    if not same:
-        assert win is not None and win_rec is not None
-        color = mode_color(win.params["precision"])
-        if win.params["precision"] == "fp32":
-            color = PALETTE[1]
+    # Each run drawn: (name, losses, batch size, colour); the reference's first.
+    runs = [("fp32 reference · " + ref_label(ref), ref.losses, ref.batch_size, REF_COLOR)]
+    other = _other_winner(data, ref)
+    if other is not None:
+        win, win_rec = other
+        mode = win.params["precision"]
+        color = PALETTE[1] if mode == "fp32" else mode_color(mode)
         name = f"winner · trial {win.number} · {params_label(win.params)}"
-        curves.append((name, _curve(int(win.params["batch_size"]), win_rec.losses), color))
+        runs.append((name, win_rec.losses, int(win.params["batch_size"]), color))
+    curves = [(name, _curve(bs, losses), color) for name, losses, bs, color in runs]
     points = [(x, y) for _, pts, _ in curves for x, y in pts if y is not None]
     if not points:
         return Figure(None, note="Every recorded loss is non-finite: nothing to draw.")
@@ -267,20 +247,12 @@ def loss_figure(data: ReportData) -> Figure:
         "Training loss at every step of the search probes (warm-up included) against samples "
         "seen, so runs with different batch sizes line up."
     )
-    if not same:
-        assert win is not None and win_rec is not None
-        bs_w, bs_r = int(win.params["batch_size"]), ref.batch_size
-        shared = min(len(win_rec.losses) * bs_w, len(ref.losses) * bs_r)
-        if shared > 0:
-            plot.band(shared / 2, shared, "#4c72b0", label="parity window")
-            for losses, bs, color in (
-                (win_rec.losses, bs_w, curves[1][2]),
-                (ref.losses, bs_r, REF_COLOR),
-            ):
-                finite = [float("nan") if v is None else float(v) for v in losses]
-                mean = smoothed_loss_at(finite, bs, shared)
-                if mean is not None:
-                    plot.line([(shared / 2, mean), (shared, mean)], color, width=3, dash="2 3")
+    if other is None:
+        caption = sentences(caption, data.winner_note or "The winner is the fp32 reference itself")
+    else:
+        win_rec = other[1]
+        reference_run, winner_run = ((losses, bs, color) for _, losses, bs, color in runs)
+        _draw_parity_window(plot, [winner_run, reference_run])
         if win_rec.parity_gap is not None:
             caption += (
                 f" Over the shaded window the winner's mean loss is {win_rec.parity_gap:+.1%} "
@@ -290,11 +262,36 @@ def loss_figure(data: ReportData) -> Figure:
         ev = data.config.evidence if data.config else None
         if ev is not None and ev.parity_gap is not None:
             caption += f" The validation reruns, with a fresh seed, measured {ev.parity_gap:+.1%}."
-    else:
-        caption = sentences(caption, data.winner_note or "The winner is the fp32 reference itself")
     for name, pts, color in curves:
         plot.line(pts, color, width=2.2, title=name)
     return Figure(plot.render(), caption=caption, legend=[(n, c, "line") for n, _, c in curves])
+
+
+def _other_winner(data: ReportData, ref: ReferenceRecord) -> tuple[FrozenTrial, TrialRecord] | None:
+    """The winner and its record, if it has a loss curve and is not the reference's settings."""
+    win = data.winner
+    if win is None or not (win_rec := data.rec(win)).losses:
+        return None
+    same = (
+        win.params.get("precision") == ref.precision
+        and win.params.get("batch_size") == ref.batch_size
+        and win_rec.learning_rate is not None
+        and math.isclose(win_rec.learning_rate, ref.learning_rate, rel_tol=1e-9)
+    )
+    return None if same else (win, win_rec)
+
+
+def _draw_parity_window(plot: Plot, runs: list[tuple[list[float | None], int, str]]) -> None:
+    """The window parity is judged over, each run's mean loss there dotted across it."""
+    shared = min(len(losses) * bs for losses, bs, _ in runs)
+    if shared <= 0:
+        return
+    plot.band(shared / 2, shared, "#4c72b0", label="parity window")
+    for losses, bs, color in runs:
+        finite = [float("nan") if v is None else float(v) for v in losses]
+        mean = smoothed_loss_at(finite, bs, shared)
+        if mean is not None:
+            plot.line([(shared / 2, mean), (shared, mean)], color, width=3, dash="2 3")
 
 
 def _scale_points(data: ReportData, t: FrozenTrial) -> tuple[list[tuple[float, float]], str]:

@@ -34,7 +34,7 @@ from autotune.search._hardware import lower_ceiling
 from autotune.search._reference import ReferenceKeeper
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.study import study_keys
-from autotune.study.reference import ReferenceMeasurement
+from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.storage import owner_id
 from autotune.study.trials import (
     TrialRecord,
@@ -107,23 +107,44 @@ class TrialStep:
             self._copy(trial, twin)
             return
         self.twins_in_row = 0
-        if cand.precision not in modes:
-            why = ctx.cut.get(cand.precision, f"{cand.precision} was cut on this device")
-            self.prune(trial, Outcome.UNSUPPORTED, why)
-            return
-        ceiling = ctx.ceilings.get(cand.precision, 0)
-        if cand.batch_size > ceiling and role is None:
-            self.prune(
-                trial,
-                Outcome.ABOVE_CEILING,
-                f"batch_size={cand.batch_size} is above the {cand.precision} ceiling {ceiling}",
-            )
+        if self._prune_if_unrunnable(trial, cand, modes, role):
             return
         reference = self.refs.current()
         if self._is_reference(cand):
             # The reference itself, listed as a candidate: its measurement is the reference's.
             self._complete_as_reference(trial, reference)
             return
+        result = self._probe(cand, left, reference)
+        logger.info("trial {}: {}", trial.number, result.summary())
+        self._record_result(trial, result)
+        self._tell(trial, cand, result, reference)
+
+    def _prune_if_unrunnable(
+        self, trial: optuna.Trial, cand: Candidate, modes: list[str], role: str | None
+    ) -> bool:
+        """Prune a candidate no probe can run: a mode cut on this device, or a batch above the
+        mode's ceiling (a baseline runs there anyway). True when it was pruned."""
+        if cand.precision not in modes:
+            why = self.ctx.cut.get(cand.precision, f"{cand.precision} was cut on this device")
+            self.prune(trial, Outcome.UNSUPPORTED, why)
+            return True
+        ceiling = self.ctx.ceilings.get(cand.precision, 0)
+        if cand.batch_size > ceiling and role is None:
+            self.prune(
+                trial,
+                Outcome.ABOVE_CEILING,
+                f"batch_size={cand.batch_size} is above the {cand.precision} ceiling {ceiling}",
+            )
+            return True
+        return False
+
+    def _probe(self, cand: Candidate, left: float, reference: ReferenceMeasurement) -> ProbeResult:
+        """Probe the candidate within what is left of the budget.
+
+        Raises:
+            SearchStopped: the probe crashed because the search was asked to stop.
+        """
+        ctx = self.ctx
         settings = self._settings(left)
         result = ctx.run_probe(
             cand,
@@ -134,8 +155,17 @@ class TrialStep:
         if result.outcome == Outcome.CRASHED and ctx.should_stop():
             # The probe was cut short by the stop itself (Ctrl-C kills the worker's probe).
             raise SearchStopped(f"study {ctx.spec.name!r} was asked to stop")
-        logger.info("trial {}: {}", trial.number, result.summary())
-        self._record_result(trial, result)
+        return result
+
+    def _tell(
+        self,
+        trial: optuna.Trial,
+        cand: Candidate,
+        result: ProbeResult,
+        reference: ReferenceMeasurement,
+    ) -> None:
+        """Tell the study what the probe found: completed, failed (and retried), or pruned."""
+        ctx = self.ctx
         # What the trial measured for; its compiling is no measure of how long trials take.
         measured = result.wall_seconds - (result.compile_seconds or 0.0)
         if result.outcome == Outcome.COMPLETED:
@@ -259,6 +289,7 @@ class TrialStep:
     def _complete(
         self, trial: optuna.Trial, result: ProbeResult, reference: ReferenceMeasurement
     ) -> None:
+        """Store a completed probe's speedup, parity and objective, and tell the study."""
         ctx = self.ctx
         ref = self.refs.record
         assert ref is not None
@@ -268,9 +299,6 @@ class TrialStep:
                 cand, result.throughput, reference, same_work=self._same_work(cand)
             )
         trial.set_user_attr(study_keys.MEASUREMENT, self.refs.name(reference))
-        tol = ctx.spec.parity_tolerance
-        # A fresh seed alone moves a loss curve: the reference's repeats say by how much.
-        noise = ref.seed_noise(tol)
         rec = TrialRecord(reference_throughput=reference.throughput)
         if reference.throughput > 0:
             rec.speedup = result.throughput / reference.throughput
@@ -279,34 +307,8 @@ class TrialStep:
                 _half_width(result.throughput, result.throughput_low, result.throughput_high),
                 _half_width(reference.throughput, reference.low, reference.high),
             )
-        measured = parity_gap(result.losses, result.batch_size, ref.finite_losses, ref.batch_size)
-        rec.decided_by = "full probe"
-        rec.parity_samples = min(
-            len(result.losses) * result.batch_size, len(ref.finite_losses) * ref.batch_size
-        )
-        gap = None
-        if measured is None:
-            constraint = 1.0
-            rec.reason = "parity: loss curve not comparable"
-        else:
-            gap, loss, ref_loss = measured
-            constraint = gap - (tol + noise)
-            rec.loss, rec.ref_loss, rec.parity_gap = loss, ref_loss, gap
-            if constraint > 0:
-                rec.reason = (
-                    f"parity: loss {loss:.4g} is {gap:+.1%} vs the fp32 reference's "
-                    f"{ref_loss:.4g} (tolerance {tol:.0%} + seed noise {noise:.1%})"
-                )
-        constraints = {"parity": constraint}
-        if ctx.spec.objective == "time_to_loss":
-            target = statistics.fmean(ref.finite_losses[-3:]) if ref.finite_losses else math.inf
-            seconds = time_to_loss(result.losses, result.batch_size, result.throughput, target)
-            if seconds is None:
-                constraints["reaches_reference_loss"] = 1.0
-                seconds = _NEVER
-            value = seconds
-        else:
-            value = rec.speedup or 0.0
+        constraints = {"parity": self._parity(rec, result, ref)}
+        value = self._objective(rec, result, ref, constraints)
         feasible = all(v <= 0 for v in constraints.values())
         if not feasible:
             rec.outcome = Outcome.INFEASIBLE
@@ -320,10 +322,52 @@ class TrialStep:
                 reason=rec.reason,
                 throughput=result.throughput,
                 speedup=rec.speedup,
-                gap=gap,
+                gap=rec.parity_gap,
                 standing=standing(self.study, reference),
             )
         )
+
+    def _parity(self, rec: TrialRecord, result: ProbeResult, ref: ReferenceRecord) -> float:
+        """The loss-parity constraint (feasible at 0 or below), its figures written on ``rec``:
+        the gap may be the tolerance plus the reference's own seed-to-seed spread."""
+        tol = self.ctx.spec.parity_tolerance
+        # A fresh seed alone moves a loss curve: the reference's repeats say by how much.
+        noise = ref.seed_noise(tol)
+        measured = parity_gap(result.losses, result.batch_size, ref.finite_losses, ref.batch_size)
+        rec.decided_by = "full probe"
+        rec.parity_samples = min(
+            len(result.losses) * result.batch_size, len(ref.finite_losses) * ref.batch_size
+        )
+        if measured is None:
+            rec.reason = "parity: loss curve not comparable"
+            return 1.0
+        gap, loss, ref_loss = measured
+        constraint = gap - (tol + noise)
+        rec.loss, rec.ref_loss, rec.parity_gap = loss, ref_loss, gap
+        if constraint > 0:
+            rec.reason = (
+                f"parity: loss {loss:.4g} is {gap:+.1%} vs the fp32 reference's "
+                f"{ref_loss:.4g} (tolerance {tol:.0%} + seed noise {noise:.1%})"
+            )
+        return constraint
+
+    def _objective(
+        self,
+        rec: TrialRecord,
+        result: ProbeResult,
+        ref: ReferenceRecord,
+        constraints: dict[str, float],
+    ) -> float:
+        """The trial's objective: its speedup, or its time to the reference's loss (a run that
+        never reaches it adds a failed constraint to ``constraints``)."""
+        if self.ctx.spec.objective != "time_to_loss":
+            return rec.speedup or 0.0
+        target = statistics.fmean(ref.finite_losses[-3:]) if ref.finite_losses else math.inf
+        seconds = time_to_loss(result.losses, result.batch_size, result.throughput, target)
+        if seconds is None:
+            constraints["reaches_reference_loss"] = 1.0
+            seconds = _NEVER
+        return seconds
 
     def _complete_as_reference(self, trial: optuna.Trial, reference: ReferenceMeasurement) -> None:
         ref = self.refs.record
