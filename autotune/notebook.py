@@ -14,13 +14,14 @@ import sys
 from collections import Counter
 from typing import Any, TextIO
 
+from autotune.enums import Outcome
 from autotune.search import Budget, Event, PhaseStarted, TrialFinished, TrialStarted
 from autotune.study.trials import label as params_label
 
 __all__ = ["NotebookProgress"]
 
 # Outcomes of a result event that leave a trial complete; "crashed" is failed; the rest pruned.
-_COMPLETE = ("completed", "infeasible", "reused")
+_COMPLETE = (Outcome.COMPLETED, Outcome.INFEASIBLE, Outcome.REUSED)
 
 
 class NotebookProgress:
@@ -106,8 +107,12 @@ class NotebookProgress:
 
     def _on_result(self, event: TrialFinished) -> None:
         outcome = event.outcome
-        key = "complete" if outcome in _COMPLETE else "failed" if outcome == "crashed" else "pruned"
-        self.counts[key] += 1
+        if outcome in _COMPLETE:
+            self.counts["complete"] += 1
+        elif outcome == Outcome.CRASHED:
+            self.counts["failed"] += 1
+        else:
+            self.counts["pruned"] += 1
         self.current = ""
         standing = event.standing
         if standing is not None and standing.best_params:

@@ -29,6 +29,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from autotune.enums import Outcome
 from autotune.search import (
     Budget,
     CeilingFound,
@@ -44,8 +45,8 @@ from autotune.study.trials import label as params_label
 __all__ = ["SearchProgress", "candidate_label", "params_label", "scale_text"]
 
 # Outcomes of a "result" event that leave a trial COMPLETE; "crashed" is FAIL; the rest PRUNED.
-_COMPLETE = ("completed", "infeasible")
-_FAILED = ("crashed",)
+_COMPLETE = (Outcome.COMPLETED, Outcome.INFEASIBLE)
+_FAILED = (Outcome.CRASHED,)
 
 
 def _seconds(value: float) -> str:
@@ -256,7 +257,7 @@ class SearchProgress:
         if self.current is not None and self.current[0] == number:
             head += f" {self.current[1]}"
         self.current = None
-        if outcome == "reused":
+        if outcome == Outcome.REUSED:
             self.counts["reused"] += 1
             self.last = f"{head}: {event.reason or 'measurement reused'}"
         elif outcome in _COMPLETE:
@@ -264,7 +265,7 @@ class SearchProgress:
             self.last = f"{head}: {event.throughput or 0.0:,.1f} samples/s"
             if event.speedup is not None:
                 self.last += f" ({event.speedup:.2f}x)"
-            if outcome == "infeasible":
+            if outcome == Outcome.INFEASIBLE:
                 self.counts["infeasible"] += 1
                 self.last += " — infeasible (loss parity)"
                 self._log_infeasible(number, event.gap)

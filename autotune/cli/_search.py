@@ -14,6 +14,7 @@ from rich.markup import escape
 
 import autotune
 from autotune.cli._app import app, console, err_console, fail, parse_sets, setup_logging, warn
+from autotune.enums import Outcome
 from autotune.errors import AutotuneError, SpecError, StorageIOError
 from autotune.logs import JSON_ENV, log_to_file
 from autotune.redact import mask_url
@@ -396,5 +397,5 @@ def _print_probe(result: Any) -> None:
             f"loss {result.losses[0]:.4g} → {result.losses[-1]:.4g}; skipped steps {result.skipped_steps}",
             highlight=False,
         )
-    if result.outcome not in ("completed",):
+    if result.outcome != Outcome.COMPLETED:
         raise typer.Exit(1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from autotune.enums import Outcome
 from autotune.spec import Candidate
 from autotune.study.trials import DEFAULT_INIT_SCALE, candidate, record
 from autotune.workloads import Workload
@@ -46,7 +47,7 @@ def worst_diverged_trial(trials: Iterable[Any], precision: str = "fp16") -> Any 
     diverged = [
         (t, record(t))
         for t in trials
-        if t.params.get("precision") == precision and record(t).outcome == "diverged"
+        if t.params.get("precision") == precision and record(t).outcome == Outcome.DIVERGED
     ]
 
     def key(pair: tuple[Any, Any]) -> tuple[int, float]:

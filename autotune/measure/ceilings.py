@@ -17,12 +17,13 @@ import torch
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune.enums import Outcome
 from autotune.measure.result import ProbeResult
 
 __all__ = ["Ceiling", "CeilingTry", "find_ceiling", "memory_budget"]
 
-# What counts as "does not fit": an OOM, or a peak that eats into the shared margin.
-_FAILS = ("oom",)
+# What counts as "does not fit": an OOM or a crash, or a peak that eats into the shared margin.
+_FAILS = (Outcome.OOM, Outcome.CRASHED)
 
 
 class CeilingTry(BaseModel):
@@ -30,7 +31,7 @@ class CeilingTry(BaseModel):
 
     batch_size: int
     fits: bool
-    outcome: str
+    outcome: Outcome
     peak_memory: int | None = None
     note: str = ""
 
@@ -97,12 +98,13 @@ def find_ceiling(  # noqa: PLR0913 - public API: the try function, then keyword-
         A Ceiling with the size, what limited it and every try in order.
 
     Example:
+        >>> from autotune.enums import Outcome
         >>> from autotune.measure.result import ProbeResult
         >>> from autotune.spec import Candidate
         >>> def probe(bs):  # a device where anything above 80 runs out of memory
         ...     cand = Candidate(precision="fp32", batch_size=bs, learning_rate=0.1)
         ...     return ProbeResult(candidate=cand, workload="w", device="cpu",
-        ...                        outcome="oom" if bs > 80 else "completed")
+        ...                        outcome=Outcome.OOM if bs > 80 else Outcome.COMPLETED)
         >>> c = find_ceiling(probe, "fp32", start=16, cap=1024)
         >>> c.sizes_tried, c.batch_size, c.limited_by
         ([16, 32, 64, 128, 96, 80, 88], 80, 'memory')
@@ -115,7 +117,7 @@ def find_ceiling(  # noqa: PLR0913 - public API: the try function, then keyword-
         if stop_when is not None and stop_when(result):
             stopped[0] = True
         peak = result.peak_memory
-        ok = result.outcome not in _FAILS and result.outcome != "crashed"
+        ok = result.outcome not in _FAILS
         note = result.reason if not ok else ""
         if ok and budget_bytes is not None and peak is not None and peak > budget_bytes:
             ok = False
@@ -163,4 +165,4 @@ def _limited_by(tries: list[CeilingTry], *, hit_cap: bool, stopped: bool) -> str
     if stopped:
         return "time"
     last_fail = next(t for t in reversed(tries) if not t.fits)
-    return {"oom": "memory", "crashed": "crash"}.get(last_fail.outcome, "margin")
+    return {Outcome.OOM: "memory", Outcome.CRASHED: "crash"}.get(last_fail.outcome, "margin")

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from loguru import logger
 
+from autotune.enums import Outcome
 from autotune.measure.knobs import compile_failure
 from autotune.measure.memory import PeakMemory, memory_cap
 from autotune.measure.precision import PrecisionMode, apply_backend_flags, get_mode, resolve_device
@@ -102,9 +103,9 @@ def run_paired(
             other = "reference" if name == "candidate" else "candidate"
             return PairedResult(
                 **{
-                    name: ProbeResult(**bases[name], outcome="unsupported", reason=why),
+                    name: ProbeResult(**bases[name], outcome=Outcome.UNSUPPORTED, reason=why),
                     other: ProbeResult(
-                        **bases[other], outcome="unsupported", reason=f"the {name} arm: {why}"
+                        **bases[other], outcome=Outcome.UNSUPPORTED, reason=f"the {name} arm: {why}"
                     ),
                 }
             )
@@ -177,7 +178,7 @@ class _Pair:
         self.engines, self.runs = engines, runs
         self.set_flags, self.seed = set_flags, seed
         self.modes = {name: get_mode(engines[name].candidate.precision) for name in engines}
-        self.ended: dict[str, tuple[str, str]] = {}
+        self.ended: dict[str, tuple[Outcome, str]] = {}
         self.peaks: dict[str, Any] = {}
 
     def arm(self, name: str, action: Any) -> bool:
@@ -191,11 +192,11 @@ class _Pair:
             failed = compile_failure(engine.candidate, exc)
             if failed is None:
                 raise
-            self.ended[name] = ("compile_failed", failed)
+            self.ended[name] = (Outcome.COMPILE_FAILED, failed)
             return False
         if oom is not None:
             bs = engine.candidate.batch_size
-            self.ended[name] = ("oom", f"out of memory at batch_size={bs}: {oom}")
+            self.ended[name] = (Outcome.OOM, f"out of memory at batch_size={bs}: {oom}")
             return False
         return bool(holder and holder[0])
 

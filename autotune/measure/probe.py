@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from loguru import logger
 
+from autotune.enums import Outcome
 from autotune.measure.knobs import compile_failure
 from autotune.measure.memory import PeakMemory, release_memory
 from autotune.measure.precision import (
@@ -154,7 +155,7 @@ def run_probe(
     }
     reason = _unsupported(dev).get(mode.name)
     if reason is not None:
-        return ProbeResult(**base, outcome="unsupported", reason=reason)
+        return ProbeResult(**base, outcome=Outcome.UNSUPPORTED, reason=reason)
     with leave_no_trace():
         # A caller inside torch.no_grad() still gets a training run; the mode is restored.
         torch.set_grad_enabled(True)
@@ -177,7 +178,7 @@ def _check_autocast(mode: PrecisionMode, dev: torch.device) -> dict[str, Any] | 
         return None
     return {
         "autocast_dtype": str(got).replace("torch.", ""),
-        "outcome": "unsupported",
+        "outcome": Outcome.UNSUPPORTED,
         "reason": f"autocast fell back to {got} instead of {mode.autocast_dtype}",
     }
 
@@ -212,13 +213,15 @@ def _train(  # noqa: PLR0913 - run_probe's resolved inputs, passed on once
     if failed is not None:
         # Outside the except block: its traceback would keep the half-built graphs alive.
         release_memory(dev)
-        out.update(outcome="compile_failed", reason=failed, throughput=0.0, autocast_dtype=dtype)
+        out.update(
+            outcome=Outcome.COMPILE_FAILED, reason=failed, throughput=0.0, autocast_dtype=dtype
+        )
         return out
     if oom is not None:
         return {
             **out,
             "autocast_dtype": dtype,
-            "outcome": "oom",
+            "outcome": Outcome.OOM,
             "throughput": 0.0,
             "reason": f"out of memory at batch_size={candidate.batch_size}, step {engine.steps}: {oom}",
         }

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 from loguru import logger
 
+from autotune.enums import Outcome
 from autotune.measure.memory import memory_cap, restart_peak
 from autotune.measure.parity import parity_gap
 from autotune.measure.precision import PrecisionMode
@@ -129,7 +130,7 @@ class TimedRun:
         self.skipped_at_start = 0
         # The share of device memory kept free while the run runs (memory_cap); None: no cap.
         self.memory_margin: float | None = getattr(settings, "memory_margin", None)
-        self.outcome, self.reason = "completed", ""
+        self.outcome, self.reason = Outcome.COMPLETED, ""
         self.truncated = False
         self.check_seconds = 0.0
 
@@ -174,7 +175,7 @@ class TimedRun:
 
     def _diverged(self, reason: str | None) -> bool:
         if reason:
-            self.outcome, self.reason = "diverged", reason
+            self.outcome, self.reason = Outcome.DIVERGED, reason
         return reason is not None
 
     def over_time(self) -> bool:
@@ -296,7 +297,7 @@ class TimedRun:
         if rule.below is not None and len(self.blocks) >= rule.after_blocks and settled:
             est = median_interval(self.rates())
             if est.high < rule.below:
-                self.outcome = "slower"
+                self.outcome = Outcome.SLOWER
                 self.reason = (
                     f"slower: upper bound {est.high:,.0f} < best {rule.below:,.0f} samples/s "
                     f"after {len(self.blocks)} blocks"
@@ -311,7 +312,7 @@ class TimedRun:
                 rule.reference_batch_size,
             )
             if found is not None and found[0] > rule.parity_gap:
-                self.outcome = "off_parity"
+                self.outcome = Outcome.OFF_PARITY
                 self.parity_samples = samples
                 self.reason = (
                     f"off parity: loss {found[0]:+.1%} vs the fp32 reference's at {samples:,} "
@@ -394,7 +395,7 @@ class TimedRun:
         out["timed_steps"] = timed_steps
         out["timed_seconds"] = seconds
         out["blocks"] = [(b.steps, b.seconds) for b in self.blocks]
-        if rates and self.outcome in ("completed", "slower", "off_parity"):
+        if rates and self.outcome in (Outcome.COMPLETED, Outcome.SLOWER, Outcome.OFF_PARITY):
             est = median_interval(rates)
             out["throughput"] = est.value
             out["throughput_low"] = est.low

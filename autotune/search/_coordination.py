@@ -15,6 +15,7 @@ from loguru import logger
 from optuna.trial import TrialState
 
 from autotune import clock
+from autotune.enums import Outcome
 from autotune.study.storage import (
     GRACE_PERIOD,
     HEARTBEAT_INTERVAL,
@@ -26,7 +27,6 @@ from autotune.study.storage import (
 from autotune.study.trials import TrialRecord, record, write_attrs
 
 __all__ = [
-    "NOT_RUN",
     "SETTLE_WAIT",
     "claim_validation",
     "fail_orphans",
@@ -36,8 +36,7 @@ __all__ = [
     "settle",
 ]
 
-# The outcome of a trial the search queued (enqueue_trial) and never ran.
-NOT_RUN = "not_run"
+# Why a trial the search queued (enqueue_trial) never ran (its outcome: Outcome.NOT_RUN).
 NOT_RUN_REASON = "queued, but the search ended before it ran; a resumed search runs it first"
 
 ORPHAN_REASON = (
@@ -103,7 +102,7 @@ def fail_orphans(study: optuna.Study) -> list[int]:
         if record(trial).worker != me:
             continue
         try:
-            stale = TrialRecord(outcome="stale", reason=ORPHAN_REASON).to_attrs()
+            stale = TrialRecord(outcome=Outcome.STALE, reason=ORPHAN_REASON).to_attrs()
             write_attrs(storage, trial._trial_id, stale)
             if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
                 continue
@@ -147,7 +146,7 @@ def fail_waiting(study: optuna.Study) -> list[int]:
         try:
             if storage.get_trial(trial._trial_id).state != TrialState.WAITING:
                 continue  # another worker has just started it
-            attrs = TrialRecord(outcome=NOT_RUN, reason=NOT_RUN_REASON).to_attrs()
+            attrs = TrialRecord(outcome=Outcome.NOT_RUN, reason=NOT_RUN_REASON).to_attrs()
             write_attrs(storage, trial._trial_id, attrs)
             if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
                 failed.append(trial.number)
@@ -170,7 +169,7 @@ def requeue_not_run(study: optuna.Study) -> list[int]:
     queued = []
     for t in trials:
         params, rec = t.system_attrs.get("fixed_params"), record(t)
-        if t.state != TrialState.FAIL or rec.outcome != NOT_RUN or not params:
+        if t.state != TrialState.FAIL or rec.outcome != Outcome.NOT_RUN or not params:
             continue
         later = [
             u.system_attrs.get("fixed_params", u.params) for u in trials if u.number > t.number

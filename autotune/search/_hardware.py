@@ -170,7 +170,7 @@ def jump_size(
     Example:
         >>> from autotune.spec import Candidate
         >>> cand = Candidate(precision="fp32", batch_size=32, learning_rate=0.1)
-        >>> r = ProbeResult(candidate=cand, workload="w", device="cpu", outcome="completed",
+        >>> r = ProbeResult(candidate=cand, workload="w", device="cpu", outcome=Outcome.COMPLETED,
         ...                 step_time=0.01, peak_memory_allocated=2**20)
         >>> jump_size(r, 32, 256, 2**30, 1.0), jump_size(r, 32, 256, 2**30, 0.1)
         (256, 128)

@@ -488,7 +488,7 @@ def _write_up(study: optuna.Study, outcome: _Outcome, out: Path, budget: Budget)
         path=path,
         study=study,
         reference=outcome.reference,
-        baselines={"amp_recipe": baseline(roles.get(Role.AMP_RECIPE))},
+        baselines={Role.AMP_RECIPE: baseline(roles.get(Role.AMP_RECIPE))},
         rejected=outcome.rejected,
         cut=ctx.cut,
         ceilings=ctx.ceilings,

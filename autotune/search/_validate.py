@@ -26,6 +26,7 @@ import optuna
 from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.enums import Outcome
 from autotune.measure.parity import parity_gap
 from autotune.measure.result import PairedResult
 from autotune.measure.stats import MIN_VALUES
@@ -270,7 +271,7 @@ def rejection_summary(trials: Iterable[FrozenTrial]) -> list[Rejection]:
         if rec.duplicate_of is not None:
             continue
         outcome = display_outcome(t)
-        if outcome is None or outcome == "completed" or t.state == TrialState.WAITING:
+        if outcome is None or outcome == Outcome.COMPLETED or t.state == TrialState.WAITING:
             continue
         key = (str(t.params.get("precision", "?")), outcome)
         groups[key] += 1

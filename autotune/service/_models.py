@@ -112,7 +112,7 @@ class CancelReply(_Model):
     """A study was cancelled, or is being stopped."""
 
     name: str
-    state: Literal["cancelled", "cancelling"]
+    state: Literal[StudyState.CANCELLED, "cancelling"]
     message: str
 
 

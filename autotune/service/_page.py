@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from autotune import clock
 from autotune.config import TunedConfig
+from autotune.enums import StudyState
 from autotune.errors import StorageError
 from autotune.report import collect, load_study, render_html
 from autotune.service._models import DeviceInfo, Health, StudyDetail, StudyStatus
@@ -84,9 +85,9 @@ def overview(service: TuningService) -> Overview:
     queued: list[StudyStatus] = []
     finished: list[StudyStatus] = []
     for status in service.studies():
-        if status.state in ("done", "failed", "cancelled"):
+        if status.state.finished:
             finished.append(status)
-        elif status.state == "queued":
+        elif status.state == StudyState.QUEUED:
             queued.append(status)
         else:  # at most one a device
             with contextlib.suppress(RequestError):  # gone between the two reads
@@ -96,7 +97,7 @@ def overview(service: TuningService) -> Overview:
     configs = {}
     for status in shown:
         row = rows.get(status.name)
-        if status.state != "done" or row is None:
+        if status.state != StudyState.DONE or row is None:
             continue
         standing = service.standings.get(row.name, (row.state, row.finished_at), final=True)
         # Without a readable config, the study is shown with its detail instead.

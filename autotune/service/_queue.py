@@ -311,7 +311,7 @@ class StudyQueue:
                 return self.get(row.name)
         return None
 
-    def finish(self, name: str, state: str, *, error: str | None = None) -> None:
+    def finish(self, name: str, state: StudyState, *, error: str | None = None) -> None:
         """Record that a running study ended: done, failed (with the error) or cancelled."""
         with self._db(write=True) as conn:
             conn.execute(

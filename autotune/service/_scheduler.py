@@ -37,6 +37,7 @@ import optuna
 from loguru import logger
 
 from autotune import clock
+from autotune.enums import Phase, StudyState
 from autotune.errors import AutotuneError, StorageIOError
 from autotune.execution.worker import ProbeWorker
 from autotune.logs import log_to_file
@@ -157,7 +158,7 @@ class Scheduler:
                     self.wake()
                 return starting
         run.cancel.set()
-        if run.probing and run.phase != "ceilings":
+        if run.probing and run.phase != Phase.CEILINGS:
             self.workers[run.device].interrupt()
         self.wake()
         return True
@@ -182,7 +183,7 @@ class Scheduler:
         for thread in self._threads:
             thread.join(max(0.0, deadline - clock.now()))
         for device, run in list(self.runs.items()):
-            if run.phase != "ceilings":
+            if run.phase != Phase.CEILINGS:
                 logger.info("draining: stopping the probe of study {!r} on {}", run.name, device)
                 self.workers[device].interrupt()
         for thread in self._threads:
@@ -246,7 +247,7 @@ class Scheduler:
             with self._runs_lock:
                 self._cancel_on_start.discard(name)
             error = str(exc)
-            self._until_written(lambda: self.queue.finish(name, "failed", error=error))
+            self._until_written(lambda: self.queue.finish(name, StudyState.FAILED, error=error))
             return
         # Queue time is not budget: the clock starts now, minus what earlier runs spent.
         budget = Budget(spec.budget, started=clock.now() - row.probe_seconds)
@@ -318,25 +319,21 @@ class Scheduler:
                 return
             logger.error("study {!r} failed: {}", name, exc)
             self.queue.record_progress(name, run.budget.elapsed())
-            self.queue.finish(name, "failed", error=str(exc))
+            self.queue.finish(name, StudyState.FAILED, error=str(exc))
             return
         except Exception as exc:  # a bug in autotune: the study fails, the service stays up
             logger.exception("study {!r}: internal error", name)
             self.queue.record_progress(name, run.budget.elapsed())
-            self.queue.finish(
-                name, "failed", error=f"internal error: {type(exc).__name__}: {exc}; see the log"
-            )
+            error = f"internal error: {type(exc).__name__}: {exc}; see the log"
+            self.queue.finish(name, StudyState.FAILED, error=error)
             return
         self.queue.record_progress(name, run.budget.elapsed())
         if result.config is None and stored_config(result.study) is None:
-            self.queue.finish(
-                name,
-                "failed",
-                error=f"validation was claimed by {result.validated_by} and wrote no config",
-            )
+            error = f"validation was claimed by {result.validated_by} and wrote no config"
+            self.queue.finish(name, StudyState.FAILED, error=error)
             return
         logger.info("study {!r} done in {:.1f}s of budget", name, run.budget.elapsed())
-        self.queue.finish(name, "done")
+        self.queue.finish(name, StudyState.DONE)
 
     def _stopped(self, run: StudyRun) -> None:
         """The search stopped on request: cancelled, or back in the queue (drain, preemption)
@@ -345,7 +342,7 @@ class Scheduler:
         self.queue.record_progress(name, run.budget.elapsed())
         if run.cancel.is_set():
             logger.info("study {!r} cancelled", name)
-            self.queue.finish(name, "cancelled")
+            self.queue.finish(name, StudyState.CANCELLED)
             return
         why = "the service is draining" if self._draining.is_set() else "preempted"
         if run.preempted_by is not None and not self._draining.is_set():
@@ -380,7 +377,7 @@ class Scheduler:
                                 self.queue.requeue(run.name)
                             return False
                         if run.cancel.is_set():
-                            self.queue.finish(run.name, "cancelled")
+                            self.queue.finish(run.name, StudyState.CANCELLED)
                             logger.info("study {!r} cancelled while paused", run.name)
                             return False
                         self.queue.record_progress(run.name, run.budget.elapsed())
@@ -415,7 +412,7 @@ class Scheduler:
     def _preempted(self, run: StudyRun) -> bool:
         """Whether a queued study of higher priority takes this device now, asked of the queue at
         most once a second (see :func:`~autotune.service._study_run.preemptor`)."""
-        if run.phase != "search":
+        if run.phase != Phase.SEARCH:
             return False
         now = clock.now()
         if now - run.preempt_checked >= _PREEMPT_CHECK:

@@ -14,6 +14,7 @@ from typing import Any
 import optuna
 
 import autotune
+from autotune.enums import StudyState
 from autotune.errors import AutotuneError, SpecError, WorkloadError
 from autotune.inputs import Format, load_text
 from autotune.service._access import WorkloadPolicy, WorkloadRefused
@@ -220,7 +221,7 @@ class TuningService:
         spec = self.parse(body, content_type)
         resumes = self._check_stored(spec)
         existing = self.queue.get(spec.name)
-        if existing is not None and existing.state not in ("failed", "cancelled"):
+        if existing is not None and existing.state not in (StudyState.FAILED, StudyState.CANCELLED):
             raise self._taken(existing)
         stored = spec.model_dump(mode="json", exclude={"storage"})
         try:
@@ -235,11 +236,15 @@ class TuningService:
         if resumes:
             message += f"; resumes the {resumes} trials stored for this study"
         return SubmitReply(
-            name=row.name, state="queued", priority=row.priority, position=position, message=message
+            name=row.name,
+            state=StudyState.QUEUED,
+            priority=row.priority,
+            position=position,
+            message=message,
         )
 
     def _taken(self, row: QueueRow) -> RequestError:
-        if row.state == "done":
+        if row.state == StudyState.DONE:
             return RequestError(
                 409,
                 f"study {row.name!r} is already done; get its config with `autotune result "
@@ -278,12 +283,12 @@ class TuningService:
         return row
 
     def _position(self, row: QueueRow) -> int:
-        queued = [r for r in self.queue.rows() if r.state == "queued"]
+        queued = [r for r in self.queue.rows() if r.state == StudyState.QUEUED]
         return next((i for i, r in enumerate(queued, 1) if r.name == row.name), 0)
 
     def _detail(self, row: QueueRow, standing: StudyStanding | None, position: int) -> str:
         run = self.scheduler.run_of(row.name)
-        if row.state == "running":
+        if row.state == StudyState.RUNNING:
             if run is not None:
                 return run.detail
             if owner_alive(row.owner) is False:
@@ -292,7 +297,7 @@ class TuningService:
                     "it back in the queue, or cancel it"
                 )
             return "starting" if row.owner == service_owner() else f"running in {row.owner}"
-        if row.state == "queued":
+        if row.state == StudyState.QUEUED:
             blocked = [
                 self.monitor.read(d, max_age=_READING_AGE).busy_reason
                 for d in self.monitor.devices
@@ -310,7 +315,7 @@ class TuningService:
             if all(blocked):
                 return f"queued: waiting for a device: {'; '.join(blocked)}{spent}"
             return f"queued: {_ordinal(position)} in line{spent}"
-        if row.state == "done" and standing is not None and standing.tuned_config:
+        if row.state == StudyState.DONE and standing is not None and standing.tuned_config:
             cfg = standing.tuned_config
             ev = cfg.get("evidence", {})
             return (
@@ -318,7 +323,7 @@ class TuningService:
                 f"lr={cfg.get('learning_rate', 0):.3g}, {ev.get('speedup', 0):.2f}x the fp32 "
                 f"reference ({'validated' if ev.get('validated') else 'fp32 fallback'})"
             )
-        if row.state == "failed":
+        if row.state == StudyState.FAILED:
             return f"failed: {row.error}"
         return row.state
 
@@ -330,7 +335,7 @@ class TuningService:
         )
         run = self.scheduler.run_of(row.name)
         used = run.budget_used() if run is not None else row.probe_seconds
-        state = "paused" if run is not None and run.paused else row.state
+        state = StudyState.PAUSED if run is not None and run.paused else row.state
         spec: dict[str, Any] = row.spec
         progress = StudyProgress(
             phase=run.phase if run is not None else None,
@@ -347,7 +352,7 @@ class TuningService:
             "priority": row.priority,
             "owner": row.submitted_by,
             "workload": str(spec.get("workload", "")),
-            "device": row.device if row.state != "queued" else None,
+            "device": row.device if row.state != StudyState.QUEUED else None,
             "submitted_at": _when(row.submitted_at),
             "started_at": _when(row.started_at),
             "finished_at": _when(row.finished_at),
@@ -369,7 +374,7 @@ class TuningService:
         out = []
         position = 0
         for row in self.queue.rows():
-            if row.state == "queued":
+            if row.state == StudyState.QUEUED:
                 position += 1
             out.append(self._status(row, position))
         return out
@@ -388,12 +393,12 @@ class TuningService:
             RequestError: 404 unknown study, 409 not done (yet).
         """
         row = self._row(name)
-        if row.state != "done":
+        if row.state != StudyState.DONE:
             status = self._status(row, self._position(row))
             raise RequestError(
                 409,
                 f"study {name!r} is {row.state}, so it has no config"
-                + (" yet" if row.state in ("queued", "running") else "")
+                + (" yet" if row.state in (StudyState.QUEUED, StudyState.RUNNING) else "")
                 + f" ({status.detail})",
             )
         standing = self.standings.get(name, (row.state, row.finished_at), final=True)
@@ -410,13 +415,15 @@ class TuningService:
             RequestError: 404 unknown study, 409 already finished.
         """
         row = self._row(name)
-        if row.state == "queued":
+        if row.state == StudyState.QUEUED:
             if self.queue.cancel_queued(name):
-                return CancelReply(name=name, state="cancelled", message="removed from the queue")
+                return CancelReply(
+                    name=name, state=StudyState.CANCELLED, message="removed from the queue"
+                )
             row = self._row(name)  # a device took it a moment ago
         # A running row this service owns but runs nowhere yet has just been taken from the
         # queue: it is cancelled as it starts.
-        starting = row.state == "running" and row.owner == service_owner()
+        starting = row.state == StudyState.RUNNING and row.owner == service_owner()
         if self.scheduler.cancel(name, starting=starting):
             return CancelReply(
                 name=name,
@@ -427,12 +434,12 @@ class TuningService:
         row = self._row(name)
         if row.state in FINISHED:
             raise RequestError(409, f"study {name!r} is already {row.state}; nothing to cancel")
-        if row.state == "running" and owner_alive(row.owner) is False:
+        if row.state == StudyState.RUNNING and owner_alive(row.owner) is False:
             # Left running by a service that is gone: nobody else will ever finish it.
-            self.queue.finish(name, "cancelled")
+            self.queue.finish(name, StudyState.CANCELLED)
             return CancelReply(
                 name=name,
-                state="cancelled",
+                state=StudyState.CANCELLED,
                 message=f"cancelled (it was left running by a stopped service, {row.owner}); "
                 "its trials stay in the storage",
             )
@@ -472,8 +479,8 @@ class TuningService:
             status="draining" if self.scheduler.draining else "ok",
             version=autotune.__version__,
             devices=list(self.monitor.devices),
-            queued=counts.get("queued", 0),
-            running=counts.get("running", 0),
+            queued=counts.get(StudyState.QUEUED, 0),
+            running=counts.get(StudyState.RUNNING, 0),
             storage=mask_url(self.storage_url),
             token_required=self.token is not None,
         )

@@ -13,6 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import clock
+from autotune.enums import StudyState
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.worker import ProbeWorker, Runner
 from autotune.measure.result import PairedResult, ProbeResult
@@ -49,7 +50,7 @@ def preemptor(
     waiting = [
         r
         for r in rows
-        if r.state == "queued"
+        if r.state == StudyState.QUEUED
         and r.priority > run.priority
         and accepts(run.device, r.requested_device)
     ]

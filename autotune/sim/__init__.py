@@ -26,6 +26,7 @@ import optuna
 
 from autotune import clock
 from autotune.config import TunedConfig
+from autotune.enums import Phase
 from autotune.sim._box import Arrival, BoxReport, StudyOutcome, run_box
 from autotune.sim._landscape import LANDSCAPE_DIR, Landscape, load_landscape, shipped_landscapes
 from autotune.sim._runner import SimulatedRunner
@@ -87,7 +88,7 @@ def simulate(
     first_trial: list[float] = []
 
     def on_event(event: object) -> None:
-        if isinstance(event, PhaseStarted) and event.phase == "search" and not first_trial:
+        if isinstance(event, PhaseStarted) and event.phase == Phase.SEARCH and not first_trial:
             first_trial.append(runner.clock.monotonic())
         if isinstance(event, TrialStarted):
             # The tuner's own decision (ask, tell, storage writes) costs time too.

@@ -28,6 +28,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import clock
+from autotune.enums import StudyState
 from autotune.search import Event, TrialStarted
 from autotune.service import DeviceReading, SimulatedHardware, TuningService
 from autotune.sim._landscape import Landscape, load_landscape
@@ -272,7 +273,10 @@ class _Box:
                         self._submit(arrival)
                     else:
                         self._cancel(arrival.name)
-                while any(r.state in ("queued", "running") for r in self.service.queue.rows()):
+                while any(
+                    r.state in (StudyState.QUEUED, StudyState.RUNNING)
+                    for r in self.service.queue.rows()
+                ):
                     self._until(self.clock.monotonic() + _LOOK)
                 span = self.clock.monotonic() - t0
             self.service.stop()
@@ -298,7 +302,7 @@ class _Box:
 
     def _cancel(self, name: str) -> None:
         row = self.service.queue.get(name)
-        if row is not None and row.state in ("queued", "running"):
+        if row is not None and row.state in (StudyState.QUEUED, StudyState.RUNNING):
             self.service.cancel(name)
 
     def _report(self, arrivals: Sequence[Arrival], span: float) -> BoxReport:

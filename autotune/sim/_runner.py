@@ -18,6 +18,7 @@ import torch
 import autotune
 from autotune.clock import VirtualClock
 from autotune.config import Environment
+from autotune.enums import Outcome
 from autotune.errors import DeviceError
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.runner import Runner, crashed_result
@@ -132,7 +133,7 @@ class SimulatedRunner(Runner):
         base = self._base(candidate, settings)
         why = self.unsupported().get(candidate.precision)
         if why is not None:
-            return ProbeResult(**base, outcome="unsupported", reason=why)
+            return ProbeResult(**base, outcome=Outcome.UNSUPPORTED, reason=why)
         started = self.clock.monotonic()
         engine = self._engine(candidate, settings, started, timeout)
         run = TimedRun(engine, settings, started, early_stop, timer=self.clock.monotonic)
@@ -149,7 +150,7 @@ class SimulatedRunner(Runner):
                 f"out of memory at batch_size={candidate.batch_size}, step {engine.steps}: {oom}"
             )
             return ProbeResult(
-                **base, **{**fields, "outcome": "oom", "throughput": 0.0, "reason": reason}
+                **base, **{**fields, "outcome": Outcome.OOM, "throughput": 0.0, "reason": reason}
             )
         peak = self.landscape.peak_bytes(candidate)
         return ProbeResult(
@@ -179,8 +180,12 @@ class SimulatedRunner(Runner):
             why = self.unsupported().get(cand.precision)
             if why is not None:
                 return PairedResult(
-                    candidate=ProbeResult(**bases["candidate"], outcome="unsupported", reason=why),
-                    reference=ProbeResult(**bases["reference"], outcome="unsupported", reason=why),
+                    candidate=ProbeResult(
+                        **bases["candidate"], outcome=Outcome.UNSUPPORTED, reason=why
+                    ),
+                    reference=ProbeResult(
+                        **bases["reference"], outcome=Outcome.UNSUPPORTED, reason=why
+                    ),
                 )
         started = self.clock.monotonic()
         engines = {
@@ -210,7 +215,7 @@ class SimulatedRunner(Runner):
         wall = self.clock.monotonic() - started
         for arm, cand in ((result.candidate, candidate), (result.reference, reference)):
             arm.wall_seconds = wall
-            if arm.outcome == "completed":
+            if arm.outcome == Outcome.COMPLETED:
                 arm.peak_memory_reserved = self.landscape.peak_bytes(cand)
                 arm.autocast_dtype = _dtype(cand)
         return result

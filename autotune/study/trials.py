@@ -104,7 +104,7 @@ class TrialRecord(BaseModel):
     """Everything autotune stores on a trial, typed. Unknown keys (older versions) are ignored.
 
     Example:
-        >>> rec = TrialRecord(outcome="completed", throughput=812.5)
+        >>> rec = TrialRecord(outcome=Outcome.COMPLETED, throughput=812.5)
         >>> sorted(rec.to_attrs())
         ['outcome', 'throughput']
     """

@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from autotune.config import one_line
+from autotune.enums import Outcome
 from autotune.errors import SpecError, format_validation_error
 from autotune.spec import PrecisionName
 
@@ -99,7 +100,9 @@ class TrainResult(BaseModel):
     fp32_modules: list[str] = Field(default_factory=list)
     # completed, or stopped early: diverged (a loss that poisons the weights, a dead scaler), oom,
     # compile_failed (torch.compile could not compile the model)
-    outcome: Literal["completed", "diverged", "oom", "compile_failed"] = "completed"
+    outcome: Literal[Outcome.COMPLETED, Outcome.DIVERGED, Outcome.OOM, Outcome.COMPILE_FAILED] = (
+        Outcome.COMPLETED
+    )
     reason: str = ""
     steps: int = 0
     planned_steps: int = 0
@@ -124,7 +127,7 @@ class TrainResult(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return self.outcome == "completed"
+        return self.outcome == Outcome.COMPLETED
 
     @property
     def epochs(self) -> float:

@@ -11,6 +11,7 @@ import torch
 from loguru import logger
 
 from autotune.config import TunedConfig, warn_if_environment_differs
+from autotune.enums import Outcome
 from autotune.measure.knobs import compile_failure
 from autotune.measure.memory import PeakMemory, release_memory
 from autotune.measure.precision import apply_backend_flags, resolve_device
@@ -182,12 +183,12 @@ class TrainRun:
                     raise
                 oom = None
         if failed is not None:
-            self.result.outcome, self.result.reason = "compile_failed", failed
+            self.result.outcome, self.result.reason = Outcome.COMPILE_FAILED, failed
             self.done = True
             return False
         if oom is not None:
             r = self.result
-            r.outcome = "oom"
+            r.outcome = Outcome.OOM
             r.reason = (
                 f"out of memory at batch_size={r.batch_size}, step {self.engine.steps}: {oom}"
             )
@@ -247,13 +248,13 @@ class TrainRun:
             # Without a scaler a non-finite loss reaches the weights: the run is lost.
             bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
             if bad is not None:
-                r.outcome, r.reason = "diverged", f"loss={values[bad]} at step {first + bad}"
+                r.outcome, r.reason = Outcome.DIVERGED, f"loss={values[bad]} at step {first + bad}"
                 self.done = True
             return
         # With one, a non-finite loss only skips its step; a scale below 1 means it skips all.
         scale = engine.scale()
         if scale < 1:
-            r.outcome = "diverged"
+            r.outcome = Outcome.DIVERGED
             r.reason = (
                 f"GradScaler scale fell to {scale:g} at step {engine.steps - 1}: every step is "
                 "skipped"
@@ -284,7 +285,7 @@ class TrainRun:
             tail = engine.losses[-max(1, math.ceil(len(engine.losses) / 10)) :]
             tail_finite = [v for v in tail if math.isfinite(v)]
             r.final_loss = sum(tail_finite) / len(tail_finite) if tail_finite else None
-        if r.outcome == "oom":
+        if r.outcome == Outcome.OOM:
             return r
         if self.peak is not None:
             r.peak_memory_bytes = self.peak.growth()
