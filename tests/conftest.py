@@ -17,6 +17,22 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+# SQLite studies this process opens write without waiting for the disk (no fsync per commit):
+# a simulated search commits thousands of times, and an fsync each was a third of its time on
+# this disk. What a test sees of a study is the same; only a power cut could lose more.
+# (Subprocesses a test starts, real searches and services, keep SQLite's defaults.)
+import sqlite3  # noqa: E402
+
+from sqlalchemy import event  # noqa: E402
+from sqlalchemy.engine import Engine  # noqa: E402
+
+
+@event.listens_for(Engine, "connect")
+def _sqlite_without_fsync(connection: object, _record: object) -> None:
+    if isinstance(connection, sqlite3.Connection):
+        connection.execute("PRAGMA synchronous=OFF")
+
+
 # The files that take longest (real services, workers and PostgreSQL), longest first. Each test
 # process takes a whole file at a time, in collection order: started first, they run beside the
 # many short files instead of being the tail of the run that one process waits out alone.
