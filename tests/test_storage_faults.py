@@ -241,7 +241,7 @@ def test_every_optuna_storage_call_autotune_relies_on_exists_in_the_installed_op
     from optuna.storages._rdb import models
     from optuna.storages._rdb import storage as rdb
 
-    from autotune.study.storage import GUARDED_PRIVATE
+    from autotune.study.guarded import GUARDED_PRIVATE
 
     for name in GUARDED_PRIVATE:
         assert callable(getattr(optuna.storages.RDBStorage, name, None)), name
@@ -252,13 +252,15 @@ def test_every_optuna_storage_call_autotune_relies_on_exists_in_the_installed_op
     assert "_backend" in vars(optuna.storages._CachedStorage(optuna.storages.InMemoryStorage()))
 
 
-def test_a_trial_record_is_written_whole_and_read_back(tmp_path: Path) -> None:
+def test_a_trial_record_is_written_whole_and_read_back(storage_url: str) -> None:
     from autotune.study.storage import open_storage
     from autotune.study.trials import TrialRecord, record
 
-    storage = open_storage(f"sqlite:///{tmp_path / 'r.db'}")
+    storage = open_storage(storage_url)
     study = optuna.create_study(study_name="r", storage=storage)
     trial = study.ask()
+    TrialRecord(outcome="completed", reason="first", throughput=1.0).write(trial)
+    # Written again over the same keys: the second record is what is stored.
     TrialRecord(outcome="completed", reason="measured", throughput=12.5, losses=[2.0, 1.5]).write(
         trial
     )
@@ -267,3 +269,6 @@ def test_a_trial_record_is_written_whole_and_read_back(tmp_path: Path) -> None:
     stored = record(optuna.load_study(study_name="r", storage=storage).trials[0])
     assert (stored.outcome, stored.reason, stored.throughput) == ("completed", "measured", 12.5)
     assert stored.losses == [2.0, 1.5]
+    # A finished trial's record is closed, as Optuna's own writes are.
+    with pytest.raises(RuntimeError, match="finished"):
+        TrialRecord(outcome="crashed").write(trial)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import re
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -22,11 +21,12 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from autotune import clock
 from autotune.enums import Outcome
-from autotune.errors import StorageError, StorageIOError
+from autotune.errors import StorageError
 from autotune.files import create_file, make_dirs
 from autotune.redact import mask_url, userinfo_ats
 from autotune.spec import StudySpec
 from autotune.study import study_keys
+from autotune.study.guarded import GuardedStorage, database_error
 from autotune.study.trials import TrialRecord, record, write_attrs
 
 __all__ = [
@@ -185,7 +185,7 @@ def _rdb(url: str, engine_kwargs: dict) -> optuna.storages.RDBStorage:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return _GuardedStorage(
+            return GuardedStorage(
                 url,
                 engine_kwargs=engine_kwargs,
                 heartbeat_interval=HEARTBEAT_INTERVAL,
@@ -194,84 +194,6 @@ def _rdb(url: str, engine_kwargs: dict) -> optuna.storages.RDBStorage:
             )
     except optuna.exceptions.StorageInternalError as exc:
         raise SQLAlchemyError(str(exc.__cause__ or exc)) from exc
-
-
-def database_error(exc: BaseException) -> str:
-    """The database's own words for a failure, e.g. ``database or disk is full``.
-
-    Optuna wraps every database error in a StorageInternalError whose message guesses at "invalid
-    data ... e.g. exceeding max length"; the real cause is the driver's error underneath.
-
-    Example:
-        >>> database_error(ValueError("disk I/O error\\n[SQL: INSERT ...]"))
-        'disk I/O error'
-    """
-    cause: BaseException = exc
-    while isinstance(cause, optuna.exceptions.StorageInternalError) and cause.__cause__:
-        cause = cause.__cause__
-    cause = getattr(cause, "orig", None) or cause
-    text = str(cause).strip()
-    return (text.splitlines()[0][:200] if text else type(cause).__name__) or "unknown error"
-
-
-# Every database call of Optuna's storage: its public methods but those that touch no database,
-# and the underscored ones its trial cache calls directly. An Optuna release that renames one of
-# these fails tests/test_storage_faults.py instead of leaving the call unguarded.
-GUARDED_PRIVATE = (
-    "_create_new_trial",
-    "_set_trial_param",
-    "_get_trials",
-    "_get_best_trial_id",
-    "_get_stale_trial_ids",
-)
-_NO_DATABASE = (
-    "check_trial_is_updatable",
-    "get_failed_trial_callback",
-    "get_heartbeat_interval",
-    "get_heartbeat_stale_trial_callback",
-    "remove_session",
-)
-_GUARDED = GUARDED_PRIVATE + tuple(
-    name
-    for name, value in vars(optuna.storages.RDBStorage).items()
-    if callable(value) and not name.startswith("_") and name not in _NO_DATABASE
-)
-_WRITES = ("create", "_create", "set", "_set", "delete", "record")
-
-
-class _GuardedStorage(optuna.storages.RDBStorage):
-    """Optuna's RDB storage whose database failures are :class:`StorageIOError` naming the
-    database's own reason (``database or disk is full``) instead of a generic internal error."""
-
-    def set_trial_user_attrs(self, trial_id: int, attrs: Mapping[str, Any]) -> None:
-        """Optuna's ``set_trial_user_attr`` for a whole trial record (~25 keys) in one commit:
-        a commit each was half of a search's storage time on SQLite."""
-        from optuna.storages._rdb import models, storage
-
-        with storage._create_scoped_session(self.scoped_session, True) as session:
-            for key, value in attrs.items():
-                model = models.TrialUserAttributeModel
-                self._set_trial_attr_without_commit(session, model, trial_id, key, value)
-
-
-def _guard(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
-    verb = "written" if name.startswith(_WRITES) else "read"
-
-    @functools.wraps(method)
-    def guarded(self: optuna.storages.RDBStorage, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except (optuna.exceptions.StorageInternalError, SQLAlchemyError) as exc:
-            raise StorageIOError(
-                f"storage {mask_url(self.url)!r} cannot be {verb} ({database_error(exc)}); what "
-                "it holds is kept: free space on its disk (or bring its server back), then resume"
-            ) from exc
-
-    return guarded
-
-
-for _name in (*_GUARDED, "set_trial_user_attrs"):
-    setattr(_GuardedStorage, _name, _guard(_name, getattr(_GuardedStorage, _name)))
 
 
 def open_study(
