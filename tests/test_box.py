@@ -20,7 +20,7 @@ def by_name(report: BoxReport) -> dict:
 
 def test_studies_queue_for_a_free_gpu_and_every_trial_is_kept() -> None:
     report = run_box(
-        [Arrival(0, "ada", "a", 120), Arrival(0, "bo", "b", 120), Arrival(0, "cy", "c", 120)],
+        [Arrival(0, "ada", "a", 60), Arrival(0, "bo", "b", 60), Arrival(0, "cy", "c", 60)],
         LAND,
         devices=2,
     )
