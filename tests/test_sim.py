@@ -4,6 +4,7 @@ in milliseconds of real time. Budgets here are simulated seconds; nothing waits 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -298,6 +299,9 @@ def test_autotune_search_simulate_shows_an_a100_search_in_seconds(tmp_path: Path
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "simulated: NVIDIA A100-SXM4-80GB" in proc.stdout
     assert "modelled from published figures, not measured" in proc.stdout
+    # The time it says it simulated is the search's, on the simulated clock (within its budget).
+    simulated = re.search(r"(\d+)s of simulated time", " ".join(proc.stdout.split()))
+    assert simulated and 30 <= int(simulated[1]) <= 60 + WRITE_RESERVE, proc.stdout
     best = tmp_path / "studies" / "resnet18.sim-a100-resnet18" / "best.json"
     assert best.is_file()
     # A simulation never touches the real studies' storage.

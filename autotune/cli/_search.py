@@ -197,11 +197,15 @@ def _print_outcome(spec: Any, result: Any, runner: Any, clock: Any) -> None:
     """What the person at the terminal reads at the end: the simulated device, then the
     summary (or who validates, when another worker does)."""
     if runner is not None:
+        from autotune import clock as clocks
+
         land = runner.landscape
+        with clocks.use(runner.clock):  # the budget counts on the simulated clock
+            simulated = clock.elapsed()
         console.print(
             f"simulated: {land.device} from landscape {land.name!r} ({land.kind}"
             f"{', modelled from published figures, not measured' if land.kind == 'modelled' else ''}"
-            f"); {clock.elapsed():.0f}s of simulated time",
+            f"); {simulated:.0f}s of simulated time",
             highlight=False,
         )
     if result.config is None:
