@@ -145,7 +145,7 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path: Path) -> No
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    # Wait until the search phase has finished a few trials, then press Ctrl-C.
+    # Wait until the search phase has finished a trial, then press Ctrl-C.
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         time.sleep(0.5)
@@ -153,7 +153,7 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path: Path) -> No
             study = optuna.load_study(study_name="tiny", storage=db)
         except KeyError:
             continue
-        if len([t for t in study.trials if t.state.is_finished()]) >= 3:
+        if any(t.state.is_finished() for t in study.trials):
             break
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
@@ -162,6 +162,6 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path: Path) -> No
     assert "Traceback" not in err
     study = optuna.load_study(study_name="tiny", storage=db)
     done = [t for t in study.trials if t.state.is_finished()]
-    assert len(done) >= 3
+    assert done
     # Nothing is left RUNNING forever.
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
