@@ -261,7 +261,9 @@ def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
     try:
         # A budget long enough to outlast its ceilings and two reference measurements, a kill,
         # a restart and a trial's re-run on a busy machine; no step waits for it to run out.
-        assert svc.submit(sleepy("r", budget="45s", steps=60)).status_code == 201
+        # Batch sizes up to the base (32): the reference's parity curve is one probe long.
+        space = {"precisions": ["fp32"], "batch_sizes": [16, 32], "lr_multipliers": [0.5, 1, 2]}
+        assert svc.submit(sleepy("r", budget="45s", steps=60, space=space)).status_code == 201
         svc.wait_trial_started("r")  # its probe takes ~3 s: the kill lands inside it
         finished = [t.number for t in svc.trials("r") if t.state.is_finished()]
         assert svc.proc is not None
