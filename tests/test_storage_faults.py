@@ -30,7 +30,7 @@ name: full
 workload: autotune.testing.workloads:sleepy
 device: cpu
 budget: 60s
-space: {precisions: [fp32], batch_size: {min: 16, max: 64}}
+space: {precisions: [fp32], batch_size: {min: 16, max: 32}}
 probe: {warmup_steps: 1, steps: 12, check_every: 6, time_limit: 8s}
 validation: {top_k: 1, steps: 12}
 """
