@@ -227,7 +227,7 @@ def test_an_overflow_between_modules_gets_no_fp32_islands_and_says_why() -> None
     import json
 
     from autotune.diagnose import diagnose
-    from autotune.search._knobs import islands_plan
+    from autotune.search._knob_trials import islands_plan
     from autotune.workloads import Workload, synthetic_batches
 
     def make(bs: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

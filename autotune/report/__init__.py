@@ -27,7 +27,7 @@ from autotune.files import make_dirs, write_text
 from autotune.report._data import DEFAULT_STORAGE, ReportData, collect, load_study
 from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.report._html import render_html
-from autotune.report._knobs import KnobGain, knob_gains, knob_lines
+from autotune.report._knob_gains import KnobGain, knob_gains, knob_lines
 from autotune.report._summary import print_summary
 from autotune.report._text import render_text
 

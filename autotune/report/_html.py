@@ -19,7 +19,7 @@ from autotune.report._format import (
     sentences,
     throughput_text,
 )
-from autotune.report._knobs import config_knobs, knobs_html, trial_knobs
+from autotune.report._knob_gains import config_knobs, knobs_html, trial_knobs
 from autotune.report._plots import (
     Figure,
     history_figure,

@@ -21,7 +21,7 @@ from rich.table import Table
 from autotune.enums import Role
 from autotune.progress import scale_text
 from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
-from autotune.report._knobs import config_knobs, knob_lines
+from autotune.report._knob_gains import config_knobs, knob_lines
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import display_outcome, record, role_trials
 

@@ -13,7 +13,7 @@ from autotune.report._format import (
     ratio_text,
     throughput_text,
 )
-from autotune.report._knobs import config_knobs, knob_lines
+from autotune.report._knob_gains import config_knobs, knob_lines
 from autotune.report._plots import ref_label
 from autotune.study.trials import display_outcome, feasible_trials
 from autotune.study.trials import label as params_label

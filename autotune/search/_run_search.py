@@ -41,7 +41,7 @@ from autotune.search._coordination import (
 )
 from autotune.search._events import EventSink, PhaseStarted
 from autotune.search._hardware import check_hardware, find_ceilings
-from autotune.search._knobs import (
+from autotune.search._knob_trials import (
     after_trial,
     diagnose_failures,
     enqueue_diagnosed_islands,
