@@ -354,6 +354,9 @@ def test_optuna_dashboard_shows_the_config_with_its_validated_figure_as_the_best
             assert float(kept["speedup"]) == t.user_attrs["speedup"]
 
 
+# Two whole searches: on SQLite only (the stored order of figures on both backends is the
+# previous test's).
+@pytest.mark.parametrize("storage_url", ["sqlite"], indirect=True)
 def test_a_resumed_study_searches_on_and_crowns_its_next_config(storage_url: str) -> None:
     """The search's figures keep their order (all the sampler, the shortlist and the early-stop
     bar read of them), so a resumed study searches as before; its new config is the best trial."""
