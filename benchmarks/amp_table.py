@@ -117,7 +117,7 @@ def search_config(spec_path: Path, device: torch.device, budget: str) -> TunedCo
 
 def paired_speedup(rates: list[float], against: list[float]) -> Estimate | None:
     """A run's speed over another's from their interleaved block rates: the median per-pair
-    ratio and its 95% interval (at least ±1%, as every paired figure autotune claims); None
+    ratio and its 95% interval (at least ±3%, as every paired figure autotune claims); None
     when no pair was measured."""
     pairs = min(len(rates), len(against))
     est = ratio_estimate(rates[:pairs], against[:pairs]) if pairs else None

@@ -171,3 +171,7 @@ def test_search_sim_scores_the_search_against_the_landscape(tmp_path: Path) -> N
         assert 0.0 <= s[rate] <= 1.0
     assert 0 < s["median_budget_used"] < 2.0
     assert 0 < s["median_fixed_cost_s"] <= entry["0.3"]["budget_s"] * 2
+    # Where the time went: every phase of the search, adding up to about the budget used.
+    spent = s["median_spent_s"]
+    assert {"ceilings", "reference", "search", "validation"} <= set(spent), spent
+    assert 0.5 * s["budget_s"] * s["median_budget_used"] <= sum(spent.values())

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -57,6 +57,8 @@ class SimulatedRun:
     seconds: float
     fixed_cost: float
     runner: SimulatedRunner
+    # Virtual seconds per phase (start, ceilings, reference, search, validation, writing).
+    spent: dict[str, float] = field(default_factory=dict)
 
 
 def simulate(
@@ -111,4 +113,5 @@ def simulate(
         seconds=seconds,
         fixed_cost=first_trial[0] if first_trial else seconds,
         runner=runner,
+        spent={str(phase): seconds for phase, seconds in result.spent.items()},
     )
