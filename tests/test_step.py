@@ -212,7 +212,7 @@ def test_a_library_oom_is_an_oom_outcome_and_limits_the_ceiling_by_memory() -> N
         base_lr=base.base_lr,
         base_batch_size=16,
     )
-    settings = ProbeSettings(warmup_steps=0, steps=2)
+    settings = ProbeSettings(warmup_steps=0, steps=2, min_time=0)  # counted, not timed
 
     def try_batch(bs: int) -> ProbeResult:
         return run_probe(wl, cand(batch_size=bs), "cpu", settings)
