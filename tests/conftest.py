@@ -38,8 +38,10 @@ def _sqlite_without_fsync(connection: object, _record: object) -> None:
 # many short files instead of being the tail of the run that one process waits out alone.
 _LONGEST_FIRST = (
     "test_service.py",
+    "test_service_restarts.py",
     "test_service_faults.py",
     "test_distributed.py",
+    "test_distributed_recovery.py",
     "test_box.py",
     "test_train_cli.py",
     "test_worker.py",

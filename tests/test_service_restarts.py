@@ -1,0 +1,118 @@
+"""A service stopped under a study: killed and restarted, drained by SIGTERM, or stopped while
+it measures the fp32 reference. Each test runs its own service, on 127.0.0.1 (a file of its own,
+so these long tests run beside the module service's in tests/test_service.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+for _name in ("fastapi", "uvicorn", "httpx"):
+    pytest.importorskip(_name)
+
+import optuna  # noqa: E402
+from _service import Service, sleepy, wait_for  # noqa: E402
+
+from autotune.service import StudyQueue, TuningService  # noqa: E402
+
+
+def test_sigkill_restart_resumes_and_sigterm_drains(tmp_path: Path) -> None:
+    svc = Service(tmp_path).start()
+    try:
+        # A budget long enough to outlast its ceilings and two reference measurements, a kill,
+        # a restart and a trial's re-run on a busy machine; no step waits for it to run out.
+        # Batch sizes up to the base (32): the reference's parity curve is one probe long.
+        space = {"precisions": ["fp32"], "batch_sizes": [16, 32], "lr_multipliers": [0.5, 1, 2]}
+        assert svc.submit(sleepy("r", budget="45s", steps=60, space=space)).status_code == 201
+        svc.wait_trial_started("r")  # its probe takes ~3 s: the kill lands inside it
+        finished = [t.number for t in svc.trials("r") if t.state.is_finished()]
+        assert svc.proc is not None
+        svc.proc.kill()
+        svc.proc.wait()
+        row = StudyQueue(svc.db).get("r")
+        assert row is not None
+        used_before = row.probe_seconds
+
+        # Restarted on the same storage: the study resumes, the trial in flight is failed as
+        # stale and its re-run starts; nothing finished is lost.
+        svc.start()
+
+        def rerun_started() -> bool:
+            trials = svc.trials("r")
+            stale = {t.number for t in trials if t.user_attrs.get("outcome") == "stale"}
+            return any(t.user_attrs.get("retry_of") in stale for t in trials)
+
+        wait_for(rerun_started, 90, "the re-run of the trial the kill cut off", svc.log)
+        trials = svc.trials("r")
+        by_number = {t.number: t for t in trials}
+        assert all(by_number[n].state.is_finished() for n in finished)
+        # The trial in flight is labelled on its FAIL record, and its re-run says which it re-runs.
+        stale = [t for t in trials if t.user_attrs.get("outcome") == "stale"]
+        assert all(t.state == optuna.trial.TrialState.FAIL for t in stale)
+        # Failed at once (its process is gone), or by the heartbeat check if the restart took
+        # longer than the grace period: either way the reason says so.
+        assert all(
+            "killed or crashed" in t.user_attrs["reason"]
+            or "no heartbeat" in t.user_attrs["reason"]
+            for t in stale
+        )
+        detail = svc.study("r")["trials"]
+        assert any(t["outcome"] == "stale" and t["reason"] for t in detail)
+
+        # SIGTERM drains the resumed study: the probe in flight is finished or stopped and
+        # recorded, then exit; the study waits in the queue with the budget it has used, which
+        # counts on from where the killed run left it (it is not given again).
+        svc.wait_trial_running("r")
+        svc.proc.send_signal(signal.SIGTERM)
+        svc.proc.wait(60)  # the probe in flight gets its grace, then the service exits
+        trials = svc.trials("r")
+        assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+        row = StudyQueue(svc.db).get("r")
+        assert row is not None and row.state == "queued"
+        assert used_before <= row.probe_seconds < 45
+    finally:
+        svc.stop()
+
+
+@pytest.mark.parametrize("stop", ["drain", "cancel"])
+def test_a_stop_during_the_reference_never_fails_the_study(tmp_path: Path, stop: str) -> None:
+    """A drain (every restart) or a cancel kills the worker under the fp32 reference: the study
+    goes back to the queue (and the next start finishes it) or ends cancelled, never failed."""
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    spec = json.dumps(sleepy("ref", budget="12s", steps=100)).encode()
+    service = TuningService(db, ["cpu"], out_dir=tmp_path / "out")
+    service.start()
+    try:
+        service.submit(spec, "application/json", 0)
+
+        def measuring_reference() -> bool:
+            run = service.scheduler.run_of("ref")
+            return run is not None and run.phase == "reference" and run.probing
+
+        wait_for(measuring_reference, 90, "the fp32 reference probe in flight")
+        if stop == "drain":
+            service.scheduler.drain(grace=0)  # a drain whose grace ran out
+        else:
+            service.cancel("ref")
+            wait_for(lambda: StudyQueue(db).get("ref").state != "running", 60, "the cancel")
+    finally:
+        service.stop()
+    row = StudyQueue(db).get("ref")
+    assert row is not None
+    if stop == "cancel":
+        assert row.state == "cancelled", (row.state, row.error)
+        return
+    assert row.state == "queued", (row.state, row.error)
+    again = TuningService(db, ["cpu"], out_dir=tmp_path / "out")
+    again.start()
+    try:
+        wait_for(lambda: StudyQueue(db).get("ref").state in ("done", "failed"), 120, "the study")
+    finally:
+        again.stop()
+    row = StudyQueue(db).get("ref")
+    assert row.state == "done", row.error
+    trials = optuna.load_study(study_name="ref", storage=db).get_trials()
+    assert trials and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
