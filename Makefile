@@ -34,7 +34,7 @@ lint: $(VENV)/.dev
 # ruff, then the type check beside the tests (half a minute of a core, while the tests mostly
 # wait on workers and services): either failing fails the target. Three test processes on two
 # cores (the real end-to-end tests mostly wait on workers and services), a test file each at a
-# time: beside a busy process the suite took 290 s with three, 361 s with two, 307 s with four.
+# time: beside a busy process the suite took 290 s with three and 307 s with four.
 test: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -1,6 +1,6 @@
 """A service stopped under a study: killed and restarted, drained by SIGTERM, or stopped while
-it measures the fp32 reference. Each test runs its own service, on 127.0.0.1 (a file of its own,
-so these long tests run beside the module service's in tests/test_service.py)."""
+it measures the fp32 reference. Each test runs its own service (a subprocess on 127.0.0.1, or
+in-process), in a file of its own so these long tests run beside tests/test_service.py's."""
 
 from __future__ import annotations
 

@@ -113,5 +113,5 @@ def simulate(
         seconds=seconds,
         fixed_cost=first_trial[0] if first_trial else seconds,
         runner=runner,
-        spent={str(phase): seconds for phase, seconds in result.spent.items()},
+        spent={str(phase): spent for phase, spent in result.spent.items()},
     )

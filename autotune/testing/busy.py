@@ -8,6 +8,7 @@ reads is busy, "used by another process"; remove the file and it is free again.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -24,13 +25,11 @@ def install(path: Path) -> None:
 
     def read(self: DeviceMonitor, device: str, *, max_age: float = 0.0) -> DeviceReading:
         reading = real_read(self, device, max_age=max_age)
-        if path.exists():
-            reading.busy_reason = (
-                f"{device} is used by another process ({FAKE_BUSY_ENV} file {path} exists)"
-            )
-        elif reading.busy_reason.endswith(f"({FAKE_BUSY_ENV} file {path} exists)"):
-            reading.busy_reason = ""  # a cached reading from while the file was there
-        return reading
+        if not path.exists():
+            return reading
+        # A copy: the monitor's cached reading stays what the device said.
+        why = f"{device} is used by another process ({FAKE_BUSY_ENV} file {path} exists)"
+        return dataclasses.replace(reading, busy_reason=why)
 
     DeviceMonitor.read = read  # type: ignore[method-assign]
 
