@@ -110,9 +110,8 @@ class _HuggingFace:
         elif isinstance(given, self.tf.PretrainedConfig):
             model = self._from_config(given)
         elif inspect.isclass(given) and issubclass(given, self.tf.PreTrainedModel):
-            config = build(
-                f"{what} {given.__name__}.config_class", given.config_class, self.model_args
-            )
+            config_class: Any = given.config_class  # type: ignore[attr-defined]
+            config = build(f"{what} {given.__name__}.config_class", config_class, self.model_args)
             model = build(what, given, config=config)
         else:
             made = build(what, given, self.model_args)
@@ -160,7 +159,7 @@ class _HuggingFace:
         if model is None:  # someone else's parameters: the optimizer the lr belongs to
             return self.optimizer_class(params, **kwargs, weight_decay=self.args.weight_decay)
         # The Trainer's rule, called unbound: the method never reads self.
-        decay = set(self.tf.Trainer.get_decay_parameter_names(None, model))  # type: ignore[arg-type]
+        decay = set(self.tf.Trainer.get_decay_parameter_names(None, model))
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         groups = [
             {"params": [p for n, p in named if n in decay], "weight_decay": self.args.weight_decay},
