@@ -146,11 +146,12 @@ def _search(
         True when it ended because the space was measured through (exhausted).
     """
     ctx.emit(PhaseStarted(phase=Phase.SEARCH))
-    reserve, reserved_at = validation_reserve(ctx, study), 0
+    reserve, reserved_at = validation_reserve(ctx, study, step.refs.record), 0
     while True:
         if len(ctx.trial_seconds) - reserved_at >= 5:
             # Reading the whole study costs: the reserve is recomputed every few trials.
-            reserve, reserved_at = validation_reserve(ctx, study), len(ctx.trial_seconds)
+            reserve = validation_reserve(ctx, study, step.refs.record)
+            reserved_at = len(ctx.trial_seconds)
         left = end_at - reserve - ctx.budget.elapsed()
         if left < max(1.0, 0.25 * ctx.typical_probe()):
             logger.info("search phase over: {:.0f}s left for it", max(0.0, left))
@@ -403,7 +404,7 @@ def _run_phases(ctx: SearchContext, study: optuna.Study, rule: str) -> _Outcome:
         if _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at):
             # Measured through: validation takes what it needs, and the search ends with
             # its result instead of spending the rest of the budget on tighter intervals.
-            end_at = min(end_at, ctx.budget.elapsed() + validation_reserve(ctx, study))
+            end_at = min(end_at, ctx.budget.elapsed() + validation_reserve(ctx, study, reference))
     return _validate_once(ctx, study, reference, end_at)
 
 

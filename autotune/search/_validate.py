@@ -36,8 +36,10 @@ from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import (
     Rejection,
     candidate,
+    constraints,
     display_outcome,
     feasible_trials,
+    is_feasible,
     label,
     record,
 )
@@ -53,13 +55,14 @@ __all__ = [
 ]
 
 
-def shortlist(
+def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
     trials: Iterable[FrozenTrial],
     *,
     top_k: int,
     min_speedup: float,
     parity_tolerance: float,
     maximize: bool = True,
+    parity_allowance: float | None = None,
 ) -> list[FrozenTrial]:
     """The trials worth validating, best first.
 
@@ -69,18 +72,22 @@ def shortlist(
     margin (half the tolerance) when none of those has one: the fastest candidates often sit at
     the edge of the tolerance, where a fresh seed can tip them over.
 
+    With ``parity_allowance`` (when maximizing), a trial that failed only parity, by a gap
+    within it, competes too: it was judged early in the search, against the seed-to-seed spread
+    known then; validation measures its parity again, at a longer horizon.
+
     Example:
         >>> shortlist([], top_k=2, min_speedup=1.05, parity_tolerance=0.05)
         []
     """
+    allowance = parity_allowance if maximize else None
     ranked = []
-    for t in feasible_trials(trials):
+    for t in trials:
         speedup = record(t).speedup
-        if speedup is None or speedup < min_speedup:
+        if speedup is None or speedup < min_speedup or not _eligible(t, allowance):
             continue
         ranked.append(t)
-    # Feasible trials are COMPLETE: Optuna has recorded their value.
-    ranked.sort(key=lambda t: cast(float, t.value), reverse=maximize)
+    ranked.sort(key=_rank, reverse=maximize)
     seen: set[tuple] = set()
     unique = []
     for t in ranked:
@@ -92,13 +99,33 @@ def shortlist(
 
     def clear(t: FrozenTrial) -> bool:
         gap = record(t).parity_gap
-        return gap is not None and gap <= parity_tolerance / 2
+        return is_feasible(t) and gap is not None and gap <= parity_tolerance / 2
 
     if not any(clear(t) for t in best):
         margin = next((t for t in unique[top_k:] if clear(t)), None)
         if margin is not None:
             best.append(margin)
     return best
+
+
+def _eligible(trial: FrozenTrial, parity_allowance: float | None) -> bool:
+    """May ``trial`` be shortlisted: feasible, or off only by its parity gap, within the
+    allowance? A twin's copied measurement never is."""
+    if feasible_trials([trial]):
+        return True
+    rec = record(trial)
+    if parity_allowance is None or trial.state != TrialState.COMPLETE or rec.parity_gap is None:
+        return False
+    if rec.tuned_config or rec.duplicate_of is not None:
+        return False
+    failed = {name for name, value in constraints(trial).items() if value > 0}
+    return failed == {"parity"} and rec.parity_gap <= parity_allowance
+
+
+def _rank(trial: FrozenTrial) -> float:
+    """A shortlisted trial's objective; a borderline one's speedup (its stored value is the
+    worst there is)."""
+    return cast(float, trial.value) if is_feasible(trial) else record(trial).speedup or 0.0
 
 
 @dataclass
@@ -288,17 +315,13 @@ def rejection_summary(trials: Iterable[FrozenTrial]) -> list[Rejection]:
 PairedRun = Callable[[FrozenTrial, float], PairedResult | None]
 
 
-def validation_reserve(ctx: SearchContext, study: optuna.Study) -> float:
+def validation_reserve(
+    ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord | None = None
+) -> float:
     """Seconds validation will need: a paired rerun of each shortlisted candidate (or of one,
     before any), from the search's own probe times, with room to spare."""
     val, probe = ctx.spec.validation, ctx.spec.probe
-    picked = shortlist(
-        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-        top_k=val.top_k,
-        min_speedup=val.min_speedup,
-        parity_tolerance=ctx.spec.parity_tolerance,
-        maximize=ctx.maximize,
-    )
+    picked = _shortlist(ctx, study, reference)
     typical = ctx.typical_probe(default=0.0)
     if not typical:
         return VALIDATION_SHARE * ctx.budget.total
@@ -311,6 +334,21 @@ def validation_reserve(ctx: SearchContext, study: optuna.Study) -> float:
     need = sum(max(per_pair, _six_pairs(ctx, t)) for t in picked) if picked else 0.5 * per_pair
     need += sum(record(t).compile_seconds or 0.0 for t in picked)
     return min(VALIDATION_SHARE * ctx.budget.total, need + 1.0)
+
+
+def _shortlist(
+    ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord | None
+) -> list[FrozenTrial]:
+    """The study's shortlist, with the parity allowance the reference's repeats give now."""
+    tol = ctx.spec.parity_tolerance
+    return shortlist(
+        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+        top_k=ctx.spec.validation.top_k,
+        min_speedup=ctx.spec.validation.min_speedup,
+        parity_tolerance=tol,
+        maximize=ctx.maximize,
+        parity_allowance=tol + reference.seed_noise(tol) if reference is not None else None,
+    )
 
 
 def _six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
@@ -341,13 +379,7 @@ def validate(
         validating.
     """
     spec, val = ctx.spec, ctx.spec.validation
-    picked = shortlist(
-        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-        top_k=val.top_k,
-        min_speedup=val.min_speedup,
-        parity_tolerance=spec.parity_tolerance,
-        maximize=ctx.maximize,
-    )
+    picked = _shortlist(ctx, study, reference)
     if not picked:
         return None, None, 0.0
     reruns: list[Rerun] = []
@@ -367,7 +399,10 @@ def validate(
         ),
         None,
     )
-    noise = _seed_noise(ref_run, reference, spec.parity_tolerance)
+    # The larger of two estimates of one thing: this run's reference arm against the first
+    # run, and the band of the search's repeats (the rule the search judged by).
+    tol = spec.parity_tolerance
+    noise = max(_seed_noise(ref_run, reference, tol), reference.seed_noise(tol))
     selection = select(
         reruns,
         min_speedup=val.min_speedup,

@@ -29,6 +29,10 @@ __all__ = [
     "stored_references",
 ]
 
+# A candidate's loss gap that a fresh seed alone explains: within this many times the spread of
+# the reference's own repeats (about 95% of seeds).
+_BAND = 2.0
+
 
 class ReferenceMeasurement(BaseModel):
     """One throughput measurement of the fp32 reference: when, and what it measured."""
@@ -76,20 +80,25 @@ class ReferenceRecord(BaseModel):
         return self.measurements[-1] if self.measurements else None
 
     def seed_noise(self, cap: float) -> float:
-        """How far a fresh seed alone moves the reference's loss at a probe's horizon: the root
-        mean square of its repeats' gaps to the first run (0 before any), at most ``cap``.
+        """How far a fresh seed alone may move a loss at a probe's horizon: twice the root mean
+        square of the reference's repeats' gaps to its first run (0 before any), at most ``cap``.
+
+        A repeat's gap to the first run is a gap between two seeds, as a candidate's gap to the
+        first run is: under equal learning, about 95% of them fall within twice its RMS. One
+        RMS (the spread itself) would fail a candidate that learns exactly as well one seed in
+        six.
 
         Example:
             >>> m = [ReferenceMeasurement(at=0, throughput=1, low=1, high=1, seed_gap=g)
-            ...      for g in (None, 0.03, -0.04)]
+            ...      for g in (None, 0.01, -0.02)]
             >>> rec = ReferenceRecord(batch_size=32, learning_rate=0.1, measurements=m)
             >>> round(rec.seed_noise(0.05), 4), rec.seed_noise(0.02)
-            (0.0354, 0.02)
+            (0.0316, 0.02)
         """
         gaps = [m.seed_gap for m in self.measurements if m.seed_gap is not None]
         if not gaps:
             return 0.0
-        return min(cap, math.sqrt(sum(g * g for g in gaps) / len(gaps)))
+        return min(cap, _BAND * math.sqrt(sum(g * g for g in gaps) / len(gaps)))
 
     def candidate(self) -> Candidate:
         return Candidate(
