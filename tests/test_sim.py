@@ -368,9 +368,12 @@ class _Recording(SimulatedRunner):
     def __init__(self, land: Landscape) -> None:
         super().__init__(land)
         self.seen: list[Any] = []
+        # (precision, batch size, steps) of each probe: a ceiling's try has one step.
+        self.tried: list[tuple[str, int, int]] = []
 
     def run(self, workload, candidate, settings, **kwargs):  # noqa: ANN001, ANN003, ANN201
         self.seen.append(settings)
+        self.tried.append((candidate.precision, candidate.batch_size, settings.steps))
         return super().run(workload, candidate, settings, **kwargs)
 
     def compare(self, workload, candidate, reference, settings, **kwargs):  # noqa: ANN001, ANN003, ANN201
@@ -392,3 +395,39 @@ def test_every_probe_is_told_the_memory_margin_to_keep_free(tmp_path: Path) -> N
         )
     assert len(runner.seen) > 5
     assert {s.memory_margin for s in runner.seen} == {0.2}
+
+
+@pytest.mark.parametrize(("memory_gib", "vouched"), [(23.5, True), (0.1, False)])
+def test_on_a_cpu_fp32_vouches_for_the_autocast_modes_memory_where_half_of_it_is_free(
+    tmp_path: Path, memory_gib: float, vouched: bool
+) -> None:
+    """On the recorded CPU, fp32 runs bs=256 with far more than half the memory free: fp16
+    and bf16 try their base batch only (their first-use costs, their step time) and take the
+    cap without trying it. With 100 MiB, fp32's 256 vouches for nothing: each mode tries on."""
+    land = load_landscape("cpu-tiny_convnet")
+    land = land.model_copy(update={"memory_total_bytes": int(memory_gib * 2**30)})
+    runner = _Recording(land)
+    space = {"precisions": ["fp32", "fp16", "bf16"], "batch_size": {"min": 16, "max": 256}}
+    study_spec = parse_spec(
+        {"name": "sim", "workload": land.workload, "budget": "1m", "space": space}
+    )
+    with clock.use(runner.clock):
+        result = run_search(
+            study_spec,
+            out_dir=tmp_path / "out",
+            runner=runner,
+            budget=Budget(60.0),
+            storage=optuna.storages.InMemoryStorage(),
+        )
+    tries = {
+        mode: [bs for m, bs, steps in runner.tried if m == mode and steps == 1]
+        for mode in ("fp32", "fp16", "bf16")
+    }
+    if vouched:
+        assert tries == {"fp32": [32, 256], "fp16": [32], "bf16": [32]}
+    else:
+        assert all(sizes[0] == 32 and sizes[-1] == 256 for sizes in tries.values()), tries
+        assert all(len(sizes) > 1 for sizes in tries.values()), tries
+    attrs = result.study.user_attrs
+    ceilings = next(v for k, v in attrs.items() if k.startswith("ceilings:"))
+    assert ceilings == {"fp32": 256, "fp16": 256, "bf16": 256}

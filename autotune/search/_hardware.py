@@ -9,6 +9,10 @@
    try is the cap. The ceilings are stored with the study per machine and device, so a resumed run
    or another worker on the same machine does not measure them again; beside them, what limited each
    (memory, margin, time, the space's cap), for the report.
+
+   On a CPU, fp32 goes first, and a size it ran with half the memory budget free vouches for the
+   autocast modes (:func:`vouched_size`): after its own first try, a mode whose skip reaches the
+   space's cap takes it without trying it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from autotune.search._events import CeilingFound, HardwareChecked, PhaseStarted
 from autotune.spec import ProbeSettings
 from autotune.study.study_keys import ceilings_key
 
-__all__ = ["check_hardware", "find_ceilings", "jump_size", "lower_ceiling"]
+__all__ = ["check_hardware", "find_ceilings", "jump_size", "lower_ceiling", "vouched_size"]
 
 # A skipped-to size's peak memory, scaled from the first try, may use this share of the budget:
 # the margin for what does not scale with the batch (workspaces, allocator rounding).
@@ -69,7 +73,10 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
     start = min(max(base, space.batch_size.min), space.batch_size.max)
     cap = max(space.batch_sizes) if space.batch_sizes else space.batch_size.max
     limits: dict[str, str] = {}
-    for i, mode in enumerate(modes):
+    on_cpu = ctx.device.startswith("cpu")
+    vouched = 0
+    # fp32 first: on a CPU, what it runs vouches for the autocast modes' memory.
+    for i, mode in enumerate(sorted(modes, key=lambda m: m != "fp32")):
         ctx.emit(PhaseStarted(phase=Phase.CEILINGS, mode=mode))
         share = (phase_end - ctx.budget.elapsed()) / (len(modes) - i)
         if share < 0.5:
@@ -77,7 +84,11 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
             ctx.ceilings[mode], limits[mode] = start, "time"
             _out_of_time(ctx, mode, start)
             continue
-        ceiling = _mode_ceiling(ctx, mode, share=share, start=start, cap=cap)
+        ceiling = _mode_ceiling(
+            ctx, mode, share=share, start=start, cap=cap, vouched=vouched if mode != "fp32" else 0
+        )
+        if mode == "fp32" and on_cpu:
+            vouched = vouched_size(ceiling, ctx.facts.memory_budget(ctx.spec.memory_margin))
         # A try cut short by the stop says nothing about memory: store no ceiling.
         ctx.stop_if_asked()
         ctx.ceilings[mode], limits[mode] = ceiling.batch_size, ceiling.limited_by
@@ -97,8 +108,11 @@ def _out_of_time(ctx: SearchContext, mode: str, start: int) -> None:
     )
 
 
-def _mode_ceiling(ctx: SearchContext, mode: str, *, share: float, start: int, cap: int) -> Ceiling:
-    """One mode's ceiling, measured within ``share`` seconds."""
+def _mode_ceiling(  # noqa: PLR0913 - one mode's bounds, keyword-only
+    ctx: SearchContext, mode: str, *, share: float, start: int, cap: int, vouched: int = 0
+) -> Ceiling:
+    """One mode's ceiling, measured within ``share`` seconds; sizes up to ``vouched`` fit
+    (0: none is vouched for)."""
     # Per try: a slice of this mode's share; a try that runs out of it stops the doubling.
     # The first try pays the mode's first-use costs (on some CPUs seconds for bf16): it
     # gets half the share.
@@ -137,6 +151,7 @@ def _mode_ceiling(ctx: SearchContext, mode: str, *, share: float, start: int, ca
         # two-minute search takes 12 s with it, 24 s without).
         skip_limit=limit if ctx.device.startswith("cpu") else None,
         stop_when=stop_when,
+        vouched=vouched,
     )
 
 
@@ -187,6 +202,26 @@ def jump_size(
     return size
 
 
+def vouched_size(fp32: Ceiling, budget_bytes: int | None) -> int:
+    """The largest size fp32 ran on a CPU with half of ``budget_bytes`` free (0: none), for
+    which the autocast modes need not try: they keep fp32's weights, gradients and optimizer
+    state, add at most a 16-bit copy of the weights (the cast cache), and keep no activation
+    wider than fp32 does — about a twentieth more than fp32's peak, at most.
+
+    Example:
+        >>> t = [CeilingTry(batch_size=32, fits=True, outcome=Outcome.COMPLETED, peak_memory=10),
+        ...      CeilingTry(batch_size=256, fits=True, outcome=Outcome.COMPLETED, peak_memory=80)]
+        >>> c = Ceiling(precision="fp32", batch_size=256, limited_by="cap", tries=t)
+        >>> vouched_size(c, 200), vouched_size(c, 100), vouched_size(c, None)
+        (256, 32, 0)
+    """
+    if budget_bytes is None:
+        return 0
+    room = _JUMP_MEMORY_SHARE * budget_bytes
+    sizes = [t.batch_size for t in fp32.tries if t.fits and t.peak_memory and t.peak_memory <= room]
+    return max(sizes, default=0)
+
+
 def _fits(result: ProbeResult, budget_bytes: int | None) -> bool:
     """What :func:`find_ceiling` calls a fit: it ran, and its peak left the margin free."""
     peak = result.peak_memory
@@ -203,12 +238,14 @@ def _measure(  # noqa: PLR0913 - one mode's bounds, keyword-only, as find_ceilin
     budget_bytes: int | None,
     skip_limit: float | None,
     stop_when: Callable[[ProbeResult], bool],
+    vouched: int = 0,
 ) -> Ceiling:
     """One mode's ceiling: the first try, then the doubling from the size it may skip to.
 
     A skipped-to size that does not fit changes nothing: the doubling runs from ``start`` as
     without the skip (each size is tried once; the tries already made are reused). The
-    skipped-to try must fit in ``skip_limit`` seconds; None never skips.
+    skipped-to try must fit in ``skip_limit`` seconds; None never skips. A skip to ``cap``
+    that ``vouched`` covers is taken without its try.
     """
     tried: dict[int, ProbeResult] = {}
 
@@ -221,13 +258,23 @@ def _measure(  # noqa: PLR0913 - one mode's bounds, keyword-only, as find_ceilin
     jump = start
     if skip_limit is not None and not stop_when(first):
         jump = jump_size(first, start, cap, budget_bytes, skip_limit)
+    own = CeilingTry(
+        batch_size=start, fits=True, outcome=first.outcome, peak_memory=first.peak_memory
+    )
+    if jump > start and jump >= cap and vouched >= cap and _fits(first, budget_bytes):
+        logger.info(
+            "ceiling {} = {} (limited by cap; not tried above bs={}: fp32 ran bs={} with half "
+            "the memory budget free)",
+            mode,
+            cap,
+            start,
+            vouched,
+        )
+        return Ceiling(precision=mode, batch_size=cap, limited_by="cap", tries=[own])
     if jump > start and _fits(once(jump), budget_bytes):
         logger.info("ceiling {} bs={} → fits; skipped to bs={}", mode, start, jump)
         ceiling = find_ceiling(
             once, mode, start=jump, cap=cap, budget_bytes=budget_bytes, stop_when=stop_when
-        )
-        own = CeilingTry(
-            batch_size=start, fits=True, outcome=first.outcome, peak_memory=first.peak_memory
         )
         return ceiling.model_copy(update={"tries": [own, *ceiling.tries]})
     return find_ceiling(
