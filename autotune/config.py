@@ -17,9 +17,8 @@ import re
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-import torch
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -31,7 +30,6 @@ from pydantic import (
     field_validator,
 )
 
-from autotune.devices import resolve_device
 from autotune.errors import (
     ConfigError,
     EnvironmentMismatchWarning,
@@ -42,6 +40,9 @@ from autotune.files import make_dirs, write_text
 from autotune.inputs import file_problem, load_text, read_text
 from autotune.spec import Candidate, CompileMode, PrecisionName
 from autotune.version import __version__
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -55,6 +56,7 @@ __all__ = [
     "is_lr_schedule",
     "is_optimizer_setting",
     "load_config",
+    "read_config",
     "warn_if_environment_differs",
 ]
 
@@ -312,8 +314,19 @@ class TunedConfig(_Model):
         return path
 
 
-def current_environment(device: torch.device) -> Environment:
-    """Describe this machine: device name and capability, torch, CUDA and autotune versions."""
+def current_environment(device: str | torch.device) -> Environment:
+    """Describe this machine: device name and capability, torch, CUDA and autotune versions.
+
+    Raises:
+        DeviceError: the device does not exist.
+    """
+    # The one place a config reads torch: a config is written and read (by the search's parent,
+    # the service, the report) without it; only describing this machine's device needs it.
+    import torch
+
+    from autotune.devices import resolve_device
+
+    device = resolve_device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         capability = list(torch.cuda.get_device_capability(device))
@@ -409,7 +422,7 @@ def warn_if_environment_differs(
         >>> warn_if_environment_differs(cfg, "cuda:0")  # doctest: +SKIP
         []
     """
-    diffs = environment_differences(config.environment, current_environment(resolve_device(device)))
+    diffs = environment_differences(config.environment, current_environment(device))
     key = (config.study, config.created_at.isoformat(), tuple(diffs))
     if diffs and key not in _WARNED:
         _WARNED.add(key)
@@ -450,6 +463,18 @@ def load_config(path: str | Path, *, device: str | torch.device = "auto") -> Tun
         >>> cfg = load_config("studies/tiny/best.json")  # doctest: +SKIP
         >>> cfg.precision, cfg.batch_size, cfg.learning_rate  # doctest: +SKIP
         ('bf16', 256, 0.4)
+    """
+    config = read_config(path)
+    warn_if_environment_differs(config, device, source=repr(str(path)), stacklevel=2)
+    return config
+
+
+def read_config(path: str | Path) -> TunedConfig:
+    """Read and validate a TunedConfig file, without looking at this machine: for what shows a
+    config (the report, the service's page) rather than trains with it.
+
+    Raises:
+        ConfigError: as :func:`load_config`.
     """
     path = Path(path)
     if path.is_dir():
@@ -492,5 +517,4 @@ def load_config(path: str | Path, *, device: str | torch.device = "auto") -> Tun
         raise ConfigError(
             one_line(format_validation_error(exc, f"config file {str(path)!r}"))
         ) from None
-    warn_if_environment_differs(config, device, source=repr(str(path)), stacklevel=2)
     return config

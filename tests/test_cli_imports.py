@@ -1,7 +1,9 @@
-"""``autotune --help`` answers without loading torch, optuna, the storage or the web service.
+"""``autotune --help`` answers without loading torch, optuna, the storage or the web service;
+a search's parent and the service never load torch at all.
 
-Those take seconds to import; a command loads what it needs once it runs. Each check runs in a
-fresh interpreter, since this test process has long imported all of them.
+Those take seconds to import; a command loads what it needs once it runs. Torch is the probe
+worker's: the process that runs a search, or serves, hands every probe to it. Each check runs
+in a fresh interpreter, since this test process has long imported all of them.
 """
 
 from __future__ import annotations
@@ -38,6 +40,55 @@ print(json.dumps(loaded))
 """
 
 
+# What a search's parent and the service import, in the order the commands reach them.
+PARENT_MODULES = (
+    "autotune.cli._search",
+    "autotune.search",
+    "autotune.execution.worker",
+    "autotune.progress",
+    "autotune.report",
+    "autotune.cli._service",
+    "autotune.service",
+    "autotune.study.storage",
+)
+
+# Imports each module in turn; when torch is first asked for, notes the chain of autotune
+# modules being imported then (outermost first), and which of PARENT_MODULES it came from.
+_IMPORT_EACH = f"""
+import importlib, json, sys
+
+class FirstTorch:
+    chain = None
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and FirstTorch.chain is None:
+            frame, chain = sys._getframe(1), []
+            while frame is not None:
+                module = frame.f_globals.get("__name__", "")
+                if frame.f_code.co_name == "<module>" and module.startswith("autotune"):
+                    chain.append(module)
+                frame = frame.f_back
+            FirstTorch.chain = chain[::-1]
+        return None
+
+sys.meta_path.insert(0, FirstTorch())
+found = {{}}
+for module in {PARENT_MODULES!r}:
+    importlib.import_module(module)
+    if FirstTorch.chain is not None:
+        found = {{"module": module, "chain": FirstTorch.chain}}
+        break
+if not found:
+    # What the parent runs before any probe: a built-in checked and named, the worker's client.
+    from autotune.execution.worker import ProbeWorker
+    from autotune.service import WorkloadPolicy
+    from autotune.workloads import normalize_reference
+    WorkloadPolicy([]).check("tiny_convnet"), normalize_reference("tiny_mlp"), ProbeWorker("cpu")
+    if "torch" in sys.modules:
+        found = {{"module": "checking a built-in workload", "chain": FirstTorch.chain}}
+print(json.dumps(found))
+"""
+
+
 def _python(code: str) -> str:
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
@@ -51,6 +102,20 @@ def test_help_of_every_command_loads_no_heavy_module() -> None:
     assert "autotune search --help" in loaded and "autotune serve --help" in loaded
     heavy = {what: mods for what, mods in loaded.items() if mods}
     assert not heavy, f"loaded at start-up or for --help: {heavy}"
+
+
+def test_a_searchs_parent_and_the_service_load_no_torch() -> None:
+    found = json.loads(_python(_IMPORT_EACH).splitlines()[-1])
+    assert not found, (
+        f"importing {found['module']} loaded torch, through "
+        f"{' → '.join(found['chain']) or 'no autotune module'}; only the probe worker may"
+    )
+
+
+def test_the_builtin_names_known_without_torch_are_the_builtins() -> None:
+    from autotune.workloads import BUILTIN_NAMES, BUILTINS
+
+    assert list(BUILTINS) == list(BUILTIN_NAMES)
 
 
 def test_python_dash_m_help_loads_no_heavy_module() -> None:

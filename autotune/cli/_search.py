@@ -116,7 +116,6 @@ def _search_spec(
 ) -> tuple[Any, Any, str]:
     """The spec with the command line's overrides, the simulated runner of ``--simulate``
     (None: the real device), and where it runs, in words."""
-    from autotune.measure.precision import resolve_device
     from autotune.spec import load_spec
 
     path = spec_file or DEFAULT_SPEC
@@ -128,7 +127,9 @@ def _search_spec(
     spec = load_spec(path)
     spec = spec.with_overrides({**overrides, **parse_sets(sets)})
     if simulate is None:
-        return spec, None, str(resolve_device(spec.device))
+        # As the spec names it: the probe worker resolves it (and says when it does not exist),
+        # so this process never imports torch.
+        return spec, None, spec.device
     spec, runner = _simulated(spec, simulate, storage_given=overrides["storage"] is not None)
     return spec, runner, f"{runner.landscape.device} (simulated: {runner.landscape.name})"
 

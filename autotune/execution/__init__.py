@@ -7,4 +7,7 @@ speak the typed messages of :mod:`autotune.execution.messages`) that a hard time
 memory limit (:mod:`autotune.execution.limits`) keep from taking the search down with it. The
 workload's and the device's facts are asked of that worker too (:mod:`autotune.execution.facts`).
 What a probe measures lives one layer down, in :mod:`autotune.measure`.
+
+The parent's side imports no torch: only the worker answers requests
+(:mod:`autotune.execution.answers`) and finds facts (:mod:`autotune.execution.collect`).
 """

@@ -178,7 +178,7 @@ class InProcessRunner(Runner):
             )
 
     def facts(self, workload: str) -> WorkerFacts:
-        from autotune.execution.facts import collect_facts
+        from autotune.execution.collect import collect_facts
 
         return collect_facts(workload, self.device)
 

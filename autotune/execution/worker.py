@@ -5,6 +5,10 @@ a worker process contains all of it. The worker imports torch once and keeps loa
 so a trial costs only its probe. A probe that outlives its hard time limit, or a worker that
 dies, becomes a ``crashed`` result with the reason, and the next call starts a fresh worker.
 
+This module is both sides' face: :class:`ProbeWorker`, the parent's, imports no torch (the
+search and the service run without it); the worker's loop (:func:`main`) answers each request
+with :mod:`autotune.execution.answers`, which only the worker loads.
+
 The two processes speak the typed messages of :mod:`autotune.execution.messages`; what each
 failure means to the caller is decided once, in ``ProbeWorker._ask``.
 """
@@ -12,8 +16,6 @@ failure means to the caller is decided once, in ``ProbeWorker._ask``.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import json
 import os
 import re
 import select
@@ -24,7 +26,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import torch
 from loguru import logger
 from pydantic import BaseModel
 
@@ -57,7 +58,6 @@ from autotune.execution.messages import (
     UserErrorReply,
     WorkerMemory,
     decode_reply,
-    decode_request,
     encode,
 )
 from autotune.execution.runner import (
@@ -67,7 +67,7 @@ from autotune.execution.runner import (
     crashed_result,
     poisons_context,
 )
-from autotune.measure.memory import OOM_MESSAGES
+from autotune.measure.oom import OOM_MESSAGES
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 
@@ -92,20 +92,6 @@ class _Failure:
     timed_out: bool = False
 
 
-def _device_memory(device: str) -> WorkerMemory | None:
-    """The worker's CUDA device's memory; None on a CPU or before CUDA was used here (asking
-    would open a context for nothing)."""
-    try:
-        dev = torch.device(device)
-        if dev.type != "cuda" or not torch.cuda.is_initialized():
-            return None
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        free, total = torch.cuda.mem_get_info(index)
-        return WorkerMemory(int(free), int(total), int(torch.cuda.memory_reserved(index)))
-    except Exception:  # a broken context or an odd device name: no report, not a failure
-        return None
-
-
 def _serve(requests: Any, replies: Any, device: str) -> None:
     """The worker's loop: read a request line, answer it, write the reply line.
 
@@ -126,71 +112,17 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
         replies.write(here.sub(shown, text) if here else text)
         replies.flush()
 
-    # Loaded before `ready`, as start() promises: the first probe pays only for itself.
-    importlib.import_module("autotune.measure.probe")
+    # The worker's side, torch with it, loaded here in the worker and before `ready`, as
+    # start() promises: the first probe pays only for itself, and the parent never loads it.
+    from autotune.execution.answers import answer
+
     cache: dict[str, Any] = {}
     send(ReadyReply(pid=os.getpid()))
     for line in requests:
-        reply = _answer(line, cache, device)
+        reply = answer(line, cache, device)
         send(reply)
         if isinstance(reply, PoisonedReply):
             return
-
-
-def _answer(line: str, cache: dict[str, Any], device: str) -> BaseModel:
-    """The reply to one request line; an exception becomes a reply too, by what it means (a
-    line that is no request, a bug, is a crash: the worker lives on)."""
-    from autotune.workloads import load_workload
-
-    try:
-        request = decode_request(line)
-        if request.workload not in cache:
-            cache[request.workload] = load_workload(request.workload)
-        workload = cache[request.workload]
-        if isinstance(request, CompareRequest):
-            return _compare(request, workload, device)
-        if isinstance(request, FactsRequest):
-            return _facts(request, device)
-        if isinstance(request, DiagnoseRequest):
-            return _diagnose(request, workload, device)
-        return _probe(request, workload, device)
-    except AutotuneError as exc:
-        return UserErrorReply.from_exception(exc)
-    except Exception as exc:  # a bug in the workload or in autotune: a crashed probe
-        if poisons_context(exc):
-            return PoisonedReply.from_exception(exc)
-        return CrashReply.from_exception(exc)
-
-
-def _probe(request: ProbeRequest, workload: Any, device: str) -> ResultReply:
-    from autotune.measure.probe import run_probe
-
-    result = run_probe(
-        workload, request.candidate, device, request.settings, early_stop=request.early_stop
-    )
-    return ResultReply(result=result, memory=_device_memory(device))
-
-
-def _compare(request: CompareRequest, workload: Any, device: str) -> PairedReply:
-    from autotune.measure.paired import run_paired
-
-    paired = run_paired(workload, request.candidate, request.reference, device, request.settings)
-    return PairedReply(paired=paired)
-
-
-def _facts(request: FactsRequest, device: str) -> FactsReply:
-    from autotune.execution.facts import collect_facts
-
-    return FactsReply(facts=collect_facts(request.workload, device), memory=_device_memory(device))
-
-
-def _diagnose(request: DiagnoseRequest, workload: Any, device: str) -> DiagnosisReply:
-    from autotune.diagnose import diagnose
-
-    found = diagnose(workload, request.candidate, device, steps=request.steps, seed=request.seed)
-    # Its JSON, as the in-process runner returns it.
-    diagnosis = json.loads(found.model_dump_json())
-    return DiagnosisReply(diagnosis=diagnosis, memory=_device_memory(device))
 
 
 def main() -> None:

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.enums import Outcome
 from autotune.measure.result import ProbeResult
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Ceiling", "CeilingTry", "find_ceiling", "memory_budget"]
 
@@ -58,6 +61,10 @@ def memory_budget(device: torch.device, margin: float) -> int | None:
     CPU: MemAvailable minus the margin of MemTotal. None when it cannot be read.
     """
     if device.type == "cuda":
+        # Only here: a caller holding a CUDA device has torch loaded; the search's parent reads
+        # its budget from the worker's facts and imports this module without torch.
+        import torch
+
         free, total = torch.cuda.mem_get_info(device)
         return max(0, int(free - margin * total))
     try:

@@ -26,6 +26,8 @@ from typing import Literal
 
 import torch
 
+from autotune.measure.oom import OOM_MESSAGES
+
 __all__ = [
     "OOM_MESSAGES",
     "OOM_TYPES",
@@ -42,18 +44,9 @@ __all__ = [
 ]
 
 # What counts as running out of memory. torch's own allocators raise OutOfMemoryError; memory a
-# library allocates by itself fails as a plain RuntimeError whose message names the failure.
+# library allocates by itself fails as a plain RuntimeError whose message names the failure
+# (OOM_MESSAGES, in autotune.measure.oom: the search's parent reads reasons with them).
 OOM_TYPES: tuple[type[BaseException], ...] = (torch.OutOfMemoryError,)
-OOM_MESSAGES: tuple[str, ...] = (
-    "CUDA out of memory",  # the caching allocator, as older torch versions raised it
-    "CUDA error: out of memory",  # a cudaMalloc outside the caching allocator
-    "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS could not allocate its handle or workspace
-    "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN before 9
-    "CUDNN_STATUS_NOT_ALLOC",  # an old cuDNN spelling of the same failure
-    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",  # cuDNN 9
-    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",  # cuDNN 9
-    "DefaultCPUAllocator: can't allocate memory",  # host memory, on a CPU device
-)
 
 
 def is_oom(exc: BaseException) -> bool:

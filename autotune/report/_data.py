@@ -14,7 +14,7 @@ from typing import Any, cast
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import TunedConfig, load_config
+from autotune.config import TunedConfig, read_config
 from autotune.enums import Role
 from autotune.errors import ConfigError, StorageError
 from autotune.spec import StudySpec
@@ -297,7 +297,7 @@ def _find_config(
         if not path.is_file():
             continue
         try:
-            cfg = load_config(path)
+            cfg = read_config(path)
         except ConfigError as exc:
             notes.append(f"{path} could not be read: {exc}")
             continue

@@ -2,37 +2,46 @@
 Workload from what a project already has (a LightningModule and its DataModule, a transformers
 model and dataset, or the pieces of a plain loop).
 
-The adapters import Lightning or transformers only when called."""
+The interface and the loader import no torch: the search's parent and the service name and
+check references without it. The built-ins and the adapters, which build models, load on first
+use; the adapters import Lightning or transformers only when called."""
+
+import importlib as _importlib
+from typing import TYPE_CHECKING
 
 from autotune.workloads._base import Batch, Workload, cross_entropy_loss, synthetic_batches
-from autotune.workloads._builtin import (
-    BUILTINS,
-    class_images,
-    resnet18,
-    tiny_convnet,
-    tiny_gpt,
-    tiny_mlp,
-)
 from autotune.workloads._factory import (
     BUILTIN_MODULES,
+    BUILTIN_NAMES,
     builtin_factories,
     factory_problem,
     is_stdlib,
 )
-from autotune.workloads._huggingface import huggingface_workload
-from autotune.workloads._lightning import lightning_workload
 from autotune.workloads._loader import (
     check_factory,
     is_reference,
     load_workload,
     normalize_reference,
 )
-from autotune.workloads._loop import loop_workload
 from autotune.workloads._objects import reference_for
+
+if TYPE_CHECKING:
+    from autotune.workloads._builtin import (
+        BUILTINS,
+        class_images,
+        resnet18,
+        tiny_convnet,
+        tiny_gpt,
+        tiny_mlp,
+    )
+    from autotune.workloads._huggingface import huggingface_workload
+    from autotune.workloads._lightning import lightning_workload
+    from autotune.workloads._loop import loop_workload
 
 __all__ = [
     "BUILTINS",
     "BUILTIN_MODULES",
+    "BUILTIN_NAMES",
     "Batch",
     "Workload",
     "builtin_factories",
@@ -54,3 +63,29 @@ __all__ = [
     "tiny_gpt",
     "tiny_mlp",
 ]
+
+# Where each name that needs torch lives: loaded on first use.
+_LAZY = {
+    "BUILTINS": "autotune.workloads._builtin",
+    "class_images": "autotune.workloads._builtin",
+    "resnet18": "autotune.workloads._builtin",
+    "tiny_convnet": "autotune.workloads._builtin",
+    "tiny_gpt": "autotune.workloads._builtin",
+    "tiny_mlp": "autotune.workloads._builtin",
+    "huggingface_workload": "autotune.workloads._huggingface",
+    "lightning_workload": "autotune.workloads._lightning",
+    "loop_workload": "autotune.workloads._loop",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

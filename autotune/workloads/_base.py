@@ -1,13 +1,18 @@
-"""The Workload interface: everything a probe needs to train a model for a few steps."""
+"""The Workload interface: everything a probe needs to train a model for a few steps.
+
+The interface imports no torch: the search's parent and the service name workloads and check
+references without it; the functions a workload holds run where it trains.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from torch import nn
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 __all__ = ["Batch", "Workload", "cross_entropy_loss", "synthetic_batches"]
 
@@ -16,9 +21,12 @@ Batch = tuple[Any, ...]
 
 def cross_entropy_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     """The default loss: ``cross_entropy(model(inputs), targets)``."""
+    # Only when a model trains, which loaded torch long before.
+    from torch.nn import functional as F
+
     inputs, targets = batch
     logits = model(inputs)
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -194,7 +195,8 @@ def tiny_gpt() -> Workload:
     )
 
 
-BUILTINS = {
+# Every built-in by its name (BUILTIN_NAMES, which the loader and the service read without torch).
+BUILTINS: dict[str, Callable[[], Workload]] = {
     "resnet18": resnet18,
     "tiny_gpt": tiny_gpt,
     "tiny_convnet": tiny_convnet,

@@ -9,9 +9,9 @@ from typing import Any
 from autotune.errors import WorkloadError
 from autotune.workloads._adapters import adapter_workload, check_adapter, is_adapter_reference
 from autotune.workloads._base import Workload
-from autotune.workloads._builtin import BUILTINS
 from autotune.workloads._factory import (
     BUILTIN_MODULES,
+    BUILTIN_NAMES,
     builtin_factories,
     factory_problem,
     is_stdlib,
@@ -36,7 +36,7 @@ def is_reference(text: str) -> bool:
 def normalize_reference(reference: str) -> str:
     """``resnet18`` → ``autotune.workloads:resnet18``; full references pass through."""
     reference = reference.strip()
-    if reference in BUILTINS:
+    if reference in BUILTIN_NAMES:
         return f"autotune.workloads:{reference}"
     return reference
 
@@ -66,7 +66,7 @@ def _shape(reference: str) -> tuple[str, str, str]:
     if not _REF.match(ref):
         raise WorkloadError(
             f"workload reference {reference!r} must look like package.module:function "
-            f"or be a built-in ({', '.join(BUILTINS)})"
+            f"or be a built-in ({', '.join(BUILTIN_NAMES)})"
         )
     module_name, attr = ref.split(":")
     return ref, module_name, attr
@@ -113,7 +113,7 @@ def check_factory(reference: str) -> str:
     if reference.startswith("pickle:"):
         return reference  # written by autotune.tune(); loading it runs what it holds
     ref, module_name, attr = _shape(reference)
-    builtins = f"a built-in ({', '.join(BUILTINS)})"
+    builtins = f"a built-in ({', '.join(BUILTIN_NAMES)})"
     if is_stdlib(module_name):
         raise WorkloadError(
             f"workload {reference!r}: module {module_name!r} is part of Python itself, not a "
