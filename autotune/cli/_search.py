@@ -153,6 +153,33 @@ def _run(
     Returns:
         The SearchResult and the Budget it ran against.
     """
+    from autotune.execution.worker import ProbeWorker
+
+    # The probe worker first: it imports torch while this process imports the search and opens
+    # the study (half a second sooner to the first trial).
+    try:
+        worker = ProbeWorker(spec.device) if runner is None else None
+    except AutotuneError as exc:  # its memory limit's setting
+        fail(str(exc))
+    if worker is not None:
+        worker.spawn()
+    try:
+        return _run_with(spec, runner, worker, out_dir, where=where, still=still, out=out)
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+def _run_with(  # noqa: PLR0913 - _run's arguments, and the worker it started
+    spec: Any,
+    runner: Any,
+    worker: Any,
+    out_dir: Path,
+    *,
+    where: str,
+    still: bool,
+    out: Path | None,
+) -> tuple[Any, Any]:
     from autotune import clock as clocks
     from autotune.progress import SearchProgress
     from autotune.search import Budget, SearchInterrupted, run_search
@@ -176,7 +203,7 @@ def _run(
                 budget=clock,
                 on_event=progress,
                 handle_sigint=True,
-                runner=runner,
+                runner=runner or worker,
             )
     except SearchInterrupted as exc:
         warn(str(exc))

@@ -166,6 +166,8 @@ class ProbeWorker(Runner):
         self._requests: Any = None
         self._replies: Any = None
         self.starts = 0
+        # Spawned and not yet heard ready (spawn() returned at once).
+        self._unready = False
         # The device's memory as the worker last reported it (CUDA only; None until then).
         self.memory: WorkerMemory | None = None
         # The worker's address-space limit in bytes (a CPU worker only; None: none).
@@ -178,11 +180,25 @@ class ProbeWorker(Runner):
             proc.kill()
 
     def start(self) -> None:
+        """A live worker, ready for a request: started now (a fresh one after one died), or the
+        one :meth:`spawn` started, waited for.
+
+        Raises:
+            RuntimeError: it did not say it was ready within 120 s.
+        """
+        self.spawn()
+        if self._unready:
+            self._await_ready()
+
+    def spawn(self) -> None:
+        """Start the worker's process and return at once: it imports torch while the caller
+        goes on (the command line imports the search and opens the study meanwhile); the next
+        request waits for it. Nothing when a worker lives already."""
         if self._proc is None or self._proc.poll() is not None:
             self._stop(kill=True)
-            self._start()
+            self._launch()
 
-    def _start(self) -> None:
+    def _launch(self) -> None:
         # A fresh interpreter, not a fork: CUDA cannot be forked, and the caller's main module
         # is never re-imported. A CUDA worker sees only its own GPU, as cuda:0 (worker_env).
         env = {
@@ -206,12 +222,17 @@ class ProbeWorker(Runner):
         self._proc = proc
         self._requests = os.fdopen(req_w, "w")
         self._replies = os.fdopen(rep_r, "r")
+        self._unready = True
+
+    def _await_ready(self) -> None:
+        assert self._proc is not None
         reply = self._recv(120)
         if not isinstance(reply, ReadyReply):
             self._stop(kill=True)
             raise RuntimeError("the probe worker did not start within 120 s")
+        self._unready = False
         self.starts += 1
-        logger.debug("worker pid {} started for {}", proc.pid, self.device)
+        logger.debug("worker pid {} started for {}", self._proc.pid, self.device)
 
     def _recv(self, timeout: float) -> Reply | None:
         """One reply, or None when none came within ``timeout``.
@@ -242,6 +263,7 @@ class ProbeWorker(Runner):
             self._proc.kill()
             self._proc.wait(5)
         self._proc = self._requests = self._replies = None
+        self._unready = False
         # A new worker holds nothing yet: the old one's report no longer says anything.
         self.memory = None
 
