@@ -14,7 +14,6 @@ The names that need torch or the spec's models load on first use, so ``import au
 every ``autotune ... --help``) does not pay for torch.
 """
 
-import importlib as _importlib
 import sys as _sys
 import time as _time
 import types as _types
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 # part of the job's wall time.
 STARTED = _time.monotonic()
 
+from autotune._lazy import lazy as _lazy  # noqa: E402
 from autotune.errors import (  # noqa: E402
     AutotuneError,
     AutotuneWarning,
@@ -92,13 +92,7 @@ _LAZY = {
 _NAMED_LIKE_THEIR_MODULE = frozenset({"export", "session"})
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:

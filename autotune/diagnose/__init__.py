@@ -36,8 +36,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from autotune._lazy import lazy
 
 if TYPE_CHECKING:
     from autotune.diagnose._fp32 import fp32_modules, keep_in_fp32
@@ -82,13 +83,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy(__name__, {name: f"{__name__}.{module}" for name, module in _LAZY.items()})
 
 
 def __dir__() -> list[str]:

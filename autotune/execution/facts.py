@@ -9,11 +9,11 @@ model, and imports no torch; the worker finds the facts with :mod:`autotune.exec
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from autotune._lazy import lazy
 from autotune.config import Environment
 
 __all__ = ["WorkerFacts"]
@@ -64,9 +64,4 @@ class WorkerFacts(BaseModel):
         return max(0, int(self.memory_free - margin * self.memory_total))
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _COLLECTED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("autotune.execution.collect"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy(__name__, dict.fromkeys(_COLLECTED, "autotune.execution.collect"))

@@ -21,12 +21,12 @@ parent and the report read these). Applying them to a model is
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from autotune._lazy import lazy
 from autotune.spec import Candidate
 
 if TYPE_CHECKING:
@@ -49,12 +49,7 @@ _COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "torch._functorch", "to
 _ON_A_MODEL = frozenset({"apply_knobs", "keep_in_fp32", "mark_batch_dynamic"})
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _ON_A_MODEL:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("autotune.measure.model_knobs"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy(__name__, dict.fromkeys(_ON_A_MODEL, "autotune.measure.model_knobs"))
 
 
 def is_compile_error(exc: BaseException) -> bool:

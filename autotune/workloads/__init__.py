@@ -6,9 +6,9 @@ The interface and the loader import no torch: the search's parent and the servic
 check references without it. The built-ins and the adapters, which build models, load on first
 use; the adapters import Lightning or transformers only when called."""
 
-import importlib as _importlib
 from typing import TYPE_CHECKING
 
+from autotune._lazy import lazy
 from autotune.workloads._base import Batch, Workload, cross_entropy_loss, synthetic_batches
 from autotune.workloads._factory import (
     BUILTIN_MODULES,
@@ -78,13 +78,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:
