@@ -21,6 +21,7 @@ from autotune.search._context import SearchContext
 from autotune.search._space import Space
 from autotune.search._validate import (
     Rerun,
+    measure_spread,
     rejection_summary,
     select,
     shortlist,
@@ -29,6 +30,7 @@ from autotune.search._validate import (
 )
 from autotune.sim import SimulatedRunner, simulate
 from autotune.spec import Candidate, parse_spec
+from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.trials import TrialRecord
 
 _DISTS = {
@@ -333,3 +335,45 @@ def test_validation_keeps_time_for_six_pairs_of_a_candidate_with_slow_steps() ->
     step, ref_step = 256 / 1500, 64 / 100
     warm_and_six_pairs = (spec.probe.warmup_steps + 1 + 6) * (step + ref_step)
     assert validation_reserve(ctx, study) >= warm_and_six_pairs
+
+
+@pytest.mark.parametrize(
+    ("gap", "end_at", "repeats"),
+    [
+        (0.075, 3600.0, 3),  # off only by parity, within what the band could allow: measured
+        (0.12, 3600.0, 1),  # beyond the tolerance twice over: no band would admit it
+        (0.075, 1.5, 1),  # no time left beside validation's
+    ],
+)
+def test_the_seed_spread_rests_on_three_repeats_before_a_borderline_trial_is_judged(
+    gap: float, end_at: float, repeats: int
+) -> None:
+    """One repeat of the reference, 0.2% from its first run, makes a band of 0.4%: a trial off
+    parity by 7.5% would be judged on it. The reference is measured again (fresh seeds) until
+    the band rests on three repeats, time allowing; a trial no band could admit asks nothing."""
+    spec = parse_spec({"name": "spread", "workload": WORKLOAD, "budget": "1h"})
+    ctx = SearchContext(
+        spec=spec,
+        runner=SimulatedRunner(landscape()),
+        budget=Budget(3600.0),
+        facts=WorkerFacts.model_construct(workload=WORKLOAD, device="cuda:0"),
+        space=Space.of(spec, ["bf16"], rule="linear", base_lr=0.1, base_batch=64),
+        probe_seconds=[1.0] * 10,
+    )
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="maximize")
+    study.add_trial(trial(0, 1.5, gap=gap))
+    first = ReferenceMeasurement(at=0, throughput=100, low=99, high=101)
+    reference = ReferenceRecord(
+        batch_size=32,
+        learning_rate=0.1,
+        measurements=[first, first.model_copy(update={"seed_gap": 0.002})],
+    )
+
+    def remeasure() -> None:
+        reference.measurements.append(first.model_copy(update={"seed_gap": -0.03}))
+
+    measure_spread(ctx, study, reference, remeasure, end_at)
+    gaps = [m.seed_gap for m in reference.measurements if m.seed_gap is not None]
+    assert len(gaps) == repeats
+    if repeats == 3:
+        assert reference.seed_noise(0.05) > 0.04  # the band admits the trial now

@@ -51,6 +51,7 @@ from autotune.search._space import Space
 from autotune.search._trial import TrialStep
 from autotune.search._validate import (
     Selection,
+    measure_spread,
     rejection_summary,
     validate,
     validation_reserve,
@@ -405,6 +406,7 @@ def _run_phases(ctx: SearchContext, study: optuna.Study, rule: str) -> _Outcome:
             # Measured through: validation takes what it needs, and the search ends with
             # its result instead of spending the rest of the budget on tighter intervals.
             end_at = min(end_at, ctx.budget.elapsed() + validation_reserve(ctx, study, reference))
+        measure_spread(ctx, study, reference, refs.measure, end_at)
     return _validate_once(ctx, study, reference, end_at)
 
 

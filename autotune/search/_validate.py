@@ -51,6 +51,7 @@ __all__ = [
     "select",
     "shortlist",
     "validate",
+    "measure_spread",
     "validation_reserve",
 ]
 
@@ -349,6 +350,37 @@ def _shortlist(
         maximize=ctx.maximize,
         parity_allowance=tol + reference.seed_noise(tol) if reference is not None else None,
     )
+
+
+# The seed-to-seed band a parity decision rests on is measured from at least this many repeats.
+SPREAD_REPEATS = 3
+
+
+def measure_spread(
+    ctx: SearchContext,
+    study: optuna.Study,
+    reference: ReferenceRecord,
+    remeasure: Callable[[], object],
+    end_at: float,
+) -> None:
+    """Before validation picks by parity: when a trial failed only parity, by less than the
+    band could ever allow (the tolerance again), the band rests on :data:`SPREAD_REPEATS`
+    repeats of the reference (each a fresh seed), time allowing. Fewer leave it to chance: one
+    repeat that happened to land close gives a band of a few tenths of a percent."""
+    tol = ctx.spec.parity_tolerance
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    val = ctx.spec.validation
+    if not any(
+        not is_feasible(t) and _eligible(t, 2 * tol) and (record(t).speedup or 0) >= val.min_speedup
+        for t in trials
+    ):
+        return
+    for _ in range(SPREAD_REPEATS):
+        gaps = [m for m in reference.measurements if m.seed_gap is not None]
+        left = end_at - ctx.budget.elapsed() - validation_reserve(ctx, study, reference)
+        if len(gaps) >= SPREAD_REPEATS or left < ctx.typical_probe():
+            return
+        remeasure()
 
 
 def _six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
