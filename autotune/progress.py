@@ -111,7 +111,9 @@ class SearchProgress:
         budget: the search's clock (its ``total``, ``elapsed()`` and ``left()`` feed the bar).
         console: where the live view goes; a stderr console by default.
         live: draw the live view; by default only when ``console`` is a real terminal.
-        title: shown on the live view's frame, e.g. the study name and device.
+        title: shown on the live view's frame, e.g. the study name and its workload.
+        device: where it runs, after the title ("on cpu"); ``auto`` shows the device the worker
+            picked once it says.
         parity_tolerance: named in the line about an infeasible trial.
 
     Example:
@@ -127,6 +129,7 @@ class SearchProgress:
         console: Console | None = None,
         live: bool | None = None,
         title: str = "",
+        device: str = "",
         parity_tolerance: float | None = None,
     ) -> None:
         self.budget = budget
@@ -135,6 +138,7 @@ class SearchProgress:
             live = self.console.is_terminal and not self.console.is_dumb_terminal
         self.live = live
         self.title = title
+        self.device = device
         self.parity_tolerance = parity_tolerance
         self.phase = "starting"
         self.phase_mode: str | None = None
@@ -207,6 +211,8 @@ class SearchProgress:
         return _Deferred(self._queue, fields)
 
     def _on_hardware(self, event: HardwareChecked) -> None:
+        if self.device == "auto" and event.device:
+            self.device = event.device
         self.modes = list(event.modes)
         self.cut = dict(event.cut)
         cut = f" (cut: {', '.join(self.cut)})" if self.cut else ""
@@ -410,7 +416,8 @@ class SearchProgress:
             if self.last:
                 grid.add_row("last", Text(self.last, overflow="ellipsis", no_wrap=True))
             grid.add_row("best", Text(self.best_text(), style="green" if self.best else ""))
-            title = "autotune search" + (f" · {self.title}" if self.title else "")
+            where = f" on {self.device}" if self.device else ""
+            title = "autotune search" + (f" · {self.title}{where}" if self.title else where)
             return Panel(Group(grid), title=title, title_align="left", expand=False)
 
     def _modes_text(self) -> str:

@@ -127,10 +127,18 @@ def test_plain_mode_logs_each_result_with_the_standing(messages: list[str]) -> N
 def test_live_view_shows_the_state_and_stops_cleanly_on_ctrl_c(messages: list[str]) -> None:
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, width=110, color_system=None)
-    progress = SearchProgress(Budget(60.0, started=time.monotonic() - 30), console=console)
+    progress = SearchProgress(
+        Budget(60.0, started=time.monotonic() - 30),
+        console=console,
+        title="tiny · tiny_convnet",
+        device="auto",
+    )
     assert progress.live is True
+    # The spec said auto; the worker says which device that is.
+    cut = {"tf32": "a CUDA feature"}
+    answered = HardwareChecked(modes=["fp32", "fp16", "bf16"], cut=cut, device="cpu")
     with pytest.raises(KeyboardInterrupt), progress:
-        feed(progress, EVENTS[:-1])
+        feed(progress, [answered, *EVENTS[1:-1]])
         progress(TrialStarted(number=6, candidate=cand("bf16", 128)))
         time.sleep(0.3)  # at least one refresh from the live view's thread
         raise KeyboardInterrupt
@@ -138,6 +146,7 @@ def test_live_view_shows_the_state_and_stops_cleanly_on_ctrl_c(messages: list[st
     out = screen.getvalue()
     # The last frame says how it ended, with the numbers, and the cursor is given back.
     last = out[out.rfind("autotune search") :]
+    assert last.startswith("autotune search · tiny · tiny_convnet on cpu")
     assert "interrupted" in last
     assert "3 complete (1 infeasible) · 1 pruned (oom 1) · 1 failed · 1 reused" in last
     assert "fp32 ≤128 · fp16 · bf16 ≤64   cut: tf32" in last

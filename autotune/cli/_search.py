@@ -192,7 +192,8 @@ def _run_with(  # noqa: PLR0913 - _run's arguments, and the worker it started
         clock,
         console=err_console,
         live=False if (still or virtual) else None,
-        title=f"{spec.name} · {spec.workload} on {where}",
+        title=f"{spec.name} · {spec.workload}",
+        device=where,
         parity_tolerance=spec.parity_tolerance,
     )
     try:

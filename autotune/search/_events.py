@@ -43,6 +43,8 @@ class HardwareChecked:
 
     modes: list[str]
     cut: dict[str, str]
+    # The device the worker runs on, as it resolved it (``auto`` becomes ``cpu`` or ``cuda:0``).
+    device: str = ""
     kind: str = field(default="hardware", init=False)
 
 

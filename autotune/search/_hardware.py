@@ -49,7 +49,7 @@ def check_hardware(ctx: SearchContext, modes: list[str]) -> list[str]:
             logger.info("cut {}: {}", name, why)
         else:
             runnable.append(name)
-    ctx.emit(HardwareChecked(modes=list(runnable), cut=dict(ctx.cut)))
+    ctx.emit(HardwareChecked(modes=list(runnable), cut=dict(ctx.cut), device=ctx.device))
     return runnable
 
 
