@@ -39,8 +39,7 @@ test: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy & checker=$$!; \
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder \
-		--durations=15; tests=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15; tests=$$?; \
 	wait $$checker && exit $$tests
 
 # The documentation site, offline, into site/ (open site/index.html). --strict: a broken link,

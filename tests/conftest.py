@@ -33,39 +33,7 @@ def _sqlite_without_fsync(connection: object, _record: object) -> None:
         connection.execute("PRAGMA synchronous=OFF")
 
 
-# The files that take longest (real services, workers and PostgreSQL), longest first: seconds
-# beside a busy process, 2026-12-01. Each test process takes a whole file at a time, in this
-# order (the Makefile turns off the reordering by test count that would put these few-test files
-# last): started first, they run beside the many short files instead of being the tail of the
-# run that one process waits out alone.
-_LONGEST_FIRST = (
-    "test_service_restarts.py",  # 64 s
-    "test_service_faults.py",  # 60 s
-    "test_distributed_recovery.py",  # 37 s
-    "test_sim.py",  # 31 s
-    "test_storage_faults.py",  # 30 s
-    "test_train_cli.py",  # 30 s
-    "test_box.py",  # 28 s
-    "test_worker.py",  # 26 s
-    "test_cli_search.py",  # 26 s
-    "test_service.py",  # 26 s
-    "test_page.py",  # 25 s
-    "test_distributed.py",  # 23 s
-    "test_report.py",  # 23 s
-    "test_trials.py",  # 22 s
-    "test_safety.py",  # 18 s
-    "test_cuda_context.py",  # 17 s
-    "test_search.py",  # 17 s
-    "test_benchmarks.py",  # 17 s
-    "test_examples_lightning.py",  # 16 s
-    "test_progress.py",  # 15 s
-    "test_examples_huggingface.py",  # 14 s
-)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files keep order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; none is visible")
