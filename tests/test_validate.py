@@ -316,11 +316,9 @@ def test_slow_steps_never_ship_a_config_validated_on_fewer_than_six_pairs(budget
         assert "pairs where 6 are needed" in ev.validation_note
 
 
-def test_validation_keeps_time_for_six_pairs_of_a_candidate_with_slow_steps() -> None:
-    """The probes so far took a second, but the shortlisted candidate's steps and the
-    reference's are slow: the time kept for validation still holds both arms' warm-ups and six
-    pairs of one-step blocks, or its rerun could not buy the pairs validation now needs."""
-    spec = parse_spec({"name": "slow", "workload": WORKLOAD, "budget": "1h"})
+def _hour_long(spec: Any) -> tuple[SearchContext, optuna.Study]:
+    """A search context an hour long on the test GPU whose probes took a second each, and an
+    empty study."""
     ctx = SearchContext(
         spec=spec,
         runner=SimulatedRunner(landscape()),
@@ -330,6 +328,15 @@ def test_validation_keeps_time_for_six_pairs_of_a_candidate_with_slow_steps() ->
         probe_seconds=[1.0] * 10,
     )
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="maximize")
+    return ctx, study
+
+
+def test_validation_keeps_time_for_six_pairs_of_a_candidate_with_slow_steps() -> None:
+    """The probes so far took a second, but the shortlisted candidate's steps and the
+    reference's are slow: the time kept for validation still holds both arms' warm-ups and six
+    pairs of one-step blocks, or its rerun could not buy the pairs validation now needs."""
+    spec = parse_spec({"name": "slow", "workload": WORKLOAD, "budget": "1h"})
+    ctx, study = _hour_long(spec)
     # bs=256 at 1500 samples/s: 0.17 s a step; the reference, bs=64 at 100 samples/s: 0.64 s.
     study.add_trial(trial(0, 1.5, batch_size=256, reference_throughput=100.0))
     step, ref_step = 256 / 1500, 64 / 100
@@ -352,15 +359,7 @@ def test_the_seed_spread_rests_on_three_repeats_before_a_borderline_trial_is_jud
     parity by 7.5% would be judged on it. The reference is measured again (fresh seeds) until
     the band rests on three repeats, time allowing; a trial no band could admit asks nothing."""
     spec = parse_spec({"name": "spread", "workload": WORKLOAD, "budget": "1h"})
-    ctx = SearchContext(
-        spec=spec,
-        runner=SimulatedRunner(landscape()),
-        budget=Budget(3600.0),
-        facts=WorkerFacts.model_construct(workload=WORKLOAD, device="cuda:0"),
-        space=Space.of(spec, ["bf16"], rule="linear", base_lr=0.1, base_batch=64),
-        probe_seconds=[1.0] * 10,
-    )
-    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="maximize")
+    ctx, study = _hour_long(spec)
     study.add_trial(trial(0, 1.5, gap=gap))
     first = ReferenceMeasurement(at=0, throughput=100, low=99, high=101)
     reference = ReferenceRecord(
