@@ -438,10 +438,6 @@ class ProbeWorker(Runner):
         self._stop()
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _death(proc: subprocess.Popen | None) -> str:
     """How a worker whose pipe just closed ended: ``exit code 1``, ``killed by SIGKILL``.
 
@@ -459,3 +455,7 @@ def _death(proc: subprocess.Popen | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+if __name__ == "__main__":
+    main()
