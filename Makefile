@@ -31,13 +31,16 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# ruff, then the type check beside the tests (half a minute of a core, while the tests mostly
-# wait on workers and services): either failing fails the target. Three test processes on two
-# cores (the real end-to-end tests mostly wait on workers and services), a test file each at a
-# time: beside a busy process the suite took 290 s with three and 307 s with four.
+# ruff; the package byte-compiled once (where PYTHONDONTWRITEBYTECODE is set, each process the
+# suite starts, forty of them probe workers, would compile it afresh: 0.2 s of a core each); then
+# the type check beside the tests (16 s of a core, while the tests mostly wait on workers and
+# services): either failing fails the target. Three test processes on two cores (the real
+# end-to-end tests mostly wait on workers and services), a test file each at a time: beside a
+# busy process the suite took 290 s with three and 307 s with four.
 test: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m compileall -q autotune tests >/dev/null
 	$(BIN)/mypy & checker=$$!; \
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15; tests=$$?; \
 	wait $$checker && exit $$tests
