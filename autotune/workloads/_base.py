@@ -77,6 +77,10 @@ class Workload:
     reference: str = field(default="", compare=False)
 
 
+# Samples drawn per call of a workload's batch maker (any batch size is cut from them).
+_CHUNK = 256
+
+
 def synthetic_batches(
     make_batch: Callable[[int, torch.Generator], Batch],
     batch_size: int,
@@ -91,11 +95,31 @@ def synthetic_batches(
     of the timed window, which is what a DataLoader with prefetching looks like at steady state.
     The pool holds about ``samples`` distinct samples (at least 4 batches), so a probe does not
     see the same batch again before it has seen that many: short runs learn, not memorize.
+
+    The samples are drawn in chunks of a fixed size and cut into batches afterwards, so every
+    batch size sees the same samples in the same order: two runs compared at equal samples
+    seen (the parity check) differ in their batch, not in their data.
+
+    Example:
+        >>> import torch
+        >>> make = lambda n, g: (torch.randn(n, 2, generator=g),)
+        >>> small = synthetic_batches(make, 2, torch.device("cpu"), torch.Generator().manual_seed(0))
+        >>> large = synthetic_batches(make, 4, torch.device("cpu"), torch.Generator().manual_seed(0))
+        >>> torch.equal(torch.cat([next(small)[0], next(small)[0]]), next(large)[0])
+        True
     """
+    import torch  # only where a workload trains, which loaded it long before
+
     pool = max(4, -(-samples // batch_size))
+    drawn = [make_batch(_CHUNK, generator) for _ in range(-(-pool * batch_size // _CHUNK))]
+    fields = [torch.cat(parts) for parts in zip(*drawn, strict=True)]
+    del drawn
     batches = [
-        tuple(t.to(device, non_blocking=True) for t in make_batch(batch_size, generator))
-        for _ in range(pool)
+        tuple(
+            f[i * batch_size : (i + 1) * batch_size].to(device, non_blocking=True) for f in fields
+        )
+        for i in range(pool)
     ]
+    del fields
     while True:
         yield from batches
