@@ -4,6 +4,8 @@ in milliseconds of real time. Budgets here are simulated seconds; nothing waits 
 
 from __future__ import annotations
 
+import errno
+import json
 import re
 import subprocess
 import sys
@@ -306,6 +308,23 @@ def test_autotune_search_simulate_shows_an_a100_search_in_seconds(tmp_path: Path
     assert best.is_file()
     # A simulation never touches the real studies' storage.
     assert not (tmp_path / "studies" / "autotune.db").exists()
+    # The same what-if again starts afresh and validates again: the first run's claim on the
+    # validation went with its study (in-process: another owner, as a second command would be).
+    # Its reader stops at the first line (autotune search ... | head -1): the printing ends, the
+    # results are written all the same.
+    report = best.with_name("report.html")
+    best.unlink()
+    report.unlink()
+
+    def reader_gone(*args: Any) -> None:
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        mp.setattr("autotune.cli._search._print_outcome", reader_gone)
+        CliRunner().invoke(app, [*argv[3:], "--simulate", "a100-resnet18", "--budget", "1m", "-q"])
+    assert json.loads(best.read_text())["evidence"]["validated"] is True
+    assert report.is_file()
     # A landscape that is not shipped: one line naming the ones that are (in-process: the same
     # command, without a second interpreter's start).
     bad = CliRunner().invoke(app, [*argv[3:], "--simulate", "z9000"])

@@ -95,14 +95,18 @@ def search(  # noqa: PLR0913 - a typer command: its parameters are its command-l
         # simulation, which is over in seconds).
         result, clock = _run(spec, runner, out_dir, where=where, still=log_json or quiet, out=out)
         _log_outcome(result)
-        _print_outcome(spec, result, runner, clock)
+        # The report first, then what the terminal reads: a reader that stops early (autotune
+        # search ... | head) ends the printing, not the results.
         if runner is None:
-            _write_report(spec, out_dir)
+            report = _write_report(spec, out_dir)
         else:
             # Its environment is the simulated device's: that it is not this machine's is known.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                _write_report(spec, out_dir)
+                report = _write_report(spec, out_dir)
+        _print_outcome(spec, result, runner, clock)
+        if report is not None:
+            console.print(f"report written to [bold]{escape(str(report))}[/]", highlight=False)
     finally:
         logger.remove(log_file)
 
@@ -261,7 +265,7 @@ def _simulated(spec: Any, landscape: str, *, storage_given: bool) -> tuple[Any, 
     import optuna
 
     from autotune.sim import SimulatedRunner, load_landscape
-    from autotune.study.storage import open_storage
+    from autotune.study.storage import delete_study, open_storage
     from autotune.workloads import normalize_reference
 
     land = load_landscape(landscape)
@@ -279,7 +283,7 @@ def _simulated(spec: Any, landscape: str, *, storage_given: bool) -> tuple[Any, 
     )
     opened = open_storage(spec.storage)
     if spec.name in {s.study_name for s in optuna.get_all_study_summaries(opened)}:
-        optuna.delete_study(study_name=spec.name, storage=opened)
+        delete_study(opened, spec.name)
     return spec, SimulatedRunner(land, seed=spec.seed)
 
 
@@ -334,18 +338,18 @@ def _log_outcome(result: Any) -> None:
     )
 
 
-def _write_report(spec: Any, out_dir: Path) -> None:
-    """Write report.html beside best.json. The search's result is already saved: a report that
-    cannot be written is a warning, not a failed search."""
+def _write_report(spec: Any, out_dir: Path) -> Path | None:
+    """Write report.html beside best.json; its path. The search's result is already saved: a
+    report that cannot be written is a warning (and None), not a failed search."""
     from autotune.report import write_report
 
     try:
         path = write_report(spec.name, storage=spec.storage, out_dir=out_dir)
     except (OSError, AutotuneError) as exc:
         warn(f"report not written: {exc}; try again with autotune report {spec.name}")
-        return
+        return None
     logger.debug("wrote {}", path)
-    console.print(f"report written to [bold]{escape(str(path))}[/]", highlight=False)
+    return path
 
 
 def _print_summary(result: Any) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "STALE_REASON",
     "claim",
     "database_error",
+    "delete_study",
     "fail_stale",
     "heartbeat",
     "mask_url",
@@ -432,3 +433,19 @@ def claim(study: optuna.Study, what: str, owner: str | None = None) -> str:
                 )
             ).first()
         return row[0] if row else owner
+
+
+def delete_study(storage: optuna.storages.BaseStorage, name: str) -> None:
+    """Delete the study ``name`` and its claims: a study created again under the name starts
+    with no job claimed (a claim names the study, not one creation of it).
+
+    Raises:
+        KeyError: no study of that name.
+    """
+    optuna.delete_study(study_name=name, storage=storage)
+    engine = getattr(getattr(storage, "_backend", storage), "engine", None)
+    # In-memory storage keeps no claims; a database where none was ever made has no table.
+    if engine is None or not sa.inspect(engine).has_table(_CLAIMS.name):
+        return
+    with engine.begin() as conn:
+        conn.execute(_CLAIMS.delete().where(_CLAIMS.c.study == name))
