@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from autotune.config import TunedConfig
 from autotune.study import study_keys
+from autotune.study.guarded import engine_of
 from autotune.study.trials import TrialRecord, is_feasible, record
 
 __all__ = ["store_config", "stored_config"]
@@ -48,7 +49,7 @@ def _crown(study: optuna.Study, config: TunedConfig) -> None:
     search reads only the order of values, so a resumed study searches on as before. Database
     storages only (Optuna changes no finished trial: this writes the values), speedup only.
     """
-    engine = getattr(getattr(study._storage, "_backend", study._storage), "engine", None)
+    engine = engine_of(study._storage)
     if engine is None or study.direction != optuna.study.StudyDirection.MAXIMIZE:
         return
     ev, value = config.evidence, config.evidence.speedup

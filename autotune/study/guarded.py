@@ -16,7 +16,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from autotune.errors import StorageIOError
 from autotune.redact import mask_url
 
-__all__ = ["GUARDED_PRIVATE", "GuardedStorage", "database_error"]
+__all__ = ["GUARDED_PRIVATE", "GuardedStorage", "database_error", "engine_of"]
+
+
+def engine_of(storage: optuna.storages.BaseStorage) -> Any:
+    """The SQLAlchemy engine behind a study's storage (Optuna wraps a database storage in a
+    cache; the engine lives on the backend), or None for an in-memory one."""
+    return getattr(getattr(storage, "_backend", storage), "engine", None)
 
 
 def database_error(exc: BaseException) -> str:

@@ -26,7 +26,7 @@ from autotune.files import create_file, make_dirs
 from autotune.redact import mask_url, userinfo_ats
 from autotune.spec import StudySpec
 from autotune.study import study_keys
-from autotune.study.guarded import GuardedStorage, database_error
+from autotune.study.guarded import GuardedStorage, database_error, engine_of
 from autotune.study.trials import TrialRecord, record, write_attrs
 
 __all__ = [
@@ -410,9 +410,7 @@ def claim(study: optuna.Study, what: str, owner: str | None = None) -> str:
         The owner of the claim: ``owner`` when this call won it, else whoever holds it.
     """
     owner = owner or owner_id()
-    storage = study._storage
-    # Optuna wraps an RDBStorage in a cache; the engine lives on the backend.
-    engine = getattr(getattr(storage, "_backend", storage), "engine", None)
+    engine = engine_of(study._storage)
     if engine is None:  # in-memory storage: one process, nothing to race
         return owner
     with contextlib.suppress(SQLAlchemyError):  # another worker may be creating it right now
@@ -443,7 +441,7 @@ def delete_study(storage: optuna.storages.BaseStorage, name: str) -> None:
         KeyError: no study of that name.
     """
     optuna.delete_study(study_name=name, storage=storage)
-    engine = getattr(getattr(storage, "_backend", storage), "engine", None)
+    engine = engine_of(storage)
     # In-memory storage keeps no claims; a database where none was ever made has no table.
     if engine is None or not sa.inspect(engine).has_table(_CLAIMS.name):
         return
