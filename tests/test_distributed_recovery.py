@@ -22,11 +22,11 @@ from autotune.study.crown import stored_config
 def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
     storage_url: str, tmp_path: Path
 ) -> None:
-    # Long enough for: the victim's first trial and the retry (a dead process on this host has
-    # its trial failed at once, without waiting out the heartbeat's grace period).
-    # Before its first trial the victim measures its ceilings and the reference (twice): on a
-    # busy machine that alone can take 20 s, so the budget leaves room for a trial after it.
-    spec = write_spec(tmp_path, "30s", steps=5)
+    # Far longer than the victim's way to its first trial: before it, the victim starts, measures
+    # its ceilings and the reference (twice), which took 40 s on a slow machine beside a busy
+    # process. Nothing waits for the budget to run out: the victim is killed in its first trial
+    # and the survivor stopped once the re-run has finished.
+    spec = write_spec(tmp_path, "120s", steps=5)
     victim = start_worker(spec, storage_url, tmp_path / "victim", sleep=0.4)
     survivor = None
     killed_trial = None
@@ -35,6 +35,8 @@ def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
         me = None
         while time.monotonic() < deadline and killed_trial is None:
             time.sleep(0.3)
+            if victim.poll() is not None:  # it ended before running a trial: say how
+                raise AssertionError(victim.communicate()[0][-3000:])
             try:
                 study = optuna.load_study(study_name="dist", storage=storage_url)
             except KeyError:
