@@ -47,7 +47,14 @@ def test_a_killed_worker_has_its_trial_failed_as_stale_and_rerun(
             for t in running:
                 me = t.user_attrs.get("worker", "")
                 if me.endswith(f":{victim.pid}") and "precision" in t.params:
-                    killed_trial = t.number
+                    # Frozen, the victim writes nothing more: if its trial is still RUNNING now,
+                    # the kill leaves it so (it may have finished since it was read).
+                    victim.send_signal(signal.SIGSTOP)
+                    again = optuna.load_study(study_name="dist", storage=storage_url)
+                    if again.trials[t.number].state == TrialState.RUNNING:
+                        killed_trial = t.number
+                    else:
+                        victim.send_signal(signal.SIGCONT)
                     break
         assert killed_trial is not None, "the victim never ran a trial"
         victim.send_signal(signal.SIGKILL)
