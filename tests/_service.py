@@ -79,7 +79,9 @@ class Service:
         self.env.pop("AUTOTUNE_TOKEN", None)
         self.log = tmp / "service.log"
         self.proc: subprocess.Popen | None = None
-        self.http = httpx.Client(base_url=self.url, timeout=10)
+        # Generous: a request answers in well under a second, but on a slow machine beside a busy
+        # process a submit once took over 10 s (the tests wait on states, never on this).
+        self.http = httpx.Client(base_url=self.url, timeout=60)
 
     def start(self) -> Service:
         # With a fake-busy file, the command line that can fake a colleague's job.
