@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 import textwrap
 import time
@@ -37,7 +38,13 @@ def crashing_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     (folder / "autotune_test_crashing_workload.py").write_text(
         textwrap.dedent(
             """
+            import atexit, sys
             from autotune.workloads import tiny_mlp
+
+            def with_exit_hook():
+                # What a user's workload may leave to the end of the process: a clean-up.
+                atexit.register(print, "autotune-test: the exit hook ran", file=sys.stderr)
+                return tiny_mlp()
 
             def crashes():
                 wl = tiny_mlp()
@@ -180,14 +187,33 @@ def test_in_process_runner_turns_a_crash_into_an_outcome(crashing_module: None) 
     assert runner.run("tiny_mlp", cand(), SHORT).outcome == Outcome.COMPLETED
 
 
-def test_close_ends_the_worker_process(worker: ProbeWorker) -> None:
-    worker.run("tiny_mlp", cand(), SHORT, timeout=60)
+def test_close_ends_the_worker_process_after_its_exit_hooks(
+    worker: ProbeWorker, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The worker leaves without the interpreter's teardown (seconds of a core), but what a
+    workload registered for the end of the process still runs, and its output is not lost."""
+    r = worker.run("autotune_test_crashing_workload:with_exit_hook", cand(), SHORT, timeout=60)
+    assert r.outcome == Outcome.COMPLETED, r.reason
     pid = worker.pid
     assert pid is not None
     worker.close()
     assert worker.pid is None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+    assert "autotune-test: the exit hook ran" in capfd.readouterr().err
+
+
+def test_a_worker_closed_while_it_starts_is_stopped_at_once() -> None:
+    """A command that fails before its first request (a storage it cannot open) closes a
+    worker still importing torch: it is killed then, not waited for to the end of its start."""
+    starting = ProbeWorker("cpu")
+    starting.spawn()
+    proc = starting._proc
+    assert proc is not None
+    starting.close()
+    assert starting.pid is None
+    # Killed: not left to finish importing torch, see its pipe closed and exit by itself.
+    assert proc.returncode == -signal.SIGKILL
 
 
 # ---- the worker's memory limit ------------------------------------------------------------
