@@ -94,6 +94,46 @@ def test_a_row_that_ends_early_is_marked_unpaired() -> None:
     assert amp_table.speed_text({**r, "outcome": "completed"}) == "unpaired"
 
 
+def _trust_row(validated: bool, **fields: object) -> dict[str, object]:
+    """A row as trust.one_run writes it: a fallback has no claim and no full run of its own."""
+    row: dict[str, object] = {
+        "study": "tiny", "seed": 1, "winner": "bf16 bs=64 lr=0.4" if validated else "fp32 bs=32",
+        "mode": "bf16" if validated else "fp32", "batch_size": 64 if validated else 32,
+        "validated": validated, "claimed": 1.5 if validated else 1.0,
+        "claimed_low": 1.4 if validated else None, "claimed_high": 1.6 if validated else None,
+        "false_claim": False,
+    }  # fmt: skip
+    if validated:
+        row.update(measured=1.55, measured_low=1.5, measured_high=1.6, error=0.03)
+        row.update(loss_ratio=1.01, parity_held=True, measured_in_claimed_interval=True)
+    else:
+        row.update(measured=None, error=None, loss_ratio=None, parity_held=None)
+        row.update(measured_in_claimed_interval=None)
+    return {**row, **fields}
+
+
+def test_trust_counts_a_fallback_that_passed_over_a_real_win() -> None:
+    """After a fallback the full run trains the candidate validation passed over: a win it
+    missed (>= 1.10x in full, parity kept) is counted and named; parity is counted over the
+    validated runs only (a fallback's config is the reference)."""
+    trust = load("trust")
+    missed = _trust_row(False, passed_over="bf16 bs=64 lr=0.4", passed_over_measured=1.6,
+                        passed_over_loss_ratio=1.02, missed_win=True)  # fmt: skip
+    rightly = _trust_row(False, passed_over="fp16 bs=32 lr=0.2", passed_over_measured=1.02,
+                         passed_over_loss_ratio=0.99, missed_win=False)  # fmt: skip
+    rows = [_trust_row(True), missed, rightly]
+    total = trust.summarize(rows)
+    assert total["fallbacks_where_a_candidate_beat_fp32"] == 1
+    assert (total["validated"], total["parity_held"]) == (1, 1)
+    text = trust.markdown(rows, total, "note")
+    assert "full runs that kept parity: 1 of 1 validated" in text
+    assert (
+        "missed a real win (the candidate passed over >= 1.10x in full, keeping parity): 1" in text
+    )
+    assert "passed over bf16 bs=64 lr=0.4: 1.60x in full, loss ratio 1.020, MISSED WIN" in text
+    assert "passed over fp16 bs=32 lr=0.2: 1.02x in full, loss ratio 0.990 |" in text
+
+
 def test_flops_per_sample_match_a_hand_count() -> None:
     """One linear layer, 64 features to 10: 2*64*10 FLOPs forward; backward needs only the weight
     gradient (the input needs none), another 2*64*10."""
