@@ -83,6 +83,8 @@ if not found:
     from autotune.service import WorkloadPolicy
     from autotune.workloads import normalize_reference
     WorkloadPolicy([]).check("tiny_convnet"), normalize_reference("tiny_mlp"), ProbeWorker("cpu")
+    # And what a submit of a testing workload checks (the service's first submit of `sleepy`).
+    WorkloadPolicy([]).check("autotune.testing.workloads:sleepy")
     if "torch" in sys.modules:
         found = {{"module": "checking a built-in workload", "chain": FirstTorch.chain}}
 print(json.dumps(found))
@@ -114,8 +116,11 @@ def test_a_searchs_parent_and_the_service_load_no_torch() -> None:
 
 def test_the_builtin_names_known_without_torch_are_the_builtins() -> None:
     from autotune.workloads import BUILTIN_NAMES, BUILTINS
+    from autotune.workloads._factory import TESTING_NAMES, module_factories
 
     assert list(BUILTINS) == list(BUILTIN_NAMES)
+    assert module_factories("autotune.workloads") == sorted(BUILTIN_NAMES)
+    assert module_factories("autotune.testing.workloads") == sorted(TESTING_NAMES)
 
 
 def test_python_dash_m_help_loads_no_heavy_module() -> None:

@@ -23,12 +23,35 @@ from typing import Any
 
 from autotune.workloads._base import Workload
 
-__all__ = ["BUILTIN_MODULES", "BUILTIN_NAMES", "builtin_factories", "factory_problem", "is_stdlib"]
+__all__ = [
+    "BUILTIN_MODULES",
+    "BUILTIN_NAMES",
+    "TESTING_NAMES",
+    "builtin_factories",
+    "factory_problem",
+    "is_stdlib",
+    "module_factories",
+]
 
 BUILTIN_MODULES = ("autotune.workloads", "autotune.testing.workloads")
 # The built-in workloads' names (autotune.workloads._builtin's factories, in this order): known
 # without importing torch, so the search's parent and the service name and check them without it.
 BUILTIN_NAMES = ("resnet18", "tiny_gpt", "tiny_convnet", "tiny_mlp")
+# The testing workloads' names (autotune.testing.workloads's factories), known without torch as
+# well: the service checks a spec naming one (``sleepy``) without importing torch on a submit,
+# which took seconds (over 10 s on a slow CPU beside a busy process) on its first.
+TESTING_NAMES = (
+    "cuda_context_lost",
+    "diverging",
+    "drifting",
+    "fp16_overflow",
+    "hungry",
+    "non_scalar_loss",
+    "oom_above_64",
+    "resnet18_capped",
+    "sleepy",
+    "tiny_gradients",
+)
 
 
 def is_stdlib(module: str) -> bool:
@@ -71,9 +94,16 @@ def builtin_factories(module: str) -> list[str]:
         >>> builtin_factories("autotune.workloads")
         ['resnet18', 'tiny_convnet', 'tiny_gpt', 'tiny_mlp']
     """
-    if module == BUILTIN_MODULES[0]:
-        # The built-ins, by name: the service checks a reference to one without loading torch.
-        return sorted(BUILTIN_NAMES)
+    # By name: the service checks a reference to one without loading torch.
+    known = {BUILTIN_MODULES[0]: BUILTIN_NAMES, BUILTIN_MODULES[1]: TESTING_NAMES}
+    if module in known:
+        return sorted(known[module])
+    return module_factories(module)
+
+
+def module_factories(module: str) -> list[str]:
+    """:func:`builtin_factories` found by importing ``module`` and reading its functions (the
+    names kept without torch are checked against it)."""
     mod = importlib.import_module(module)
     out = []
     for name in getattr(mod, "__all__", ()):
