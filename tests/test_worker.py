@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,12 +39,18 @@ def crashing_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     (folder / "autotune_test_crashing_workload.py").write_text(
         textwrap.dedent(
             """
-            import atexit, sys
+            import atexit, os
             from autotune.workloads import tiny_mlp
+
+            EXIT_MARK = os.path.join(os.path.dirname(__file__), "exit-hook-ran")
+
+            def _mark():
+                with open(EXIT_MARK, "w") as f:
+                    f.write(str(os.getpid()))
 
             def with_exit_hook():
                 # What a user's workload may leave to the end of the process: a clean-up.
-                atexit.register(print, "autotune-test: the exit hook ran", file=sys.stderr)
+                atexit.register(_mark)
                 return tiny_mlp()
 
             def crashes():
@@ -187,11 +194,13 @@ def test_in_process_runner_turns_a_crash_into_an_outcome(crashing_module: None) 
     assert runner.run("tiny_mlp", cand(), SHORT).outcome == Outcome.COMPLETED
 
 
-def test_close_ends_the_worker_process_after_its_exit_hooks(
-    worker: ProbeWorker, capfd: pytest.CaptureFixture[str]
-) -> None:
+def test_close_ends_the_worker_process_after_its_exit_hooks(worker: ProbeWorker) -> None:
     """The worker leaves without the interpreter's teardown (seconds of a core), but what a
-    workload registered for the end of the process still runs, and its output is not lost."""
+    workload registered for the end of the process still runs."""
+    import autotune_test_crashing_workload as user_code
+
+    mark = Path(user_code.EXIT_MARK)
+    mark.unlink(missing_ok=True)
     r = worker.run("autotune_test_crashing_workload:with_exit_hook", cand(), SHORT, timeout=60)
     assert r.outcome == Outcome.COMPLETED, r.reason
     pid = worker.pid
@@ -200,7 +209,7 @@ def test_close_ends_the_worker_process_after_its_exit_hooks(
     assert worker.pid is None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
-    assert "autotune-test: the exit hook ran" in capfd.readouterr().err
+    assert mark.read_text() == str(pid)
 
 
 def test_a_worker_closed_while_it_starts_is_stopped_at_once() -> None:
