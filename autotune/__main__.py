@@ -1,5 +1,5 @@
 """``python -m autotune`` runs the command line."""
 
-from autotune.cli import main
+from autotune.cli import run
 
-main()
+run()

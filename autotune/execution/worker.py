@@ -15,7 +15,6 @@ failure means to the caller is decided once, in ``ProbeWorker._ask``.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import re
@@ -30,6 +29,7 @@ from typing import Any, TypeVar
 from loguru import logger
 from pydantic import BaseModel
 
+from autotune._leave import leave
 from autotune.enums import Outcome
 from autotune.errors import AutotuneError, WorkloadError
 from autotune.execution.facts import WorkerFacts
@@ -145,19 +145,9 @@ def main() -> None:
     except (BrokenPipeError, KeyboardInterrupt):
         # The parent is gone (killed, or Ctrl-C): nobody is left to read a reply.
         pass
-    _leave()
-
-
-def _leave() -> None:
-    """Exit now that every reply is written: the exit hooks run (a workload's temporary files
-    go), the output is flushed, and the interpreter's own teardown of torch's modules, seconds
-    of a core that keep nothing (3.5 s on a slow CPU), is skipped; the caller that closed
-    this worker waits for its exit."""
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(0)
+    # Every reply is written: leave without the interpreter's teardown of torch's modules
+    # (seconds of a core); the exit hooks still run (a workload's temporary files go).
+    leave(0)
 
 
 class ProbeWorker(Runner):
