@@ -7,9 +7,9 @@ For each study and seed:
 2. a full-length ``autotune train --compare fp32`` with that config — the tuned run and the
    fp32 baseline interleaved block by block (paired), on the same samples — measures the real
    speedup and the final losses; after a fallback (the config *is* fp32, so that run would
-   measure nothing), the full run trains the search's fastest measured candidate instead, the
-   one validation passed over: a win the fallback missed is one that runs >= 1.10x faster
-   there and keeps parity;
+   measure nothing), the full run trains instead the fastest candidate the search measured to
+   the end at other settings, the one it passed over (off parity at the probe's horizon, or
+   refused in validation): a win the fallback missed runs >= 1.10x faster there, keeping parity;
 3. with ``--unpaired``, the same two runs one after the other as well: what a measurement
    without pairing would have said.
 
@@ -40,9 +40,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from optuna.trial import FrozenTrial, TrialState
+
 from autotune.search import run_search
 from autotune.spec import Candidate, load_spec
-from autotune.study.trials import candidate, feasible_trials, record
+from autotune.study.trials import candidate, record
 from autotune.train import TrainSettings, compare
 from autotune.workloads import load_workload
 
@@ -101,7 +103,10 @@ def one_run(study: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[
         row.update(dict.fromkeys(("measured", "measured_low", "measured_high", "error")))
         row.update(dict.fromkeys(("tuned_loss", "fp32_loss", "loss_ratio", "accuracy_delta")))
         row.update(parity_held=None, false_claim=False, measured_in_claimed_interval=None)
-        row.update(_passed_over(result.study, workload, settings, args, spec.parity_tolerance))
+        reference = (cfg.precision, cfg.batch_size)
+        row.update(
+            _passed_over(result.study, reference, workload, settings, args, spec.parity_tolerance)
+        )
         return row
     full = compare(workload, cfg, args.device, settings, against="fp32")
     row.update(
@@ -132,12 +137,19 @@ def one_run(study: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[
 
 
 def _passed_over(
-    study: Any, workload: Any, settings: TrainSettings, args: argparse.Namespace, tolerance: float
+    study: Any,
+    reference: tuple[str, int],
+    workload: Any,
+    settings: TrainSettings,
+    args: argparse.Namespace,
+    tolerance: float,
 ) -> dict[str, Any]:
-    """After a fallback: the search's fastest measured candidate, trained in full against fp32.
-    A missed win: >= REAL_WIN faster in the full run, and its final loss within the tolerance."""
+    """After a fallback: the search's fastest fully measured candidate other than the fp32
+    reference's own settings, whether the search kept it (validation refused it) or judged it
+    off parity at the probe's short horizon, trained in full against fp32. A missed win: >=
+    REAL_WIN faster in the full run, and its final loss within the tolerance."""
     best = max(
-        feasible_trials(study.trials), key=lambda t: record(t).throughput or 0.0, default=None
+        _measured(study.trials, reference), key=lambda t: record(t).throughput or 0.0, default=None
     )
     if best is None:
         return {"passed_over": None, "missed_win": False}
@@ -151,6 +163,19 @@ def _passed_over(
         "passed_over_loss_ratio": ratio,
         "missed_win": bool(full.speedup and full.speedup >= REAL_WIN and held),
     }
+
+
+def _measured(trials: list[FrozenTrial], reference: tuple[str, int]) -> list[FrozenTrial]:
+    """Search trials measured to the end (feasible or not) at other settings than the fp32
+    reference's (precision, batch size)."""
+    return [
+        t
+        for t in trials
+        if t.state == TrialState.COMPLETE
+        and record(t).throughput
+        and not record(t).tuned_config
+        and (t.params.get("precision"), t.params.get("batch_size")) != reference
+    ]
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -134,6 +134,45 @@ def test_trust_counts_a_fallback_that_passed_over_a_real_win() -> None:
     assert "passed over fp16 bs=32 lr=0.2: 1.02x in full, loss ratio 0.990 |" in text
 
 
+def test_after_a_fallback_trust_checks_the_fastest_candidate_the_search_measured() -> None:
+    """Judged off parity at the probe's horizon or not, the fastest candidate measured to the
+    end is the one the full run checks; never the fallback's own settings, a trial cut short,
+    or the config's own record."""
+    import optuna
+
+    trust = load("trust")
+    done, cut = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED
+
+    def trial(precision: str, bs: int, tp: float, state=done, constraints=(), **attrs: object):
+        return optuna.trial.create_trial(
+            params={"precision": precision, "batch_size": bs},
+            distributions={
+                "precision": optuna.distributions.CategoricalDistribution(["fp32", "bf16"]),
+                "batch_size": optuna.distributions.IntDistribution(16, 256),
+            },
+            value=tp if state == done else None,
+            state=state,
+            user_attrs={"throughput": tp, **attrs},
+            system_attrs={"constraints": list(constraints)} if constraints else None,
+        )
+
+    # Infeasible: its loss 24% behind the reference's at the probe's horizon.
+    off_parity = trial("bf16", 64, 15_000.0, constraints=(0.24,))
+    trials = [
+        trial("fp32", 32, 16_000.0),  # the reference's settings
+        trial("bf16", 128, 30_000.0, state=cut),  # stopped early
+        trial("fp32", 32, 17_000.0, tuned_config=True),  # the config's record
+        off_parity,
+        trial("fp32", 64, 14_000.0),
+    ]
+    measured = trust._measured(trials, ("fp32", 32))
+    assert max(measured, key=lambda t: t.user_attrs["throughput"]) is off_parity
+    assert {(t.params["precision"], t.params["batch_size"]) for t in measured} == {
+        ("bf16", 64),
+        ("fp32", 64),
+    }
+
+
 def test_flops_per_sample_match_a_hand_count() -> None:
     """One linear layer, 64 features to 10: 2*64*10 FLOPs forward; backward needs only the weight
     gradient (the input needs none), another 2*64*10."""
