@@ -16,8 +16,9 @@ For each study and seed:
 It prints per run and in total: the claimed speedup (interval), the full run's speedup,
 ``|claimed/measured - 1|``, whether parity held in the full run (final loss within the
 tolerance of fp32's), the fallback rate, false claims (claimed >= 1.05x, measured <= 1.0x), and
-whether repeated searches agree on the winner, and the fallbacks that missed a real win. ``--neighbour`` runs a bursty CPU-bound process
-beside everything (on for a few seconds, off for a few), the noise a shared machine has.
+whether repeated searches agree on the winner, and the fallbacks that missed a real win.
+``--neighbour`` runs a bursty CPU-bound process beside everything (on for a few seconds, off for
+a few), the noise a shared machine has.
 
 Goals: median |claimed/measured - 1| <= 10%; no false claims; the full run keeps parity; the fp32
 fallback only where no candidate beats fp32 by 5%; repeated searches agree.
@@ -160,6 +161,8 @@ def _passed_over(
     return {
         "passed_over": f"{cand.precision} bs={cand.batch_size} lr={cand.learning_rate:.3g}",
         "passed_over_measured": full.speedup,
+        "passed_over_low": full.speedup_low,
+        "passed_over_high": full.speedup_high,
         "passed_over_loss_ratio": ratio,
         "missed_win": bool(full.speedup and full.speedup >= REAL_WIN and held),
     }
@@ -236,7 +239,8 @@ def _row_note(r: dict[str, Any]) -> str:
         return "fp32 fallback (nothing measured to pass over)"
     ratio = r["passed_over_loss_ratio"]
     return (
-        f"fp32 fallback; passed over {r['passed_over']}: {_fmt(r['passed_over_measured'])} in "
+        f"fp32 fallback; passed over {r['passed_over']}: "
+        f"{_fmt(r['passed_over_measured'], r.get('passed_over_low'), r.get('passed_over_high'))} in "
         f"full, loss ratio {'—' if ratio is None else f'{ratio:.3f}'}"
         + (", MISSED WIN" if r["missed_win"] else "")
     )

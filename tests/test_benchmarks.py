@@ -113,11 +113,12 @@ def _trust_row(validated: bool, **fields: object) -> dict[str, object]:
 
 
 def test_trust_counts_a_fallback_that_passed_over_a_real_win() -> None:
-    """After a fallback the full run trains the candidate validation passed over: a win it
+    """After a fallback the full run trains the candidate the search passed over: a win it
     missed (>= 1.10x in full, parity kept) is counted and named; parity is counted over the
     validated runs only (a fallback's config is the reference)."""
     trust = load("trust")
     missed = _trust_row(False, passed_over="bf16 bs=64 lr=0.4", passed_over_measured=1.6,
+                        passed_over_low=1.5, passed_over_high=1.7,
                         passed_over_loss_ratio=1.02, missed_win=True)  # fmt: skip
     rightly = _trust_row(False, passed_over="fp16 bs=32 lr=0.2", passed_over_measured=1.02,
                          passed_over_loss_ratio=0.99, missed_win=False)  # fmt: skip
@@ -130,7 +131,10 @@ def test_trust_counts_a_fallback_that_passed_over_a_real_win() -> None:
     assert (
         "missed a real win (the candidate passed over >= 1.10x in full, keeping parity): 1" in text
     )
-    assert "passed over bf16 bs=64 lr=0.4: 1.60x in full, loss ratio 1.020, MISSED WIN" in text
+    assert (
+        "passed over bf16 bs=64 lr=0.4: 1.60x (1.50–1.70) in full, loss ratio 1.020, MISSED WIN"
+        in text
+    )
     assert "passed over fp16 bs=32 lr=0.2: 1.02x in full, loss ratio 0.990 |" in text
 
 
