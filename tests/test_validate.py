@@ -376,3 +376,19 @@ def test_the_seed_spread_rests_on_three_repeats_before_a_borderline_trial_is_jud
     assert len(gaps) == repeats
     if repeats == 3:
         assert reference.seed_noise(0.05) > 0.04  # the band admits the trial now
+
+
+def test_a_larger_batch_lagging_at_the_probes_horizon_is_validated_at_a_longer_one() -> None:
+    # tiny, seed 4: bs=64 at +14.8% and +17.1% against bs=32's loss after 7,744 samples, beyond
+    # the tolerance and the seed band, and 1.46x/1.59x faster; trained in full, bf16 bs=64 ends
+    # at 1.003x fp32's loss. A larger batch's early lag is validation's to judge, at its longer
+    # horizon; the same gap at the reference's own batch, or a gap the search calls clearly
+    # off, is not.
+    lagging = trial(0, 1.59, gap=0.171, batch_size=64)
+    same_batch = trial(1, 1.8, gap=0.148, batch_size=32)
+    clearly_off = trial(2, 2.0, gap=0.25, batch_size=128)
+    trials = [lagging, same_batch, clearly_off]
+    kw: dict[str, Any] = {"top_k": 2, "min_speedup": 1.05, "parity_tolerance": 0.05}
+    assert shortlist(trials, **kw, parity_allowance=0.1) == []
+    picked = shortlist(trials, **kw, parity_allowance=0.1, larger_batch=(32, 0.2))
+    assert [t.number for t in picked] == [0]

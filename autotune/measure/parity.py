@@ -10,10 +10,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["parity_gap", "smoothed_loss_at", "time_to_loss"]
+__all__ = ["clearly_off", "parity_gap", "smoothed_loss_at", "time_to_loss"]
 
 # Average the loss over the second half of the shared range: short probes are noisy per step.
 _WINDOW = 0.5
+
+
+def clearly_off(tolerance: float) -> float:
+    """A parity gap no short horizon explains away: three tolerances, and at least 10 points
+    more than the tolerance. Below it, a gap may still be a fresh seed's spread or a larger
+    batch's early lag (at equal samples it has taken fewer steps; the learning-rate rule holds
+    only once training settles), which a longer horizon tells apart.
+
+    Example:
+        >>> round(clearly_off(0.05), 2), round(clearly_off(0.1), 2)
+        (0.15, 0.3)
+    """
+    return max(3.0 * tolerance, tolerance + 0.10)
 
 
 def smoothed_loss_at(losses: Sequence[float], batch_size: int, samples: float) -> float | None:

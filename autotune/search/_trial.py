@@ -25,7 +25,7 @@ from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.enums import Outcome
-from autotune.measure.parity import parity_gap, time_to_loss
+from autotune.measure.parity import clearly_off, parity_gap, time_to_loss
 from autotune.measure.result import ProbeResult
 from autotune.search._budget import TRIAL_SHARE, SearchStopped
 from autotune.search._context import SearchContext
@@ -48,11 +48,6 @@ from autotune.study.trials import (
 
 __all__ = ["TrialStep", "standing"]
 
-# A loss this many tolerances above the reference's (and at least 10 points more than the
-# tolerance), halfway through a probe, is clearly off — beyond what the reference's own
-# seed-to-seed spread, allowed on top, explains.
-_CLEARLY_OFF = 3.0
-_CLEARLY_OFF_MIN = 0.10
 # Objective value of a time_to_loss trial that never reached the reference's loss: far worse
 # than any real time, and finite (storage never holds inf).
 _NEVER = 1e9
@@ -249,7 +244,7 @@ class TrialStep:
         tol = self.ctx.spec.parity_tolerance
         return EarlyStop(
             below=below,
-            parity_gap=max(_CLEARLY_OFF * tol, tol + _CLEARLY_OFF_MIN) + ref.seed_noise(tol),
+            parity_gap=clearly_off(tol) + ref.seed_noise(tol),
             parity_samples=horizon // 2,
             reference_losses=ref.finite_losses,
             reference_batch_size=ref.batch_size,

@@ -27,7 +27,7 @@ from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.enums import Outcome
-from autotune.measure.parity import parity_gap
+from autotune.measure.parity import clearly_off, parity_gap
 from autotune.measure.result import PairedResult
 from autotune.measure.stats import MIN_VALUES
 from autotune.search._budget import VALIDATION_SHARE
@@ -64,6 +64,7 @@ def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
     parity_tolerance: float,
     maximize: bool = True,
     parity_allowance: float | None = None,
+    larger_batch: tuple[int, float] | None = None,
 ) -> list[FrozenTrial]:
     """The trials worth validating, best first.
 
@@ -77,6 +78,11 @@ def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
     within it, competes too: it was judged early in the search, against the seed-to-seed spread
     known then; validation measures its parity again, at a longer horizon.
 
+    With ``larger_batch`` ``(reference_batch, allowance)``, a trial at a larger batch than the
+    reference's may be off by up to that allowance: at equal samples it has taken fewer steps,
+    and early in training it lags by more than any seed explains, a lag a full run erases
+    (``benchmarks/parity_horizon.py``). Validation's horizon is longer; its verdict stands.
+
     Example:
         >>> shortlist([], top_k=2, min_speedup=1.05, parity_tolerance=0.05)
         []
@@ -85,7 +91,14 @@ def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
     ranked = []
     for t in trials:
         speedup = record(t).speedup
-        if speedup is None or speedup < min_speedup or not _eligible(t, allowance):
+        limit = allowance
+        if (
+            allowance is not None
+            and larger_batch
+            and t.params.get("batch_size", 0) > larger_batch[0]
+        ):
+            limit = max(allowance, larger_batch[1])
+        if speedup is None or speedup < min_speedup or not _eligible(t, limit):
             continue
         ranked.append(t)
     ranked.sort(key=_rank, reverse=maximize)
@@ -342,13 +355,16 @@ def _shortlist(
 ) -> list[FrozenTrial]:
     """The study's shortlist, with the parity allowance the reference's repeats give now."""
     tol = ctx.spec.parity_tolerance
+    noise = reference.seed_noise(tol) if reference is not None else 0.0
     return shortlist(
         study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
         top_k=ctx.spec.validation.top_k,
         min_speedup=ctx.spec.validation.min_speedup,
         parity_tolerance=tol,
         maximize=ctx.maximize,
-        parity_allowance=tol + reference.seed_noise(tol) if reference is not None else None,
+        parity_allowance=tol + noise if reference is not None else None,
+        # What the search itself let run to the end (it stops a probe clearly off).
+        larger_batch=(reference.batch_size, clearly_off(tol) + noise) if reference else None,
     )
 
 
