@@ -7,13 +7,16 @@ seed. Every short run a search makes is a prefix of these curves (same seed, sam
 one full run per setting gives, side by side:
 
 - ``probe``: the gap at equal samples over a search probe's horizon;
-- ``valid``: the same over validation's longer horizon;
+- ``valid``: the same over validation's minimum horizon (its steps; a validation pair measures
+  for most of its time share, and sees more);
+- ``at``: the same after each of ``--at``'s sample counts;
 - ``trend``: the candidate's loss decrease over the second half of the validation horizon
   against the reference's over the same samples (negative: it is still improving more slowly);
 - ``time``: the gap at equal *time*, from each run's samples/s (what a user pays for);
 - ``final``: the full run's final loss over the reference's: the truth the others should predict.
 
     python benchmarks/parity_horizon.py [--workloads tiny_convnet,tiny_gpt] [--epochs 2]
+        [--precisions fp32,bf16] [--seeds 1,2,3] [--at 8192,32768]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,41 +57,58 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--factors", default="1,2,4,8", help="batch sizes, x the base")
     parser.add_argument("--multipliers", default="0.5,1,1.5,2")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--precisions", default="fp32", help="e.g. fp32,bf16")
+    parser.add_argument("--seeds", default="1", help="one run of everything per seed")
+    parser.add_argument("--at", default="", help="also the gap at these samples seen, e.g. 8192")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     for name in args.workloads.split(","):
-        spec = load_spec(ROOT / "studies" / f"{STUDY.get(name, 'tiny')}.yaml")
-        wl = load_workload(name)
-        rule = wl.lr_scaling if spec.space.lr_scaling == "auto" else spec.space.lr_scaling
-        settings = TrainSettings(epochs=args.epochs, seed=args.seed, eval_samples=0)
-        base = Candidate(precision="fp32", batch_size=wl.base_batch_size, learning_rate=wl.base_lr)
-        ref = train(wl, base, args.device, settings, label="reference")
-        probe_steps = spec.probe.warmup_steps + spec.probe.steps
-        valid_steps = spec.probe.warmup_steps + spec.validation.steps
-        print(f"{name}: reference {ref.final_loss:.4f} after {ref.samples} samples", flush=True)
+        for seed in (int(s) for s in args.seeds.split(",")):
+            rows += _workload(name, seed, args)
+    _judge(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+def _workload(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One seed's reference and grid on one workload, a row per grid point."""
+    spec = load_spec(ROOT / "studies" / f"{STUDY.get(name, 'tiny')}.yaml")
+    wl = load_workload(name)
+    rule = wl.lr_scaling if spec.space.lr_scaling == "auto" else spec.space.lr_scaling
+    settings = TrainSettings(epochs=args.epochs, seed=seed, eval_samples=0)
+    base = Candidate(precision="fp32", batch_size=wl.base_batch_size, learning_rate=wl.base_lr)
+    ref = train(wl, base, args.device, settings, label="reference")
+    probe_steps = spec.probe.warmup_steps + spec.probe.steps
+    valid_steps = spec.probe.warmup_steps + spec.validation.steps
+    at = [int(a) for a in args.at.split(",") if a]
+    print(f"{name} seed {seed}: reference {ref.final_loss:.4f} after {ref.samples} samples")
+    rows = []
+    for precision in args.precisions.split(","):
         for factor in (int(f) for f in args.factors.split(",")):
             for mult in (float(m) for m in args.multipliers.split(",")):
                 bs = wl.base_batch_size * factor
                 lr = lr_for(rule, wl.base_lr, wl.base_batch_size, bs, mult)
-                run = train(wl, Candidate(precision="fp32", batch_size=bs, learning_rate=lr),
-                            args.device, settings, label="candidate")  # fmt: skip
+                cand = Candidate(precision=precision, batch_size=bs, learning_rate=lr)
+                run = train(wl, cand, args.device, settings, label="candidate")
                 horizon = valid_steps * bs
                 slope_c = _slope(run.losses, bs, horizon / 2, horizon)
                 slope_r = _slope(ref.losses, ref.batch_size, horizon / 2, horizon)
                 # Equal time: the candidate's samples at the moment the reference saw `horizon`.
                 ratio = run.throughput / ref.throughput if ref.throughput else 1.0
+                gap = partial(_prefix_gap, run.losses, bs, ref.losses, ref.batch_size)
                 row = {
                     "workload": name,
+                    "seed": seed,
+                    "precision": precision,
                     "batch_size": bs,
                     "lr_multiplier": mult,
                     "lr": lr,
-                    "probe": _prefix_gap(
-                        run.losses, bs, ref.losses, ref.batch_size, probe_steps * bs
-                    ),
-                    "valid": _prefix_gap(run.losses, bs, ref.losses, ref.batch_size, horizon),
+                    "probe": gap(probe_steps * bs),
+                    "valid": gap(horizon),
+                    "at": {str(n): gap(n) for n in at},
                     "trend": None if slope_c is None or slope_r is None else slope_c - slope_r,
                     "time": _time_gap(run.losses, bs, ref.losses, ref.batch_size, horizon, ratio),
                     "final": run.final_loss / ref.final_loss if ref.final_loss else None,
@@ -95,9 +116,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 }
                 rows.append(row)
                 print(_line(row), flush=True)
-    _judge(rows)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
     return rows
 
 
@@ -118,9 +136,11 @@ def _fmt(v: float | None) -> str:
 
 def _line(r: dict[str, Any]) -> str:
     final = r["final"]
+    at = "".join(f" @{n} {_fmt(v)}" for n, v in r["at"].items())
     return (
-        f"  bs={r['batch_size']:<5} lr×{r['lr_multiplier']:<4g} probe {_fmt(r['probe'])} "
-        f"valid {_fmt(r['valid'])} trend {_fmt(r['trend'])} time {_fmt(r['time'])} -> final "
+        f"  {r['precision']} bs={r['batch_size']:<5} lr×{r['lr_multiplier']:<4g} "
+        f"probe {_fmt(r['probe'])} valid {_fmt(r['valid'])}{at} trend {_fmt(r['trend'])} "
+        f"time {_fmt(r['time'])} -> final "
         + ("diverged" if r["diverged"] or final is None else f"{final:.3f}x")
     )
 

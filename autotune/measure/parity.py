@@ -16,17 +16,22 @@ __all__ = ["clearly_off", "parity_gap", "smoothed_loss_at", "time_to_loss"]
 _WINDOW = 0.5
 
 
-def clearly_off(tolerance: float) -> float:
+def clearly_off(tolerance: float, batch_ratio: float = 1.0) -> float:
     """A parity gap no short horizon explains away: three tolerances, and at least 10 points
-    more than the tolerance. Below it, a gap may still be a fresh seed's spread or a larger
-    batch's early lag (at equal samples it has taken fewer steps; the learning-rate rule holds
-    only once training settles), which a longer horizon tells apart.
+    more than the tolerance; once more for each doubling of the batch past the first above
+    the reference's. Below it, a gap may still be a fresh seed's spread or a larger batch's
+    early lag: at equal samples it has taken fewer steps, and until training settles (the
+    learning-rate rule holds only then) it lags, the more the larger the batch, by as much as
+    a full run later erases (``benchmarks/parity_horizon.py``). A longer horizon tells them
+    apart.
 
     Example:
         >>> round(clearly_off(0.05), 2), round(clearly_off(0.1), 2)
         (0.15, 0.3)
+        >>> round(clearly_off(0.05, batch_ratio=2), 2), round(clearly_off(0.05, batch_ratio=8), 2)
+        (0.15, 0.45)
     """
-    return max(3.0 * tolerance, tolerance + 0.10)
+    return max(3.0 * tolerance, tolerance + 0.10) * max(1.0, math.log2(max(batch_ratio, 1.0)))
 
 
 def smoothed_loss_at(losses: Sequence[float], batch_size: int, samples: float) -> float | None:

@@ -244,7 +244,7 @@ class TrialStep:
         tol = self.ctx.spec.parity_tolerance
         return EarlyStop(
             below=below,
-            parity_gap=clearly_off(tol) + ref.seed_noise(tol),
+            parity_gap=clearly_off(tol, cand.batch_size / ref.batch_size) + ref.seed_noise(tol),
             parity_samples=horizon // 2,
             reference_losses=ref.finite_losses,
             reference_batch_size=ref.batch_size,

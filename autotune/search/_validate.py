@@ -64,7 +64,7 @@ def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
     parity_tolerance: float,
     maximize: bool = True,
     parity_allowance: float | None = None,
-    larger_batch: tuple[int, float] | None = None,
+    reference_batch: int | None = None,
 ) -> list[FrozenTrial]:
     """The trials worth validating, best first.
 
@@ -78,10 +78,10 @@ def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
     within it, competes too: it was judged early in the search, against the seed-to-seed spread
     known then; validation measures its parity again, at a longer horizon.
 
-    With ``larger_batch`` ``(reference_batch, allowance)``, a trial at a larger batch than the
-    reference's may be off by up to that allowance: at equal samples it has taken fewer steps,
-    and early in training it lags by more than any seed explains, a lag a full run erases
-    (``benchmarks/parity_horizon.py``). Validation's horizon is longer; its verdict stands.
+    With ``reference_batch`` too, a trial at a larger batch may be off by up to the gap the
+    search calls clearly off for its batch (:func:`~autotune.measure.parity.clearly_off`) plus
+    the band: early in training it lags by more than any seed explains, a lag a full run
+    erases. Validation's horizon is longer; its verdict stands.
 
     Example:
         >>> shortlist([], top_k=2, min_speedup=1.05, parity_tolerance=0.05)
@@ -92,12 +92,10 @@ def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
     for t in trials:
         speedup = record(t).speedup
         limit = allowance
-        if (
-            allowance is not None
-            and larger_batch
-            and t.params.get("batch_size", 0) > larger_batch[0]
-        ):
-            limit = max(allowance, larger_batch[1])
+        if allowance is not None and reference_batch:
+            ratio = t.params.get("batch_size", 0) / reference_batch
+            lag = clearly_off(parity_tolerance, ratio) + allowance - parity_tolerance
+            limit = max(allowance, lag) if ratio > 1 else allowance
         if speedup is None or speedup < min_speedup or not _eligible(t, limit):
             continue
         ranked.append(t)
@@ -363,8 +361,7 @@ def _shortlist(
         parity_tolerance=tol,
         maximize=ctx.maximize,
         parity_allowance=tol + noise if reference is not None else None,
-        # What the search itself let run to the end (it stops a probe clearly off).
-        larger_batch=(reference.batch_size, clearly_off(tol) + noise) if reference else None,
+        reference_batch=reference.batch_size if reference is not None else None,
     )
 
 

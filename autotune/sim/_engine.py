@@ -89,6 +89,7 @@ class SimEngine:
         loss = landscape.loss
         # This run's curve: the candidate's gap plus the seed's own offset.
         self.gap = landscape.parity_gap(cand) + self.curve.gauss(0.0, loss.seed_spread)
+        self.lag = landscape.early_lag(cand)
         self.diverges = landscape.diverges(cand)
         fp16 = landscape.fp16
         # fp16: steps skipped while the scale backs off from an init_scale above the safe one.
@@ -137,9 +138,13 @@ class SimEngine:
         samples = (step + 1) * self.candidate.batch_size
         level = m.final + (m.initial - m.final) * math.exp(-samples / m.samples_scale)
         ramp = 1 - math.exp(-samples / (0.25 * m.samples_scale))
+        p = self.landscape.parity
+        lag = self.lag * (1 - math.exp(-samples / p.lag_ramp_samples))
+        lag *= max(0.0, 1 - (step + 1) / p.lag_steps)
         # Log-normal step noise: a loss stays positive however noisy the curve (a recorded
         # CPU curve near its floor moves by tens of percent from step to step).
-        return level * (1 + self.gap * ramp) * math.exp(self.curve.gauss(0.0, m.step_noise))
+        noise = math.exp(self.curve.gauss(0.0, m.step_noise))
+        return level * (1 + self.gap * ramp + lag) * noise
 
     def run_steps(self, n: int) -> Block:
         """``n`` steps: their time (with the block's noise) advances the clock."""

@@ -102,6 +102,15 @@ class ParityModel(_M):
     gap_per_batch_ratio: float = 0.0
     # Per unit of |log2(lr multiplier)|: an lr off the rule learns worse.
     gap_per_lr_log2: float = 0.05
+    # A larger batch's early lag, per unit of (batch / base - 1) above the base: at equal
+    # samples it has taken fewer steps, and until training settles (the lr rule holds only
+    # then) its loss lags by up to this much more: the lag grows over its first samples
+    # (e-fold ``lag_ramp_samples``) and fades linearly to nothing after ``lag_steps`` of its
+    # steps (so a larger batch lags for more samples). A full run erases it, so the truth
+    # leaves it out: only a short horizon sees it.
+    lag_per_batch_ratio: float = Field(default=0.0, ge=0)
+    lag_ramp_samples: float = Field(default=4000.0, gt=0)
+    lag_steps: float = Field(default=200.0, gt=0)
     # An lr multiplier above this blows the loss up (None: never).
     diverge_lr_multiplier: float | None = None
 
@@ -245,6 +254,11 @@ class Landscape(_M):
             + self.parity.gap_per_batch_ratio * (ratio - 1)
             + self.parity.gap_per_lr_log2 * lr_off
         )
+
+    def early_lag(self, cand: Candidate) -> float:
+        """The candidate's early lag at its peak (see :class:`ParityModel`); 0 at the base."""
+        ratio = max(1.0, cand.batch_size / self.facts.base_batch_size)
+        return self.parity.lag_per_batch_ratio * (ratio - 1)
 
     def diverges(self, cand: Candidate) -> bool:
         limit = self.parity.diverge_lr_multiplier
