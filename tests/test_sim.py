@@ -450,3 +450,30 @@ def test_on_a_cpu_fp32_vouches_for_the_autocast_modes_memory_where_half_of_it_is
     attrs = result.study.user_attrs
     ceilings = next(v for k, v in attrs.items() if k.startswith("ceilings:"))
     assert ceilings == {"fp32": 256, "fp16": 256, "bf16": 256}
+
+
+def test_a_larger_batch_that_only_lags_early_is_validated_and_one_that_stays_behind_is_not() -> (
+    None
+):
+    """At equal samples a larger batch has taken fewer steps, and early in training it lags
+    by more than the tolerance (tiny on this CPU: bs=64 +3% to +18% behind bs=32 after 8k
+    samples, within 3% at the end of a full run). Judged off parity at the probe's horizon,
+    it is validated at validation's longer one; a gap that lasts is refused there."""
+    space = {"precisions": ["fp32"], "batch_sizes": [64, 128]}
+
+    def search(**parity: float) -> tuple[Any, Any]:
+        land = landscape(parity={**parity}, **{"loss.seed_spread": 0.003})
+        run = simulate(spec("2m", space=space), land, seed=1)
+        (probed,) = [t for t in run.study.trials if t.params.get("batch_size") == 128][:1]
+        return run.config, probed
+
+    # 25% behind per unit of batch ratio, fading over 150 steps: the probe sees ~10%.
+    cfg, probed = search(lag_per_batch_ratio=0.25, lag_steps=150)
+    assert probed.user_attrs["outcome"] == "infeasible"
+    assert probed.user_attrs["parity_gap"] > 0.05 + 0.01
+    assert (cfg.precision, cfg.batch_size) == ("fp32", 128) and cfg.evidence.validated
+    # The same gap at the probe's horizon, lasting: validation refuses it.
+    cfg, probed = search(gap_per_batch_ratio=probed.user_attrs["parity_gap"])
+    assert probed.user_attrs["outcome"] == "infeasible"
+    assert cfg.batch_size == 64 and not cfg.evidence.validated
+    assert any("parity" in str(r) for r in cfg.evidence.rejected)

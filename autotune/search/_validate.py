@@ -342,10 +342,21 @@ def validation_reserve(
     # compiled candidate compiles again.
     per_pair = 2.5 * ratio * typical + 1.0
     # Nothing worth validating yet: keep room for one short pair (a late winner still gets
-    # validated), and give the rest to the search.
-    need = sum(max(per_pair, _six_pairs(ctx, t)) for t in picked) if picked else 0.5 * per_pair
+    # validated), and give the rest to the search. A trial judged off parity at the probe's
+    # horizon (shortlisted within the band, or a larger batch's early lag) is measured over
+    # several times that horizon: a lag fades over its first steps.
+    need = (
+        sum(max(per_pair, _six_pairs(ctx, t)) * (1 if is_feasible(t) else _LONGER) for t in picked)
+        if picked
+        else 0.5 * per_pair
+    )
     need += sum(record(t).compile_seconds or 0.0 for t in picked)
     return min(VALIDATION_SHARE * ctx.budget.total, need + 1.0)
+
+
+# How many times longer than a pair of a feasible trial a pair of one judged off parity at the
+# probe's horizon measures (its share of validation's time, and so its horizon).
+_LONGER = 4
 
 
 def _shortlist(
@@ -433,9 +444,12 @@ def validate(
         if left < 1.0:
             reruns.append(Rerun(trial, None))
             continue
-        # Each candidate gets an equal share of what is left; a pair cut short by its share is
-        # still compared, on the blocks and samples both arms saw.
-        reruns.append(with_gap(_rerun(ctx, trial, reference, share=left / (len(picked) - i))))
+        # Each candidate gets its share of what is left (one judged off parity at the probe's
+        # horizon, _LONGER shares); a pair cut short by its share is still compared, on the
+        # blocks and samples both arms saw.
+        weights = [1 if is_feasible(t) else _LONGER for t in picked[i:]]
+        share = left * weights[0] / sum(weights)
+        reruns.append(with_gap(_rerun(ctx, trial, reference, share=share)))
     ref_run = next(
         (
             r.paired
