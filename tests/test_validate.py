@@ -395,3 +395,8 @@ def test_a_larger_batch_lagging_at_the_probes_horizon_is_validated_at_a_longer_o
     assert shortlist(trials, **kw, parity_allowance=0.1) == []
     picked = shortlist(trials, **kw, parity_allowance=0.1, reference_batch=32)
     assert [t.number for t in picked] == [3, 0]
+    # Should validation refuse both again, a feasible candidate was measured too (tiny seeds 2
+    # and 5: bs=128 in both slots, refused at validation's horizon; bs=64 never validated).
+    safe = trial(5, 1.45, gap=0.03, precision="fp32", batch_size=64)
+    picked = shortlist([*trials, safe], **kw, parity_allowance=0.1, reference_batch=32)
+    assert [t.number for t in picked] == [3, 0, 5]

@@ -70,9 +70,10 @@ def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
 
     Feasible, measured (not copied from a twin) trials whose search speedup reaches
     ``min_speedup`` (a candidate that does not even look faster is not worth validating),
-    ranked by their objective; the first ``top_k``, plus the fastest one with a clear parity
-    margin (half the tolerance) when none of those has one: the fastest candidates often sit at
-    the edge of the tolerance, where a fresh seed can tip them over.
+    ranked by their objective; the first ``top_k``, plus the fastest feasible one when none of
+    those is (see below), plus the fastest one with a clear parity margin (half the tolerance)
+    when none of those has one: the fastest candidates often sit at the edge of the tolerance,
+    where a fresh seed can tip them over.
 
     With ``parity_allowance`` (when maximizing), a trial that failed only parity, by a gap
     within it, competes too: it was judged early in the search, against the seed-to-seed spread
@@ -108,6 +109,11 @@ def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
             seen.add(key)
             unique.append(t)
     best = unique[:top_k]
+    if not any(is_feasible(t) for t in best):
+        # Those judged off parity early may be refused again: the fastest feasible one stands by.
+        standby = next((t for t in unique[top_k:] if is_feasible(t)), None)
+        if standby is not None:
+            best.append(standby)
 
     def clear(t: FrozenTrial) -> bool:
         gap = record(t).parity_gap
