@@ -113,7 +113,9 @@ def test_search_with_json_logs_writes_only_json_to_stderr_and_the_log(tmp_path: 
     assert records, "no log lines on stderr"
     events = {r.get("event") for r in records}
     assert {"modes", "phase", "config"} <= events
-    assert any(r["message"].startswith("study 'tiny': workload") for r in records)
+    assert any(
+        r["message"].startswith("study 'tiny.sim-cpu-tiny_convnet': workload") for r in records
+    )
     phases = [r["phase"] for r in records if r.get("event") == "phase"]
     assert "search" in phases and "validation" in phases
     in_file = [json.loads(line) for line in (out_dir / "search.log").read_text().splitlines()]
