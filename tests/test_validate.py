@@ -18,11 +18,11 @@ from autotune.measure.stats import claimed, ratio_estimate
 from autotune.search import run_search
 from autotune.search._budget import Budget
 from autotune.search._context import SearchContext
+from autotune.search._rejections import rejection_summary
 from autotune.search._space import Space
 from autotune.search._validate import (
     Rerun,
     measure_spread,
-    rejection_summary,
     select,
     shortlist,
     validation_reserve,

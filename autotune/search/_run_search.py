@@ -47,12 +47,12 @@ from autotune.search._knob_trials import (
     enqueue_diagnosed_islands,
 )
 from autotune.search._reference import ReferenceKeeper, ReferenceUnavailable
+from autotune.search._rejections import rejection_summary
 from autotune.search._space import Space
 from autotune.search._trial import TrialStep
 from autotune.search._validate import (
     Selection,
     measure_spread,
-    rejection_summary,
     validate,
     validation_reserve,
 )

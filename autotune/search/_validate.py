@@ -17,7 +17,6 @@ the figure, not to punish the candidate for it.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import cast
@@ -26,18 +25,16 @@ import optuna
 from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.enums import Outcome
 from autotune.measure.parity import clearly_off, parity_gap
 from autotune.measure.result import PairedResult
 from autotune.measure.stats import MIN_VALUES
-from autotune.search._budget import VALIDATION_SHARE
+from autotune.search._budget import VALIDATION_SHARE, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import (
     Rejection,
     candidate,
     constraints,
-    display_outcome,
     feasible_trials,
     is_feasible,
     label,
@@ -47,7 +44,6 @@ from autotune.study.trials import (
 __all__ = [
     "Rerun",
     "Selection",
-    "rejection_summary",
     "select",
     "shortlist",
     "validate",
@@ -153,6 +149,7 @@ class Rerun:
     trial: FrozenTrial
     paired: PairedResult | None
     gap: tuple[float, float, float] | None = None
+    share: float = 0.0  # the seconds it was given
 
 
 @dataclass
@@ -302,37 +299,6 @@ def with_gap(rerun: Rerun) -> Rerun:
     return rerun
 
 
-def rejection_summary(trials: Iterable[FrozenTrial]) -> list[Rejection]:
-    """Why search trials were rejected, grouped by mode and outcome, most common first.
-
-    Example:
-        >>> rejection_summary([])
-        []
-    """
-    groups: Counter[tuple[str, str]] = Counter()
-    example: dict[tuple[str, str], str] = {}
-    for t in trials:
-        rec = record(t)
-        if rec.duplicate_of is not None:
-            continue
-        outcome = display_outcome(t)
-        if outcome is None or outcome == Outcome.COMPLETED or t.state == TrialState.WAITING:
-            continue
-        key = (str(t.params.get("precision", "?")), outcome)
-        groups[key] += 1
-        example.setdefault(key, rec.reason)
-    return [
-        Rejection(
-            label=mode, stage="search", kind=outcome, detail=example[(mode, outcome)], count=n
-        )
-        for (mode, outcome), n in groups.most_common()
-    ]
-
-
-# A function that measures a candidate paired with the reference inside a slice of seconds.
-PairedRun = Callable[[FrozenTrial, float], PairedResult | None]
-
-
 def validation_reserve(
     ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord | None = None
 ) -> float:
@@ -468,6 +434,7 @@ def validate(
     # run, and the band of the search's repeats (the rule the search judged by).
     tol = spec.parity_tolerance
     noise = max(_seed_noise(ref_run, reference, tol), reference.seed_noise(tol))
+    reruns = [_recheck(ctx, reference, r, noise) for r in reruns]
     selection = select(
         reruns,
         min_speedup=val.min_speedup,
@@ -505,7 +472,36 @@ def _rerun(
         timeout=share + ctx.hard_grace(),
     )
     logger.info("validation of {}: {}", trial.number, paired.summary())
-    return Rerun(trial, paired)
+    return Rerun(trial, paired, share=share)
+
+
+def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise: float) -> Rerun:
+    """A larger batch off parity at validation's horizon by no more than its early lag can
+    explain is measured once more over a horizon ``_LONGER`` times as long, time allowing (up
+    to the budget's end: a search that measured its space through leaves time unspent)."""
+    tol, gap = ctx.spec.parity_tolerance, rerun.gap
+    ratio = rerun.trial.params.get("batch_size", 0) / reference.batch_size
+    if gap is None or ratio <= 1 or not tol + noise < gap[0] <= clearly_off(tol, ratio) + noise:
+        return rerun
+    share = min(_LONGER * rerun.share, ctx.budget.total - WRITE_RESERVE - ctx.budget.elapsed())
+    if share < 2 * rerun.share:
+        return rerun
+    logger.info(
+        "validation of {}: {:+.1%} off parity at {:,} samples, within a larger batch's early "
+        "lag: measuring it over a longer horizon",
+        rerun.trial.number,
+        gap[0],
+        _shared_samples(rerun.paired),
+    )
+    return with_gap(_rerun(ctx, rerun.trial, reference, share=share))
+
+
+def _shared_samples(paired: PairedResult | None) -> int:
+    """The samples both arms of a pair saw: the horizon its parity gap is taken at."""
+    if paired is None:
+        return 0
+    c, r = paired.candidate, paired.reference
+    return min(len(c.losses) * c.batch_size, len(r.losses) * r.batch_size)
 
 
 def _seed_noise(
