@@ -89,10 +89,11 @@ def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
     for t in trials:
         speedup = record(t).speedup
         limit = allowance
-        if allowance is not None and reference_batch:
-            ratio = t.params.get("batch_size", 0) / reference_batch
-            lag = clearly_off(parity_tolerance, ratio) + allowance - parity_tolerance
-            limit = max(allowance, lag) if ratio > 1 else allowance
+        batch = t.params.get("batch_size", 0)
+        if allowance is not None and reference_batch and batch > reference_batch:
+            # The batch's clearly-off level (always above the tolerance), the band on top.
+            lag = clearly_off(parity_tolerance, batch / reference_batch)
+            limit = lag + allowance - parity_tolerance
         if speedup is None or speedup < min_speedup or not _eligible(t, limit):
             continue
         ranked.append(t)
@@ -299,6 +300,17 @@ def with_gap(rerun: Rerun) -> Rerun:
     return rerun
 
 
+# How many times longer than a pair of a feasible trial a pair of one judged off parity at the
+# probe's horizon measures (its share of validation's time, and so its horizon).
+_LONGER = 4
+
+
+def _weight(trial: FrozenTrial) -> int:
+    """A shortlisted trial's shares of validation's time: ``_LONGER`` for one judged off parity
+    at the probe's horizon (a lag fades over its first steps), else one."""
+    return 1 if is_feasible(trial) else _LONGER
+
+
 def validation_reserve(
     ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord | None = None
 ) -> float:
@@ -314,21 +326,14 @@ def validation_reserve(
     # compiled candidate compiles again.
     per_pair = 2.5 * ratio * typical + 1.0
     # Nothing worth validating yet: keep room for one short pair (a late winner still gets
-    # validated), and give the rest to the search. A trial judged off parity at the probe's
-    # horizon (shortlisted within the band, or a larger batch's early lag) is measured over
-    # several times that horizon: a lag fades over its first steps.
+    # validated), and give the rest to the search; each by its weight (see _weight).
     need = (
-        sum(max(per_pair, _six_pairs(ctx, t)) * (1 if is_feasible(t) else _LONGER) for t in picked)
+        sum(max(per_pair, _six_pairs(ctx, t)) * _weight(t) for t in picked)
         if picked
         else 0.5 * per_pair
     )
     need += sum(record(t).compile_seconds or 0.0 for t in picked)
     return min(VALIDATION_SHARE * ctx.budget.total, need + 1.0)
-
-
-# How many times longer than a pair of a feasible trial a pair of one judged off parity at the
-# probe's horizon measures (its share of validation's time, and so its horizon).
-_LONGER = 4
 
 
 def _shortlist(
@@ -419,8 +424,7 @@ def validate(
         # Each candidate gets its share of what is left (one judged off parity at the probe's
         # horizon, _LONGER shares); a pair cut short by its share is still compared, on the
         # blocks and samples both arms saw.
-        weights = [1 if is_feasible(t) else _LONGER for t in picked[i:]]
-        share = left * weights[0] / sum(weights)
+        share = left * _weight(trial) / sum(_weight(t) for t in picked[i:])
         reruns.append(with_gap(_rerun(ctx, trial, reference, share=share)))
     ref_run = next(
         (
