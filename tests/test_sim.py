@@ -25,7 +25,7 @@ from autotune.search import Budget, SearchStopped, TrialFinished, run_search
 from autotune.search._budget import WRITE_RESERVE
 from autotune.search._run_search import EXHAUSTED
 from autotune.sim import Landscape, SimulatedRunner, load_landscape, shipped_landscapes, simulate
-from autotune.spec import Candidate, parse_spec
+from autotune.spec import Candidate, EarlyStop, ProbeSettings, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -497,3 +497,47 @@ def test_a_larger_batch_still_lagging_at_validations_horizon_is_measured_over_a_
     truth = land.truth(Candidate(precision="bf16", batch_size=128, learning_rate=0.8))
     assert truth.parity_gap <= 0.05
     assert cfg.evidence.speedup_low <= truth.speedup <= cfg.evidence.speedup_high
+
+
+def _stopped_off_parity(land: Landscape, gap: float, seeds: range) -> int:
+    """Probes of bf16 at the reference's batch (a lasting loss gap of ``gap``) that an early stop
+    at +20% ended off parity, one per seed, each against an fp32 reference of its own seed."""
+    bf16 = land.modes["bf16"].model_copy(update={"parity_gap": gap})
+    land = land.model_copy(update={"modes": {**land.modes, "bf16": bf16}})
+    settings = ProbeSettings(steps=60, warmup_steps=2, min_time=0, time_limit=600)
+    fp32 = Candidate(precision="fp32", batch_size=32, learning_rate=0.1)
+    cand = fp32.model_copy(update={"precision": "bf16"})
+    stopped = 0
+    for seed in seeds:
+        runner = SimulatedRunner(land, seed=seed)
+        ref = runner.run(land.workload, fp32, settings.model_copy(update={"seed": seed}))
+        rule = EarlyStop(
+            parity_gap=0.20,
+            parity_samples=31 * 32,
+            reference_losses=ref.losses,
+            reference_batch_size=32,
+        )
+        own = settings.model_copy(update={"seed": seed + 1000})
+        result = runner.run(land.workload, cand, own, early_stop=rule)
+        stopped += result.outcome == "off_parity"
+    return stopped
+
+
+def test_a_probe_is_stopped_off_parity_by_a_gap_past_its_curves_step_noise_not_by_the_noise() -> (
+    None
+):
+    """This CPU's tiny convnet moves its loss by a third from step to step: over a probe's
+    first steps a mean of twenty of them is off by 10% either way, the reference's as much.
+    Checked at every block from half the horizon on, a fixed +20% level stopped 2 of these 20
+    probes that learn exactly as well; the stop waits for the gap to pass the level by twice
+    the curves' own error. A gap far past it still stops the probe, and on smooth curves a
+    gap that the noisy ones keep running with does."""
+    noisy = load_landscape("cpu-tiny_convnet")
+    assert noisy.loss.step_noise > 0.3
+    assert _stopped_off_parity(noisy, 0.0, range(1, 21)) == 0
+    assert _stopped_off_parity(noisy, 2.0, range(1, 6)) == 5
+    smooth = noisy.model_copy(
+        update={"loss": noisy.loss.model_copy(update={"step_noise": 0.0, "seed_spread": 0.0})}
+    )
+    assert _stopped_off_parity(smooth, 0.0, range(1, 6)) == 0
+    assert _stopped_off_parity(smooth, 0.5, range(1, 6)) == 5

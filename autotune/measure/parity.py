@@ -10,7 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["clearly_off", "parity_gap", "smoothed_loss_at", "time_to_loss"]
+__all__ = [
+    "clearly_off",
+    "parity_gap",
+    "parity_gap_error",
+    "smoothed_loss_at",
+    "time_to_loss",
+]
 
 # Average the loss over the second half of the shared range: short probes are noisy per step.
 _WINDOW = 0.5
@@ -34,20 +40,40 @@ def clearly_off(tolerance: float, batch_ratio: float = 1.0) -> float:
     return max(3.0 * tolerance, tolerance + 0.10) * max(1.0, math.log2(max(batch_ratio, 1.0)))
 
 
+def _window(losses: Sequence[float], batch_size: int, samples: float) -> list[float]:
+    """The losses of the steps whose samples-seen fall in ``[samples / 2, samples]``; with fewer
+    steps than that, the step closest to ``samples``."""
+    lo = (1 - _WINDOW) * samples
+    window = [v for i, v in enumerate(losses) if lo <= (i + 1) * batch_size <= samples]
+    if not window:
+        i = min(len(losses), max(1, round(samples / batch_size))) - 1
+        window = [losses[i]] if 0 <= i < len(losses) else []
+    return window
+
+
 def smoothed_loss_at(losses: Sequence[float], batch_size: int, samples: float) -> float | None:
     """Mean loss over the steps whose samples-seen fall in ``[samples / 2, samples]``.
 
     Returns None when no step falls in the window or a loss there is not finite.
     """
-    lo = (1 - _WINDOW) * samples
-    window = [v for i, v in enumerate(losses) if lo <= (i + 1) * batch_size <= samples]
-    if not window:
-        # Fewer steps than the window needs: take the step closest to `samples`.
-        i = min(len(losses), max(1, round(samples / batch_size))) - 1
-        window = [losses[i]] if 0 <= i < len(losses) else []
+    window = _window(losses, batch_size, samples)
     if not window or not all(math.isfinite(v) for v in window):
         return None
     return sum(window) / len(window)
+
+
+def _window_error(losses: Sequence[float], batch_size: int, samples: float) -> float:
+    """The relative standard error of :func:`smoothed_loss_at`'s mean, from the window's own
+    step-to-step noise: successive differences, so a falling curve's trend is not read as noise
+    (0 with fewer than three finite steps)."""
+    w = _window(losses, batch_size, samples)
+    if len(w) < 3 or not all(math.isfinite(v) for v in w):
+        return 0.0
+    mean = sum(w) / len(w)
+    if mean == 0:
+        return 0.0
+    step_var = sum((b - a) ** 2 for a, b in zip(w, w[1:], strict=False)) / (2 * (len(w) - 1))
+    return math.sqrt(step_var / len(w)) / abs(mean)
 
 
 def parity_gap(
@@ -72,6 +98,31 @@ def parity_gap(
     if loss is None or ref is None:
         return None
     return (loss - ref) / max(abs(ref), 1e-12), loss, ref
+
+
+def parity_gap_error(
+    losses: Sequence[float], batch_size: int, ref_losses: Sequence[float], ref_batch_size: int
+) -> float:
+    """The standard error of :func:`parity_gap`'s gap from the two curves' own step-to-step
+    noise (0 where either curve is too short to say). At a short horizon the reference's mean
+    is as noisy as the candidate's: a CPU's tiny model on random batches moves its loss by a
+    third from step to step, so a gap of 20% over twenty steps can be noise alone.
+
+    Example:
+        >>> flat = [1.0] * 40
+        >>> parity_gap_error(flat, 32, flat, 32)
+        0.0
+        >>> noisy = [1.3, 0.7] * 20
+        >>> round(parity_gap_error(noisy, 32, flat, 32), 3)
+        0.093
+    """
+    found = parity_gap(losses, batch_size, ref_losses, ref_batch_size)
+    if found is None:
+        return 0.0
+    samples = min(len(losses) * batch_size, len(ref_losses) * ref_batch_size)
+    mine = _window_error(losses, batch_size, samples)
+    ref = _window_error(ref_losses, ref_batch_size, samples)
+    return (1 + found[0]) * math.hypot(mine, ref)
 
 
 def time_to_loss(

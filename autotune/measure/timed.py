@@ -18,7 +18,7 @@ from loguru import logger
 
 from autotune.enums import Outcome
 from autotune.measure.memory import memory_cap, restart_peak
-from autotune.measure.parity import parity_gap
+from autotune.measure.parity import parity_gap, parity_gap_error
 from autotune.measure.precision import PrecisionMode
 from autotune.measure.stats import median_interval, spread
 from autotune.measure.step import Block
@@ -38,6 +38,10 @@ _STEADY = 0.8
 _SETTLE_SHARE = 0.5
 # An early "slower" verdict waits for this share of min_time of timed blocks.
 _DECIDE_SHARE = 0.5
+# A loss gap stops a probe early only this many standard errors (the two curves' own
+# step-to-step noise) past the rule's level: it is checked at every block from half the
+# horizon on, and a noisy curve would otherwise cross the level by chance alone.
+_PARITY_STOP_Z = 2.0
 
 
 def min_time_for(settings: ProbeSettings, device: torch.device) -> float:
@@ -305,18 +309,21 @@ class TimedRun:
                 return True
         samples = engine.steps * engine.candidate.batch_size
         if rule.parity_gap is not None and rule.reference_losses and samples >= rule.parity_samples:
-            found = parity_gap(
+            curves = (
                 engine.losses,
                 engine.candidate.batch_size,
                 rule.reference_losses,
                 rule.reference_batch_size,
             )
-            if found is not None and found[0] > rule.parity_gap:
+            found = parity_gap(*curves)
+            noise = _PARITY_STOP_Z * parity_gap_error(*curves) if found is not None else 0.0
+            if found is not None and found[0] - noise > rule.parity_gap:
                 self.outcome = Outcome.OFF_PARITY
                 self.parity_samples = samples
                 self.reason = (
                     f"off parity: loss {found[0]:+.1%} vs the fp32 reference's at {samples:,} "
-                    f"samples seen (stops above {rule.parity_gap:+.0%})"
+                    f"samples seen (stops above {rule.parity_gap:+.0%}"
+                    + (f" + {noise:.0%} for the curves' step noise)" if noise >= 0.005 else ")")
                 )
                 return True
         return False
