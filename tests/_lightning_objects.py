@@ -98,8 +98,23 @@ def _classes() -> dict[str, type]:
     }
 
 
+_NAMES = frozenset(
+    (
+        "Points",
+        "FixedBatch",
+        "NoLr",
+        "NoSchedule",
+        "ReadsStrategy",
+        "TwoOptimizers",
+        "Manual",
+        "Broken",
+    )
+)
+
+
 def __getattr__(name: str) -> Any:
-    classes = _classes()
-    if name in classes:
-        return classes[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # Only the classes' own names load lightning: the suite's collection imports this module
+    # and asks it for other attributes (``pytest_plugins``), and lightning takes seconds.
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _classes()[name]
