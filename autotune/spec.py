@@ -246,7 +246,8 @@ class EarlyStop(_Model):
     below: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # ... judged after at least this many timed blocks (and half of min_time).
     after_blocks: int = Field(default=5, ge=1)
-    # Stop once the loss is more than this far above the reference's (relative gap) ...
+    # Stop once the loss is more than this far above the reference's (relative gap), by twice
+    # the gap's standard error from both curves' step-to-step noise (measure/timed.py) ...
     parity_gap: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # ... at equal samples seen, once this many samples are seen: the fidelity at which a
     # short curve already says enough.
