@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_tiny_search(
     tmp_path: Path, out_dir: Path, env: dict[str, str]
 ) -> subprocess.CompletedProcess:
-    """`autotune search studies/tiny.yaml` with a 50 s budget and its own storage, on this
+    """`autotune search studies/tiny.yaml` with a 25 s budget and its own storage, on this
     CPU's recorded landscape (the command's output is the same; a real worker is other
     tests' business)."""
     argv = [
@@ -22,7 +22,7 @@ def run_tiny_search(
         "search",
         str(ROOT / "studies" / "tiny.yaml"),
         "--budget",
-        "50s",
+        "25s",
         "--simulate",
         "cpu-tiny_convnet",
         "--storage",

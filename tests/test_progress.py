@@ -197,7 +197,7 @@ def test_search_output_has_no_control_characters_when_not_a_terminal(tmp_path: P
         bad = CONTROL.findall(text)
         assert not bad, f"{name} holds control characters {sorted(set(bad))!r}"
     assert "╭" not in proc.stderr  # the live view's frame: never drawn into a pipe
-    assert re.search(r"\| INFO    \| phase search at \d+s of 50s", proc.stderr)
+    assert re.search(r"\| INFO    \| phase search at \d+s of 25s", proc.stderr)
     assert "config written to" in proc.stdout and "report written to" in proc.stdout
     assert (out_dir / "best.json").is_file() and (out_dir / "report.html").is_file()
     log = (out_dir / "search.log").read_text()

@@ -122,7 +122,7 @@ def parity_gap_error(
     samples = min(len(losses) * batch_size, len(ref_losses) * ref_batch_size)
     mine = _window_error(losses, batch_size, samples)
     ref = _window_error(ref_losses, ref_batch_size, samples)
-    return (1 + found[0]) * math.hypot(mine, ref)
+    return abs(1 + found[0]) * math.hypot(mine, ref)
 
 
 def time_to_loss(

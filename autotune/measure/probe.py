@@ -137,7 +137,7 @@ def run_probe(
     Example:
         >>> from autotune.workloads import tiny_mlp
         >>> r = run_probe(tiny_mlp(), Candidate(precision="fp32", batch_size=32, learning_rate=0.05),
-        ...               settings=ProbeSettings(warmup_steps=1, steps=4))
+        ...               settings=ProbeSettings(warmup_steps=1, steps=4, min_time=0.2))
         >>> print(r.outcome)
         completed
     """
