@@ -138,6 +138,27 @@ def test_trust_counts_a_fallback_that_passed_over_a_real_win() -> None:
     assert "passed over fp16 bs=32 lr=0.2: 1.02x in full, loss ratio 0.990 |" in text
 
 
+def test_trust_judges_a_full_runs_parity_within_the_tolerance_plus_the_seed_band() -> None:
+    """On tiny one seed's final loss moves 2-17% with the seed alone, beyond the 5% tolerance:
+    a full run is off parity only past the tolerance plus that band, which fp32 trained once
+    more with another seed measures, and the verdict is printed with its band."""
+    import argparse
+
+    from autotune.train import TrainSettings, baseline_candidate, train
+    from autotune.workloads import tiny_mlp
+
+    trust = load("trust")
+    assert trust._held(1.09, 0.05, 0.06) and not trust._held(1.09, 0.05, 0.02)
+    assert not trust._held(1.09, 0.05, None) and trust._held(1.04, 0.05, None)
+    wl = tiny_mlp()
+    settings = TrainSettings(steps=20, seed=1)
+    fp32 = train(wl, baseline_candidate(wl, "fp32"), "cpu", settings)
+    band = trust._seed_band(wl, settings, argparse.Namespace(device="cpu"), fp32)
+    assert band is not None and band > 0  # another seed, another final loss
+    row = _trust_row(True, loss_ratio=1.09, seed_band=0.06, parity_held=True)
+    assert "held (1.090; seed band 6.0%)" in trust.markdown([row], trust.summarize([row]), "n")
+
+
 def test_after_a_fallback_trust_checks_the_fastest_candidate_the_search_measured() -> None:
     """Judged off parity at the probe's horizon or not, the fastest candidate measured to the
     end is the one the full run checks; never the fallback's own settings, a trial cut short,
