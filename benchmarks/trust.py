@@ -16,7 +16,7 @@ For each study and seed:
 It prints per run and in total: the claimed speedup (interval), the full run's speedup,
 ``|claimed/measured - 1|``, whether parity held in the full run (final loss within the
 tolerance of fp32's, plus the seed band: how far fp32's own final loss moves when fp32 is
-trained once more with another seed — on tiny one seed's final loss moves 2-19%, more than the
+trained once more with another seed — on tiny fp32's final loss moves 2-17%, more than the
 tolerance, so a verdict without it is mostly the seed's), the fallback rate, false claims
 (claimed >= 1.05x, measured <= 1.0x), whether repeated searches agree on the winner, and the
 fallbacks that missed a real win.

@@ -83,7 +83,7 @@ def _classes() -> dict[str, type]:
         def __init__(self, width: int = 8) -> None:
             raise ValueError(f"no weights for width={width}")
 
-    return {
+    classes = {
         c.__name__: c
         for c in (
             Points,
@@ -96,6 +96,8 @@ def _classes() -> dict[str, type]:
             Broken,
         )
     }
+    assert classes.keys() == _NAMES, "list a new class in _NAMES too"
+    return classes
 
 
 _NAMES = frozenset(

@@ -513,7 +513,7 @@ def _stopped_off_parity(land: Landscape, gap: float, seeds: range) -> int:
         ref = runner.run(land.workload, fp32, settings.model_copy(update={"seed": seed}))
         rule = EarlyStop(
             parity_gap=0.20,
-            parity_samples=31 * 32,
+            parity_samples=(settings.warmup_steps + settings.steps) * 32 // 2,
             reference_losses=ref.losses,
             reference_batch_size=32,
         )

@@ -316,8 +316,10 @@ class TimedRun:
                 rule.reference_batch_size,
             )
             found = parity_gap(*curves)
-            noise = _PARITY_STOP_Z * parity_gap_error(*curves) if found is not None else 0.0
-            if found is not None and found[0] - noise > rule.parity_gap:
+            if found is None or found[0] <= rule.parity_gap:
+                return False  # most blocks: the noise allowance is not even read
+            noise = _PARITY_STOP_Z * parity_gap_error(*curves)
+            if found[0] - noise > rule.parity_gap:
                 self.outcome = Outcome.OFF_PARITY
                 self.parity_samples = samples
                 self.reason = (
