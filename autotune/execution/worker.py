@@ -115,6 +115,11 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
 
     # The worker's side, torch with it, loaded here in the worker and before `ready`, as
     # start() promises: the first probe pays only for itself, and the parent never loads it.
+    # And torch's compiler front end: torch imports it at the first optimizer built (every
+    # workload's), 1-1.4 s of a core. Here, before `ready`, a service's worker pays it while
+    # idle, not in its first study's facts; a command's search waits for it either way.
+    import torch._dynamo  # noqa: F401
+
     from autotune.execution.answers import answer
 
     cache: dict[str, Any] = {}
