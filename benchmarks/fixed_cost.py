@@ -49,8 +49,8 @@ GOAL_SECONDS = 3.0
 class TimedWorker(ProbeWorker):
     """A probe worker that notes when it started, answered about the facts, and each probe."""
 
-    def __init__(self, device: str) -> None:
-        super().__init__(device)
+    def __init__(self, device: str, *, warm: bool = False) -> None:
+        super().__init__(device, warm=warm)
         self.marks: dict[str, tuple[float, float]] = {}
         self.probes: list[dict[str, Any]] = []
 
@@ -100,7 +100,7 @@ def one_run(spec_path: Path, device: str, budget: str, *, warm: bool = False) ->
         spec = load_spec(spec_path).with_overrides(
             {"device": device, "budget": budget, "storage": f"sqlite:///{tmp}/fixed.db"}
         )
-        worker = TimedWorker(spec.device)
+        worker = TimedWorker(spec.device, warm=warm)
         if warm:
             worker.start()
             worker.marks.clear()

@@ -225,6 +225,45 @@ def test_a_worker_closed_while_it_starts_is_stopped_at_once() -> None:
     assert proc.returncode == -signal.SIGKILL
 
 
+def test_a_warm_worker_loads_the_compiler_front_end_before_it_is_ready_and_a_plain_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service's worker starts before it has work: it pays for torch's compiler front end
+    (which any optimizer imports, a second of a core) then, not in its first study's time. A
+    command's worker, which the search waits on anyway, does not pay it before its first probe.
+    Each worker says at its exit, through a start-up hook on its path, whether it had it."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            """
+            import atexit, os, sys
+
+            def _say():
+                loaded = "torch._dynamo" in sys.modules
+                with open(os.environ["AUTOTUNE_TEST_LOADED"], "a") as f:
+                    f.write(f"{os.getpid()} {loaded}\\n")
+
+            atexit.register(_say)
+            """
+        )
+    )
+    said = tmp_path / "loaded.txt"
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    )
+    monkeypatch.setenv("AUTOTUNE_TEST_LOADED", str(said))
+    loaded = {}
+    for warm in (True, False):
+        w = ProbeWorker("cpu", warm=warm)
+        w.start()
+        pid = w.pid
+        w.close()
+        lines = dict(line.split() for line in said.read_text().splitlines())
+        loaded[warm] = lines[str(pid)]
+    assert loaded == {True: "True", False: "False"}
+
+
 # ---- the worker's memory limit ------------------------------------------------------------
 
 

@@ -93,7 +93,7 @@ class _Failure:
     timed_out: bool = False
 
 
-def _serve(requests: Any, replies: Any, device: str) -> None:
+def _serve(requests: Any, replies: Any, device: str, *, warm: bool = False) -> None:
     """The worker's loop: read a request line, answer it, write the reply line.
 
     After an error that poisons the CUDA context it says so and returns: the process exits
@@ -115,12 +115,12 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
 
     # The worker's side, torch with it, loaded here in the worker and before `ready`, as
     # start() promises: the first probe pays only for itself, and the parent never loads it.
-    # And torch's compiler front end: torch imports it at the first optimizer built (every
-    # workload's), 1-1.4 s of a core. Here, before `ready`, a service's worker pays it while
-    # idle, not in its first study's facts; a command's search waits for it either way.
-    import torch._dynamo  # noqa: F401
-
     from autotune.execution.answers import answer
+
+    if warm:
+        # Torch's compiler front end too, which torch imports at the first optimizer built (every
+        # workload's): 1-1.4 s of a core, paid here by a worker started before it has work.
+        import torch._dynamo  # noqa: F401
 
     cache: dict[str, Any] = {}
     send(ReadyReply(pid=os.getpid()))
@@ -133,7 +133,7 @@ def _serve(requests: Any, replies: Any, device: str) -> None:
 
 def main() -> None:
     """Entry point of a worker process:
-    ``python -m autotune.execution.worker DEVICE REQ_FD REPLY_FD [MEMORY_LIMIT_BYTES]``."""
+    ``python -m autotune.execution.worker DEVICE REQ_FD REPLY_FD [MEMORY_LIMIT_BYTES [warm]]``."""
     device, req_fd, reply_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     # First thing: what the probes allocate from here on counts against it
     # (autotune.execution.limits); and GPUs numbered in PCI bus order (the parent set it; before
@@ -146,7 +146,7 @@ def main() -> None:
     logger.add(sys.stderr, level=os.environ.get("AUTOTUNE_WORKER_LOG_LEVEL", "WARNING"))
     try:
         with os.fdopen(req_fd, "r") as requests, os.fdopen(reply_fd, "w") as replies:
-            _serve(requests, replies, device)
+            _serve(requests, replies, device, warm=len(sys.argv) > 5 and sys.argv[5] == "warm")
     except (BrokenPipeError, KeyboardInterrupt):
         # The parent is gone (killed, or Ctrl-C): nobody is left to read a reply.
         pass
@@ -160,6 +160,10 @@ class ProbeWorker(Runner):
 
     Args:
         device: the device probes run on, e.g. ``cpu`` or ``cuda:1``.
+        warm: the worker also loads what the first probe would (torch's compiler front end,
+            which any optimizer imports) before it says it is ready: for a worker started
+            before it has work, as a service's, whose first study then pays only for its own
+            probes. A search that waits on the worker anyway gains nothing from it.
 
     Raises:
         SpecError: ``AUTOTUNE_WORKER_MEMORY`` is not a size (:mod:`autotune.execution.limits`).
@@ -169,8 +173,9 @@ class ProbeWorker(Runner):
         ...     result = worker.run("tiny_mlp", candidate, ProbeSettings(steps=5), timeout=30)
     """
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", *, warm: bool = False) -> None:
         self.device = device
+        self.warm = warm
         self._proc: subprocess.Popen | None = None
         self._requests: Any = None
         self._replies: Any = None
@@ -221,7 +226,8 @@ class ProbeWorker(Runner):
         rep_r, rep_w = os.pipe()
         proc = subprocess.Popen(
             [sys.executable, "-m", "autotune.execution.worker", self.device, str(req_r), str(rep_w)]
-            + [str(self.memory_limit or 0)],
+            + [str(self.memory_limit or 0)]
+            + (["warm"] if self.warm else []),
             pass_fds=(req_r, rep_w),
             stdin=subprocess.DEVNULL,
             env=env,

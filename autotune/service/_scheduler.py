@@ -88,7 +88,7 @@ class Scheduler:
         out_dir: each study writes ``<out_dir>/<name>/best.json`` and ``service.log``.
         storage: the opened storage (for the stale-trial check of resumed studies).
         workers, poll, observer: see :class:`~autotune.service.SimulatedHardware`; by default
-            a :class:`~autotune.execution.worker.ProbeWorker` per device, 0.5 s polls, no observer.
+            a warm :class:`~autotune.execution.worker.ProbeWorker` per device, 0.5 s polls, no observer.
     """
 
     def __init__(  # noqa: PLR0913 - its collaborators and knobs, keyword-only, built in one place (TuningService)
@@ -108,7 +108,8 @@ class Scheduler:
         self.storage_url = storage_url
         self.out_dir = out_dir
         self.storage = storage
-        self.workers = workers or {d: ProbeWorker(d) for d in monitor.devices}
+        # Warm: each starts with the service, and loads all a first probe would before any study.
+        self.workers = workers or {d: ProbeWorker(d, warm=True) for d in monitor.devices}
         self.poll = poll
         self.observer = observer
         # device → the study running there
