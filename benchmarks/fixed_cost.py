@@ -11,9 +11,10 @@ times, each stopped as its first trial starts, and prints the median of each pha
 - to first trial: from the search's start until its first trial asks for a probe.
 
 The worker is spawned first, as ``autotune search`` does (it imports torch while the search
-opens the study). With ``--warm`` it also times searches whose worker started beforehand, as
-a service's did when the service started. With ``--command`` it also times the command itself, ``autotune search`` in a
-fresh process: from its start (its own imports included) to the search phase's first line.
+opens the study). With ``--warm`` it also times searches whose worker was started, warm,
+beforehand, as a service's is when the service starts. With ``--command`` it also times the
+command itself, ``autotune search`` in a fresh process: from its start (its own imports
+included) to the search phase's first line.
 
 Goal (CPU, tiny.yaml): at most 3 s to the first trial.
 
