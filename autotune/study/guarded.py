@@ -89,7 +89,8 @@ class GuardedStorage(optuna.storages.RDBStorage):
                     self._set_trial_attr_without_commit(session, model, trial_id, key, value)
                 return
             trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
-            self.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type]
+            # Optuna 5.1 types the column; before it, the state reads as a plain column.
+            self.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type, unused-ignore]
             rows = [
                 {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
                 for key, value in attrs.items()
