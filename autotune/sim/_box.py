@@ -139,8 +139,8 @@ class _Device(SimulatedRunner):
     def compare(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
         return self._timed(super().compare, *args, **kwargs)
 
-    def diagnose(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
-        return None  # a simulated device has no tensors to look at
+    def diagnose(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+        return self._timed(super().diagnose, *args, **kwargs)
 
 
 class _Monitor:

@@ -22,7 +22,7 @@ from autotune.measure.step import Block
 from autotune.sim._landscape import Landscape
 from autotune.spec import Candidate
 
-__all__ = ["HardTimeout", "Killed", "SimEngine", "SimOOM"]
+__all__ = ["Bursts", "HardTimeout", "Killed", "SimEngine", "SimOOM"]
 
 
 class SimOOM(RuntimeError):
@@ -44,6 +44,25 @@ def curve_rng(landscape: Landscape, cand: Candidate, seed: int, world: int = 0) 
     return random.Random(f"{landscape.name}|{world}|{seed}|{cand.model_dump_json()}")
 
 
+class Bursts:
+    """A neighbour's bursts, shared by the runs a probe makes: one that starts in a block lasts
+    ``noise.burst_blocks`` blocks, whichever run each of them belongs to (the neighbour does
+    not know which arm of a paired run is on the device)."""
+
+    def __init__(self) -> None:
+        self.left = 0
+
+    def hit(self, rng: random.Random, probability: float, blocks: int) -> bool:
+        """Whether this block runs in a burst (``rng`` draws whether one starts)."""
+        if self.left:
+            self.left -= 1
+            return True
+        if rng.random() < probability:
+            self.left = blocks - 1
+            return True
+        return False
+
+
 class SimEngine:
     """One simulated training run of ``cand`` on the landscape's device.
 
@@ -58,6 +77,8 @@ class SimEngine:
         killed: asked after every block: True when the worker was killed meanwhile (Killed).
         slowdown: every step of this run takes this many times longer (a neighbour's job that
             held the device for the whole run, or a warm-up that this run alone suffers).
+        bursts: the neighbour's bursts this run shares with the others of its probe; its own
+            by default.
     """
 
     def __init__(  # noqa: PLR0913 - a simulated run's settings, keyword-only, built in one place (the runner)
@@ -72,6 +93,7 @@ class SimEngine:
         world: int = 0,
         killed: Callable[[], bool] | None = None,
         slowdown: float = 1.0,
+        bursts: Bursts | None = None,
     ) -> None:
         self.landscape, self.candidate, self.clock = landscape, cand, clock
         self.killed = killed or (lambda: False)
@@ -80,6 +102,7 @@ class SimEngine:
         self.noise = noise
         self.deadline = deadline
         self.slowdown = slowdown
+        self.bursts = bursts or Bursts()
         self.steps = 0
         self.applied = 0
         self.losses: list[float] = []
@@ -87,18 +110,24 @@ class SimEngine:
         self.step_seconds = cand.batch_size / landscape.throughput(cand)
         self.curve = curve_rng(landscape, cand, seed, world)
         loss = landscape.loss
-        # This run's curve: the candidate's gap plus the seed's own offset.
-        self.gap = landscape.parity_gap(cand) + self.curve.gauss(0.0, loss.seed_spread)
+        # This run's curve: the candidate's lasting gap plus the seed's own offset.
+        self.lasting = landscape.parity_gap(cand)
+        self.offset = self.curve.gauss(0.0, loss.seed_spread)
+        self.gap = self.lasting + self.offset
         self.lag = landscape.early_lag(cand)
-        self.diverges = landscape.diverges(cand)
-        fp16 = landscape.fp16
-        # fp16: steps skipped while the scale backs off from an init_scale above the safe one.
-        self.backoff = 0
-        if self.mode.scales_loss and cand.init_scale > fp16.safe_init_scale:
-            self.backoff = math.ceil(math.log2(cand.init_scale / fp16.safe_init_scale))
-        self.diverge_step = fp16.diverges_at_step if self.diverges else None
-        if self.diverges and self.diverge_step is None:  # an lr that blows the loss up
-            self.diverge_step = 3
+        self.diverge_step = landscape.diverge_step(cand)
+        # fp16's GradScaler: its scale now, and the clean steps since it last changed. Above
+        # the safe scale a step skips and halves it (the back-off from a large init_scale).
+        self.scale_now = cand.init_scale
+        self.clean = 0
+        # Version 2 also regrows it (x2 after growth_interval clean steps, as GradScaler does);
+        # version 1 files were written and scored without, their runs far shorter than that.
+        self.regrows = landscape.schema_version >= 2
+        # A lasting skip rate draws its gradient spikes apart from the curve and the timings.
+        self.spikes = None
+        if landscape.fp16.skip_rate:
+            key = f"spikes|{landscape.name}|{world}|{seed}|{cand.model_dump_json()}"
+            self.spikes = random.Random(key)
 
     # ---- what the policy drives -------------------------------------------------------------
 
@@ -127,8 +156,7 @@ class SimEngine:
         seconds = self.step_seconds * factor
         if self.steps == 0:
             seconds += t.first_step_seconds
-            if self.candidate.compile:
-                seconds += self.landscape.knobs.compile_seconds
+            seconds += self.landscape.compile_seconds(self.candidate)
         return seconds
 
     def _loss(self, step: int) -> float:
@@ -144,27 +172,50 @@ class SimEngine:
         # Log-normal step noise: a loss stays positive however noisy the curve (a recorded
         # CPU curve near its floor moves by tens of percent from step to step).
         noise = math.exp(self.curve.gauss(0.0, m.step_noise))
-        return level * (1 + self.gap * ramp + lag) * noise
+        gap = self.gap
+        if p.gap_onset_samples:
+            gap = self.lasting * self.landscape.gap_shown(samples) + self.offset
+        return level * (1 + gap * ramp + lag) * noise
+
+    def _applied(self) -> bool:
+        """One GradScaler update: whether this step's gradients were finite and applied."""
+        if not self.mode.scales_loss:
+            return True
+        fp16 = self.landscape.fp16
+        spike = self.spikes is not None and self.spikes.random() < fp16.skip_rate
+        if spike or self.scale_now > fp16.safe_init_scale:
+            self.scale_now /= 2
+            self.clean = 0
+            return False
+        self.clean += 1
+        if self.regrows and self.clean >= self.candidate.growth_interval:
+            self.scale_now *= 2
+            self.clean = 0
+        return True
 
     def run_steps(self, n: int) -> Block:
         """``n`` steps: their time (with the block's noise) advances the clock."""
         noise = self.landscape.noise
         block = 0.0
+        skipped = 0
         for _ in range(n):
             block += self._step_time()
             self.pending.append(self._loss(self.steps))
-            if self.steps >= self.backoff:
+            if self._applied():
                 self.applied += 1
+            else:
+                skipped += 1
             self.steps += 1
         factor = self.slowdown * math.exp(self.noise.gauss(0.0, noise.block_cv))
         if noise.drift_amplitude:
             phase = 2 * math.pi * self.clock.monotonic() / noise.drift_period_s
             factor *= 1 + noise.drift_amplitude * math.sin(phase)
-        if noise.burst_probability and self.noise.random() < noise.burst_probability:
+        p = noise.burst_probability
+        if p and self.bursts.hit(self.noise, p, noise.burst_blocks):
             factor *= noise.burst_slowdown
         seconds = block * factor
         self._spend(seconds)
-        return Block(self.steps - n, n, seconds, n - max(0, min(n, self.steps - self.backoff)))
+        return Block(self.steps - n, n, seconds, skipped)
 
     def read_losses(self) -> list[float]:
         values, self.pending = self.pending, []
@@ -172,10 +223,7 @@ class SimEngine:
         return values
 
     def scale(self) -> float:
-        if not self.mode.scales_loss:
-            return 1.0
-        skipped = min(self.steps, self.backoff)
-        return self.candidate.init_scale / 2**skipped
+        return self.scale_now if self.mode.scales_loss else 1.0
 
     @property
     def skipped(self) -> int:

@@ -23,143 +23,38 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autotune.errors import SpecError
-from autotune.spec import Candidate, PrecisionName
+from autotune.sim._sections import (
+    Facts,
+    Fp16Model,
+    Knobs,
+    LossModel,
+    ModeModel,
+    Noise,
+    ParityModel,
+    Source,
+    Timing,
+)
+from autotune.spec import Candidate, PrecisionName, ProbeSettings
 
 __all__ = [
     "LANDSCAPE_DIR",
     "Landscape",
+    "Truth",
     "load_landscape",
     "shipped_landscapes",
 ]
 
 LANDSCAPE_DIR = Path(__file__).parent / "landscapes"
-SCHEMA_VERSION: Final = 1
+# The versions this autotune reads; a file that does not say is version 1.
+SCHEMA_VERSIONS: Final = (1, 2)
+# The step at which an lr past the stable one has blown the loss up.
+LR_BLOWUP_STEP: Final = 3
+# A probe that skips more of its steps than this is diverged; a long run by the same rule.
+MAX_SKIP_RATE: Final[float] = ProbeSettings.model_fields["max_skip_rate"].default
 
 
 class _M(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class Source(_M):
-    """Where a figure comes from: a citation a reader can follow."""
-
-    id: str
-    cite: str
-    used_for: str = ""
-
-
-class ModeModel(_M):
-    """One precision mode on this device."""
-
-    # Samples/s at batch sizes: log-log interpolated between, flat past the ends.
-    throughput: dict[int, float] = Field(min_length=1)
-    # Peak bytes of a probe: fixed (weights, optimizer state, workspace) + per sample.
-    memory_fixed_bytes: int = Field(ge=0)
-    memory_per_sample_bytes: int = Field(ge=0)
-    # The loss curve's relative gap to fp32's at the base batch and lr (0.01: 1% higher).
-    parity_gap: float = 0.0
-
-    @model_validator(mode="after")
-    def _positive(self) -> ModeModel:
-        bad = {bs: v for bs, v in self.throughput.items() if bs <= 0 or not v > 0}
-        if bad:
-            raise ValueError(f"throughput needs positive batch sizes and rates, got {bad}")
-        return self
-
-
-class Noise(_M):
-    """How a timed block's time varies around the median."""
-
-    # Block to block: log-normal with this sigma (0.02: ~2%).
-    block_cv: float = Field(default=0.02, ge=0)
-    # Slow drift shared by everything running at that time: 1 + amplitude * sin(2π t / period).
-    drift_amplitude: float = Field(default=0.0, ge=0, lt=1)
-    drift_period_s: float = Field(default=600.0, gt=0)
-    # A neighbour's burst: with this probability a block runs this many times slower.
-    burst_probability: float = Field(default=0.0, ge=0, le=1)
-    burst_slowdown: float = Field(default=2.0, ge=1)
-
-
-class LossModel(_M):
-    """The fp32 reference's loss by samples seen: final + (initial - final) * exp(-s / scale)."""
-
-    initial: float = Field(default=2.3, gt=0)
-    final: float = Field(default=0.5, gt=0)
-    samples_scale: float = Field(default=20000.0, gt=0)
-    # Step to step noise of a loss (relative).
-    step_noise: float = Field(default=0.02, ge=0)
-    # Seed to seed spread of a whole curve's level (relative): what a parity check sees move.
-    seed_spread: float = Field(default=0.01, ge=0)
-
-
-class ParityModel(_M):
-    """How far a candidate's curve lies above the reference's, beyond its mode's own gap."""
-
-    # Per doubling of the batch above the workload's base (at the lr its rule gives) ...
-    gap_per_batch_doubling: float = 0.0
-    # ... and per unit of (batch / base - 1) above the base: the large-batch gap grows with
-    # the batch itself, so a ladder's steps cross the tolerance cleanly.
-    gap_per_batch_ratio: float = 0.0
-    # Per unit of |log2(lr multiplier)|: an lr off the rule learns worse.
-    gap_per_lr_log2: float = 0.05
-    # A larger batch's early lag, per unit of (batch / base - 1) above the base: at equal
-    # samples it has taken fewer steps, and until training settles (the lr rule holds only
-    # then) its loss lags by up to this much more: the lag grows over its first samples
-    # (e-fold ``lag_ramp_samples``) and fades linearly to nothing after ``lag_steps`` of its
-    # steps (so a larger batch lags for more samples). A full run erases it, so the truth
-    # leaves it out: only a short horizon sees it.
-    lag_per_batch_ratio: float = Field(default=0.0, ge=0)
-    lag_ramp_samples: float = Field(default=4000.0, gt=0)
-    lag_steps: float = Field(default=200.0, gt=0)
-    # An lr multiplier above this blows the loss up (None: never).
-    diverge_lr_multiplier: float | None = None
-
-
-class Fp16Model(_M):
-    """What fp16's GradScaler sees."""
-
-    # Gradients overflow above this scale: a larger init_scale skips steps while it backs off.
-    safe_init_scale: float = Field(default=65536.0, gt=0)
-    # Activations overflow fp16's range somewhere: the loss turns inf at this step ...
-    diverges_at_step: int | None = None
-    # ... unless these modules run in fp32 (fp32 islands).
-    islands: list[str] = Field(default_factory=list)
-
-
-class Knobs(_M):
-    """What the knobs bring, as throughput factors."""
-
-    compile_speedup: float = Field(default=1.0, gt=0)
-    compile_seconds: float = Field(default=30.0, ge=0)
-    # channels_last on, against off (for 4-d inputs); 1.0 where it does not matter.
-    channels_last_speedup: float = Field(default=1.0, gt=0)
-    # Each module kept in fp32 inside fp16 costs this share of the speed.
-    fp32_module_cost: float = Field(default=0.05, ge=0, lt=1)
-
-
-class Timing(_M):
-    """What is paid outside the timed steps."""
-
-    worker_start_seconds: float = Field(default=3.0, ge=0)
-    # The tuner's own decision per trial (the sampler's ask, the storage's writes).
-    trial_overhead_seconds: float = Field(default=0.1, ge=0)
-    # Building the model, optimizer and batches, per probe.
-    build_seconds: float = Field(default=0.3, ge=0)
-    # The first step's extra cost (kernels for a new shape, cuDNN autotune, allocator growth).
-    first_step_seconds: float = Field(default=0.2, ge=0)
-    # Warm-up: step i costs (1 + extra * exp(-i / steps)) times the steady step.
-    warmup_extra: float = Field(default=0.5, ge=0)
-    warmup_steps: float = Field(default=3.0, gt=0)
-
-
-class Facts(_M):
-    """The workload's facts, as the worker would report them."""
-
-    base_lr: float = Field(gt=0)
-    base_batch_size: int = Field(gt=0)
-    lr_scaling: Literal["linear", "sqrt"] = "linear"
-    channels_last: bool = False
-    optimizer: str = "SGD"
 
 
 class Truth(_M):
@@ -170,6 +65,8 @@ class Truth(_M):
     parity_gap: float
     fits: bool
     diverges: bool
+    # Paid in the first step of every run of it (0 uncompiled): a scorer charges it to the run.
+    compile_seconds: float = 0.0
 
     @property
     def feasible(self) -> bool:
@@ -179,7 +76,7 @@ class Truth(_M):
 class Landscape(_M):
     """One device and one workload, as data (see the module's docstring)."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = 1
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     kind: Literal["recorded", "modelled"]
     description: str = ""
@@ -205,9 +102,26 @@ class Landscape(_M):
             raise ValueError("modes must include fp32: the search measures against it")
         if self.kind == "modelled" and not self.sources:
             raise ValueError("a modelled landscape cites its sources (sources: [...])")
+        if self.schema_version == 1:
+            sections = (self.noise, self.parity, self.fp16, self.knobs)
+            newer = [
+                f"{name}.{field}"
+                for name, section in zip(
+                    ("noise", "parity", "fp16", "knobs"), sections, strict=True
+                )
+                for field in sorted(section.V2)
+                # A dump of a version 1 file holds them at their defaults: it still loads.
+                if getattr(section, field)
+                != type(section).model_fields[field].get_default(call_default_factory=True)
+            ]
+            if newer:
+                raise ValueError(
+                    f"{', '.join(newer)} need schema_version: 2 (this file says 1); "
+                    "put schema_version: 2 at its top"
+                )
         return self
 
-    # ---- the figures --------------------------------------------------------------------------
+    # ---- speed and memory ---------------------------------------------------------------------
 
     def throughput(self, cand: Candidate) -> float:
         """Noise-free samples/s of a candidate (its knobs included)."""
@@ -225,7 +139,7 @@ class Landscape(_M):
             w = math.log(bs / lo) / math.log(hi / lo)
             rate = math.exp((1 - w) * math.log(table[lo]) + w * math.log(table[hi]))
         if cand.compile:
-            rate *= self.knobs.compile_speedup
+            rate *= self.compile_speedup(cand)
         if cand.channels_last is not None and cand.channels_last != self.facts.channels_last:
             k = self.knobs.channels_last_speedup
             rate *= k if cand.channels_last else 1 / k
@@ -233,9 +147,25 @@ class Landscape(_M):
             rate *= (1 - self.knobs.fp32_module_cost) ** len(cand.fp32_modules)
         return rate
 
+    def compile_speedup(self, cand: Candidate) -> float:
+        """What compiling brings the candidate's steps (1.0 uncompiled)."""
+        if not cand.compile:
+            return 1.0
+        mode = self.knobs.compile_modes.get(cand.compile_mode)
+        return self.knobs.compile_speedup if mode is None else mode.speedup
+
+    def compile_seconds(self, cand: Candidate) -> float:
+        """What compiling costs the candidate's first step (0 uncompiled)."""
+        if not cand.compile:
+            return 0.0
+        mode = self.knobs.compile_modes.get(cand.compile_mode)
+        return self.knobs.compile_seconds if mode is None else mode.seconds
+
     def peak_bytes(self, cand: Candidate) -> int:
         m = self.modes[cand.precision]
         return m.memory_fixed_bytes + m.memory_per_sample_bytes * cand.batch_size
+
+    # ---- the loss -----------------------------------------------------------------------------
 
     def lr_multiplier(self, cand: Candidate) -> float:
         """The candidate's lr over what the workload's rule gives at its batch size."""
@@ -255,24 +185,74 @@ class Landscape(_M):
             + self.parity.gap_per_lr_log2 * lr_off
         )
 
+    def gap_shown(self, samples: float) -> float:
+        """The share of the lasting gap a curve shows after ``samples`` (see
+        :class:`ParityModel`'s ``gap_onset_samples``): a smooth step from 0 to 1."""
+        onset = self.parity.gap_onset_samples
+        if onset <= 0:
+            return 1.0
+        x = min(1.0, samples / onset)
+        return x * x * (3 - 2 * x)
+
     def early_lag(self, cand: Candidate) -> float:
         """The candidate's early lag at its peak (see :class:`ParityModel`); 0 at the base."""
         ratio = max(1.0, cand.batch_size / self.facts.base_batch_size)
         return self.parity.lag_per_batch_ratio * (ratio - 1)
 
-    def diverges(self, cand: Candidate) -> bool:
+    # ---- divergence ---------------------------------------------------------------------------
+
+    def overflow_step(self, cand: Candidate) -> int | None:
+        """The step at which fp16's activations overflow and the loss turns inf (see
+        :class:`Fp16Model`); None where they never do (another mode, islands that fix it, a
+        batch below ``diverge_min_batch``)."""
+        f = self.fp16
+        if cand.precision != "fp16" or f.diverges_at_step is None:
+            return None
+        fixed = set(f.islands) <= set(cand.fp32_modules)
+        if fixed and (f.islands or self.schema_version == 1):
+            return None
+        if f.diverge_min_batch is not None and cand.batch_size < f.diverge_min_batch:
+            return None
+        if not (f.diverge_batch_exponent or f.diverge_lr_exponent):
+            return f.diverges_at_step
+        ratio = cand.batch_size / self.facts.base_batch_size
+        at = f.diverges_at_step * ratio**f.diverge_batch_exponent
+        return max(1, round(at * self.lr_multiplier(cand) ** f.diverge_lr_exponent))
+
+    def lr_blows_up(self, cand: Candidate) -> bool:
         limit = self.parity.diverge_lr_multiplier
-        if limit is not None and self.lr_multiplier(cand) > limit * 1.0001:
-            return True
-        return (
-            cand.precision == "fp16"
-            and self.fp16.diverges_at_step is not None
-            and not set(self.fp16.islands) <= set(cand.fp32_modules)
-        )
+        return limit is not None and self.lr_multiplier(cand) > limit * 1.0001
+
+    def diverge_step(self, cand: Candidate) -> int | None:
+        """The step at which the candidate's loss turns inf, however long it runs; None: never."""
+        overflow, blows_up = self.overflow_step(cand), self.lr_blows_up(cand)
+        if self.schema_version == 1 and (blows_up or overflow is not None):
+            # Version 1 ends every diverging run at fp16's overflow step where one is stated.
+            at = self.fp16.diverges_at_step
+            return LR_BLOWUP_STEP if at is None else at
+        steps = [s for s in (overflow, LR_BLOWUP_STEP if blows_up else None) if s is not None]
+        return min(steps, default=None)
+
+    def scale_collapses(self, cand: Candidate) -> bool:
+        """Whether fp16's lasting skips (``fp16.skip_rate``) outrun GradScaler's regrowth, or
+        skip more steps than a probe allows: a long run diverges either way."""
+        rate = self.fp16.skip_rate
+        if cand.precision != "fp16" or rate <= 0:
+            return False
+        # Per growth_interval steps: rate * G halvings against one doubling, which needs G
+        # clean steps in a row (a chance of about exp(-rate * G)).
+        halvings = rate * cand.growth_interval
+        return halvings > math.exp(-halvings) or rate > MAX_SKIP_RATE
+
+    def diverges(self, cand: Candidate) -> bool:
+        """Whether a long real run of the candidate diverges (what the simulated engine does
+        over an unbounded run)."""
+        return self.diverge_step(cand) is not None or self.scale_collapses(cand)
 
     def truth(self, cand: Candidate, *, margin: float = 0.1) -> Truth:
-        """The candidate's noise-free speedup over fp32 at the base batch, its gap, and whether
-        it fits with ``margin`` of the memory free and keeps from diverging."""
+        """The candidate's noise-free speedup over fp32 at the base batch, its lasting gap, and
+        whether it fits with ``margin`` of the memory free and keeps from diverging in a long
+        run."""
         base = Candidate(precision="fp32", batch_size=self.facts.base_batch_size, learning_rate=1.0)
         fits = (
             cand.precision not in self.unsupported
@@ -285,6 +265,7 @@ class Landscape(_M):
             parity_gap=self.parity_gap(cand) if fits else math.inf,
             fits=fits,
             diverges=self.diverges(cand) if fits else False,
+            compile_seconds=self.compile_seconds(cand),
         )
 
 
@@ -317,10 +298,11 @@ def load_landscape(ref: str | Path) -> Landscape:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
         raise SpecError(f"landscape {str(path)!r} cannot be read: {exc}") from None
-    if isinstance(data, dict) and data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+    if isinstance(data, dict) and data.get("schema_version", 1) not in SCHEMA_VERSIONS:
+        readable = " and ".join(str(v) for v in SCHEMA_VERSIONS)
         raise SpecError(
             f"landscape {str(path)!r} has schema_version={data.get('schema_version')!r}; this "
-            f"autotune reads version {SCHEMA_VERSION}: record it again or upgrade autotune"
+            f"autotune reads versions {readable}: record it again or upgrade autotune"
         )
     try:
         return Landscape.model_validate(data)

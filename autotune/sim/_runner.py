@@ -8,6 +8,8 @@ taken. So the search, validation, artifact and report code above it runs unchang
 
 from __future__ import annotations
 
+import json
+import math
 import random
 import threading
 from collections.abc import Mapping
@@ -25,7 +27,8 @@ from autotune.execution.runner import Runner, crashed_result
 from autotune.measure.paired import interleave
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.measure.timed import TimedRun
-from autotune.sim._engine import HardTimeout, Killed, SimEngine
+from autotune.sim._diagnosis import DIAGNOSIS_SLOWDOWN, simulated_diagnosis
+from autotune.sim._engine import Bursts, HardTimeout, Killed, SimEngine
 from autotune.sim._landscape import Landscape
 from autotune.spec import PRECISIONS, Candidate, EarlyStop, ProbeSettings
 
@@ -188,9 +191,11 @@ class SimulatedRunner(Runner):
                     ),
                 )
         started = self.clock.monotonic()
+        # One neighbour: a burst that starts in one arm's block goes on in the other's.
+        bursts = Bursts()
         engines = {
-            "candidate": self._engine(candidate, settings, started, timeout),
-            "reference": self._engine(reference, settings, started, timeout),
+            "candidate": self._engine(candidate, settings, started, timeout, bursts),
+            "reference": self._engine(reference, settings, started, timeout, bursts),
         }
         try:
             result = interleave(
@@ -220,6 +225,56 @@ class SimulatedRunner(Runner):
                 arm.autocast_dtype = _dtype(cand)
         return result
 
+    def diagnose(
+        self,
+        workload: str,
+        candidate: Candidate,
+        *,
+        steps: int = 3,
+        seed: int = 0,
+        timeout: float = 60.0,
+    ) -> dict | None:
+        """The diagnosis the real worker would send (:func:`autotune.diagnose.diagnose`'s
+        JSON), from the landscape: its fp16 islands, an overflow between modules, an lr past
+        the stable one, a wasteful init_scale. The steps run on the virtual clock, uncompiled;
+        None when they ran past ``timeout`` or the worker was killed (it restarts)."""
+        self._check_workload(workload)
+        self.start()
+        eager = candidate.model_copy(update={"compile": False})
+        why = self.unsupported().get(eager.precision)
+        losses: list[float] = []
+        scales: list[float] = []
+        skipped = 0
+        if why is None:
+            self._killed.clear()
+            engine = SimEngine(
+                self.landscape,
+                eager,
+                self.clock,
+                seed=seed,
+                noise=random.Random(f"{self.seed}|diagnosis|{self.clock.monotonic()}"),
+                deadline=self.clock.monotonic() + timeout,
+                world=self.seed,
+                killed=self._killed.is_set,
+                slowdown=DIAGNOSIS_SLOWDOWN,
+            )
+            try:
+                why = engine.run(lambda e: _diagnosed_steps(e, steps, scales))
+            except (HardTimeout, Killed):
+                self.clock.advance(self.landscape.timing.worker_start_seconds)
+                return None
+            losses, skipped = engine.losses, engine.skipped
+        found = simulated_diagnosis(
+            self.landscape,
+            eager,
+            device=self.device,
+            losses=losses,
+            scales=scales,
+            skipped=skipped,
+            failure=why,
+        )
+        return json.loads(found.model_dump_json())
+
     def unsupported(self) -> dict[str, str]:
         """Modes the device cannot run, with the reason: the landscape's, and those it has no
         figures for."""
@@ -243,7 +298,12 @@ class SimulatedRunner(Runner):
             )
 
     def _engine(
-        self, cand: Candidate, settings: ProbeSettings, started: float, timeout: float | None
+        self,
+        cand: Candidate,
+        settings: ProbeSettings,
+        started: float,
+        timeout: float | None,
+        bursts: Bursts | None = None,
     ) -> SimEngine:
         self.probes += 1
         self._killed.clear()
@@ -262,6 +322,7 @@ class SimulatedRunner(Runner):
             world=self.seed,
             killed=lambda: crash or self._killed.is_set(),
             slowdown=self.slow_at.get(self.probes, 1.0),
+            bursts=bursts,
         )
 
     def _base(self, cand: Candidate, settings: ProbeSettings) -> dict[str, Any]:
@@ -297,6 +358,18 @@ class SimulatedRunner(Runner):
             f"no result within its hard limit of {timeout or 0:.0f}s: the worker was stopped",
             timed_out=True,
         )
+
+
+def _diagnosed_steps(engine: SimEngine, steps: int, scales: list[float]) -> None:
+    """The diagnosis' steps: one at a time, each scale read before it; a run without a scaler
+    stops at its first non-finite loss (what follows is NaN noise), as the real one does."""
+    engine.build()
+    for _ in range(steps):
+        scales.append(engine.scale())
+        engine.run_steps(1)
+        (loss,) = engine.read_losses()
+        if not engine.mode.scales_loss and not math.isfinite(loss):
+            break
 
 
 def _dtype(cand: Candidate) -> str | None:
