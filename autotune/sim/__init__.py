@@ -2,6 +2,8 @@
 
 - :class:`Landscape` / :func:`load_landscape` — what one device does with one workload, as data
   (recorded on a real device, or modelled from published figures and marked so).
+- :func:`family` — landscapes drawn from a documented physical prior, seeded: the shapes a
+  search is judged on, none written for it.
 - :class:`SimulatedRunner` — answers probes from a landscape behind the Runner interface and
   advances a virtual clock by the time each would have taken.
 - :func:`simulate` — one whole search on a landscape, in memory, in milliseconds of real time.
@@ -28,6 +30,7 @@ from autotune import clock
 from autotune.config import TunedConfig
 from autotune.enums import Phase
 from autotune.sim._box import Arrival, BoxReport, StudyOutcome, run_box
+from autotune.sim._family import family
 from autotune.sim._landscape import LANDSCAPE_DIR, Landscape, load_landscape, shipped_landscapes
 from autotune.sim._runner import SimulatedRunner
 from autotune.spec import StudySpec
@@ -40,6 +43,7 @@ __all__ = [
     "run_box",
     "Landscape",
     "SimulatedRun",
+    "family",
     "SimulatedRunner",
     "load_landscape",
     "shipped_landscapes",
