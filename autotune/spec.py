@@ -309,7 +309,9 @@ class SearchSpace(_Model):
     # linear for SGD-like optimizers, sqrt for Adam-like; auto asks the workload.
     lr_scaling: Literal["auto", "linear", "sqrt", "none"] = "auto"
     # Powers of two in this range are tried for fp16's GradScaler; 2^16 is torch's default.
-    init_scale: Range = Field(default_factory=lambda: Range(min=2.0**8, max=2.0**20))
+    # Down to 1: a model with large gradients fits only a small scale (2^7 is not rare), and a
+    # divergence that names such a scale leads to a trial at it.
+    init_scale: Range = Field(default_factory=lambda: Range(min=1.0, max=2.0**20))
     # torch.compile off, on, or both searched ([false, true]); compiling happens in the warm-up,
     # outside the timed window, and its wall time is charged to the budget.
     compile: list[bool] = Field(default_factory=lambda: [False], min_length=1)
@@ -349,6 +351,10 @@ class ValidationSettings(_Model):
     # A winner's validated speedup must have its *lower bound* at least this high: a few
     # percent is measurement noise, and then the reference itself is the config.
     min_speedup: float = Field(default=1.05, ge=1.0, allow_inf_nan=False)
+    # An fp16 candidate is validated over a run of at least this many steps (twice the
+    # earliest overflow the study saw, where that is more): fp16's range often runs out only
+    # after hundreds of steps, as activations grow, far past a probe's few dozen.
+    fp16_steps: int = Field(default=500, gt=0)
 
 
 class StudySpec(_Model):

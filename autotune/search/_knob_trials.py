@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 from autotune.enums import Outcome, Phase, Role
 from autotune.search._budget import TRIAL_SHARE, WRITE_RESERVE
 from autotune.search._context import SearchContext
+from autotune.search._risk import safe_scale
 from autotune.search._space import ISLANDS_CHOICES
 from autotune.study import study_keys
 from autotune.study.trials import (
@@ -188,10 +189,32 @@ def _flip_leader(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
         study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
 
 
+def _try_safe_scale(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
+    """A GradScaler divergence names the scale the scaler backed off to: the same point at
+    that init_scale is tried next (once), instead of waiting for the sampler to find it."""
+    scale = safe_scale(trial, ctx.space.scales)
+    if scale is None or "init_scale" not in trial.params:
+        return
+    rec = record(trial)
+    attrs = TrialRecord(fp32_modules=rec.fp32_modules).to_attrs() or None
+    study.enqueue_trial(
+        {**trial.params, "init_scale": scale}, user_attrs=attrs, skip_if_exists=True
+    )
+    logger.info(
+        "trial {} backed off to scale {:g}: enqueued the same point at init_scale={:g}",
+        trial.number,
+        rec.scales[-1][1],
+        scale,
+    )
+
+
 def after_trial(ctx: SearchContext, study: optuna.Study, trial: Any, *, spare: float) -> None:
     """What a finished trial sets off: the fp16 diagnosis and the islands after a divergence,
-    the knob flips after a new best. ``spare``: seconds the search phase has left."""
+    a trial at the scale a GradScaler divergence names, the knob flips after a new best.
+    ``spare``: seconds the search phase has left."""
     rec = record(trial)
+    if rec.outcome == Outcome.DIVERGED and trial.params.get("precision") == "fp16":
+        _try_safe_scale(ctx, study, trial)
     if (
         rec.outcome == Outcome.DIVERGED
         and trial.params.get("precision") == "fp16"

@@ -32,6 +32,7 @@ from autotune.search._context import SearchContext
 from autotune.search._events import Standing, TrialFinished, TrialStarted
 from autotune.search._hardware import lower_ceiling
 from autotune.search._reference import ReferenceKeeper
+from autotune.search._risk import overflow_step, unproven
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.study import study_keys
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
@@ -140,7 +141,7 @@ class TrialStep:
             SearchStopped: the probe crashed because the search was asked to stop.
         """
         ctx = self.ctx
-        settings = self._settings(left)
+        settings = self._settings(left, cand)
         result = ctx.run_probe(
             cand,
             settings,
@@ -210,10 +211,16 @@ class TrialStep:
             and math.isclose(cand.learning_rate, ref.learning_rate, rel_tol=1e-9)
         )
 
-    def _settings(self, left: float) -> ProbeSettings:
-        """Probe settings for a trial: the spec's, with a time limit that fits the budget."""
+    def _settings(self, left: float, cand: Candidate | None = None) -> ProbeSettings:
+        """Probe settings for a trial: the spec's, with a time limit that fits the budget; an
+        fp16 candidate runs past the step where fp16 has been seen to overflow (a shorter
+        run would call it safe before it could know)."""
         ctx = self.ctx
         probe = ctx.spec.probe
+        overflow = overflow_step(self.study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)))
+        if cand is not None and cand.precision == "fp16" and overflow is not None:
+            need = math.ceil(1.25 * overflow) + 1 - probe.warmup_steps
+            probe = probe.model_copy(update={"steps": max(probe.steps, need)})
         limit = max(1.0, min(probe.time_limit, left))
         # A mode far slower than the rest (fp16 on many CPUs) shows it in a few steps; a short
         # budget should not spend a large slice of itself proving it.
@@ -257,7 +264,13 @@ class TrialStep:
         before their parity is known, leaving nothing good to fall back to."""
         done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         contested = {_settings(t) for t in done if not is_feasible(t)}
-        bars = [t for t in feasible_trials(done) if _settings(t) not in contested]
+        # An fp16 trial shorter than fp16's known overflow is no bar either: it may diverge.
+        overflow = overflow_step(self.study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)))
+        bars = [
+            t
+            for t in feasible_trials(done)
+            if _settings(t) not in contested and not unproven(t, overflow)
+        ]
         return max(bars, key=lambda t: cast(float, t.value)) if bars else None
 
     # ---- telling ---------------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""What one failure implies for the rest of the space, and how long an fp16 verdict must run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.enums import Outcome
+from autotune.study.trials import DEFAULT_INIT_SCALE, record
+
+__all__ = [
+    "RuledOut",
+    "fp16_horizon",
+    "overflow_step",
+    "safe_scale",
+    "settings_key",
+    "steps_run",
+    "unproven",
+]
+
+
+def steps_run(trial: FrozenTrial) -> int:
+    """Steps a trial's run took (warm-up and timed): its recorded loss curve's length."""
+    return len(record(trial).losses)
+
+
+def _first_nonfinite(trial: FrozenTrial | optuna.Trial) -> int | None:
+    losses = record(trial).losses
+    return next((i for i, v in enumerate(losses) if v is None), None)
+
+
+def overflow_step(trials: Iterable[FrozenTrial]) -> int | None:
+    """The earliest step at which an fp16 run's loss turned non-finite (its range ran out),
+    among ``trials``; None when none did."""
+    steps = [
+        at
+        for t in trials
+        if t.params.get("precision") == "fp16"
+        and record(t).outcome == Outcome.DIVERGED
+        and (at := _first_nonfinite(t)) is not None
+    ]
+    return min(steps, default=None)
+
+
+def fp16_horizon(min_steps: int, trials: Iterable[FrozenTrial]) -> int:
+    """Steps an fp16 candidate's validation run lasts at least: ``min_steps``, or twice the
+    earliest overflow seen (an overflow at step 50 in one run comes at 60 in the next)."""
+    at = overflow_step(trials)
+    return max(min_steps, 2 * at) if at is not None else min_steps
+
+
+def unproven(trial: FrozenTrial, overflow: int | None) -> bool:
+    """An fp16 trial that ended before the step where fp16 has been seen to overflow: its
+    figures say nothing about whether it would (it must not set the bar others are stopped
+    by, and validation runs it past that step first)."""
+    return (
+        overflow is not None
+        and trial.params.get("precision") == "fp16"
+        and steps_run(trial) <= overflow
+    )
+
+
+def safe_scale(trial: FrozenTrial | optuna.Trial, scales: Iterable[float]) -> float | None:
+    """The init_scale a GradScaler divergence names: the scale the trial's scaler had backed
+    off to when it was stopped for skipping too many steps, as the largest of ``scales`` not
+    above it; None when the trial did not diverge that way, or it ran at that scale already."""
+    rec = record(trial)
+    if trial.params.get("precision") != "fp16" or rec.outcome != Outcome.DIVERGED:
+        return None
+    if _first_nonfinite(trial) is not None or not rec.scales:
+        return None  # the loss itself ran out of range: no scale helps
+    reached = rec.scales[-1][1]
+    init = float(trial.params.get("init_scale", DEFAULT_INIT_SCALE))
+    fitting = [s for s in scales if 1 <= s <= reached and s < init]
+    return max(fitting) if fitting else None
+
+
+def settings_key(trial: FrozenTrial) -> tuple[object, ...]:
+    """What a candidate is, for validation, apart from its init_scale: one batch at two
+    init_scales is one candidate (the scale only shifts its first steps)."""
+    p = trial.params
+    return tuple(sorted((k, v) for k, v in p.items() if k != "init_scale")) + (
+        tuple(record(trial).fp32_modules),
+    )
+
+
+@dataclass
+class RuledOut:
+    """What failed validation rules out beyond itself: an fp16 run whose loss overflowed rules
+    out fp16 with the same fp32 modules at that lr multiplier and above (any batch, any
+    scale); one stopped for skipping steps rules out its init_scale and above at that lr and
+    above; anything else rules out its own settings."""
+
+    settings: set[tuple[object, ...]] = field(default_factory=set)
+    # (fp32 modules, lr multiplier at and above which, init_scale at and above which)
+    fp16: list[tuple[tuple[str, ...], float, float]] = field(default_factory=list)
+
+    def add(self, trial: FrozenTrial, outcome: str, losses_overflowed: bool) -> None:
+        self.settings.add(settings_key(trial))
+        p = trial.params
+        if p.get("precision") != "fp16" or outcome != Outcome.DIVERGED:
+            return
+        lr = float(p.get("lr_multiplier", 1.0))
+        scale = 0.0 if losses_overflowed else float(p.get("init_scale", DEFAULT_INIT_SCALE))
+        self.fp16.append((tuple(record(trial).fp32_modules), lr, scale))
+
+    def __contains__(self, trial: object) -> bool:
+        assert isinstance(trial, FrozenTrial)
+        if settings_key(trial) in self.settings:
+            return True
+        p = trial.params
+        if p.get("precision") != "fp16":
+            return False
+        lr = float(p.get("lr_multiplier", 1.0))
+        scale = float(p.get("init_scale", DEFAULT_INIT_SCALE))
+        modules = tuple(record(trial).fp32_modules)
+        return any(
+            modules == m and lr >= at_lr * (1 - 1e-9) and scale >= at_scale
+            for m, at_lr, at_scale in self.fp16
+        )
