@@ -137,7 +137,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> Any:
         name="knobs",
         workload="autotune.workloads:tiny_convnet",
         device="cpu",
-        budget="6s",
+        budget="20s",
         storage=_storage(tmp),
         space={
             "precisions": ["bf16"],

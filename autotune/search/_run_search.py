@@ -50,12 +50,8 @@ from autotune.search._reference import ReferenceKeeper, ReferenceUnavailable
 from autotune.search._rejections import rejection_summary
 from autotune.search._space import Space
 from autotune.search._trial import TrialStep
-from autotune.search._validate import (
-    Selection,
-    measure_spread,
-    validate,
-    validation_reserve,
-)
+from autotune.search._validate import Selection, measure_spread, validation_reserve
+from autotune.search._validation_run import validate
 from autotune.spec import StudySpec
 from autotune.study import study_keys
 from autotune.study.crown import store_config, stored_config
@@ -400,14 +396,15 @@ def _run_phases(ctx: SearchContext, study: optuna.Study, rule: str) -> _Outcome:
     reference = _establish(ctx, refs)
     _enqueue_first_trials(ctx, study, [m for m in choices if m in modes])
     enqueue_diagnosed_islands(ctx, study, modes)
-    end_at = ctx.budget.total - WRITE_RESERVE
+    end_at = hard_end = ctx.budget.total - WRITE_RESERVE
     with ctx.clock(Phase.SEARCH):
         if _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at):
             # Measured through: validation takes what it needs, and the search ends with
-            # its result instead of spending the rest of the budget on tighter intervals.
+            # its result instead of spending the rest of the budget on tighter intervals
+            # (a second round, after every first choice was refused, may use the rest).
             end_at = min(end_at, ctx.budget.elapsed() + validation_reserve(ctx, study, reference))
         measure_spread(ctx, study, reference, refs.measure, end_at)
-    return _validate_once(ctx, study, reference, end_at)
+    return _validate_once(ctx, study, reference, end_at, hard_end)
 
 
 def _establish(ctx: SearchContext, refs: ReferenceKeeper) -> ReferenceRecord:
@@ -428,7 +425,11 @@ def _establish(ctx: SearchContext, refs: ReferenceKeeper) -> ReferenceRecord:
 
 
 def _validate_once(
-    ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord, end_at: float
+    ctx: SearchContext,
+    study: optuna.Study,
+    reference: ReferenceRecord,
+    end_at: float,
+    hard_end: float,
 ) -> _Outcome:
     """Validation and the config, by this worker if it is the first of its window to get here."""
     # Validation runs once per budget window, by whichever worker gets there first; the
@@ -444,7 +445,7 @@ def _validate_once(
     ctx.emit(PhaseStarted(phase=Phase.VALIDATION))
     diagnose_failures(ctx, study)
     with ctx.clock(Phase.VALIDATION):
-        selection, ref_run, noise = validate(ctx, study, reference, end_at)
+        selection, ref_run, noise = validate(ctx, study, reference, end_at, hard_end=hard_end)
     outcome.validated_at = clock.now()
     trials = study.get_trials(deepcopy=False)
     outcome.selection = selection

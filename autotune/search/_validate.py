@@ -4,10 +4,12 @@ The best of many noisy figures is biased upward (the winner's curse), so a candi
 figure is expected to come out lower when measured again: validation re-measures to *correct*
 the figure, not to punish the candidate for it.
 
-1. :func:`shortlist` (pure): the feasible, measured trials that could clearly beat the
-   reference, best first, plus the fastest one with a clear parity margin.
-2. Each is measured again in one worker, its timed blocks interleaved with the reference's
-   (:meth:`autotune.execution.worker.Runner.compare`), with a fresh seed and a longer horizon.
+1. :func:`~autotune.search._shortlist.shortlist` (pure): the feasible, measured trials that
+   could clearly beat the reference, best first, plus the fastest one with a clear parity
+   margin, and a safe standby.
+2. Each is measured again in one worker (``_validation_run``), its timed blocks interleaved
+   with the reference's, with a fresh seed and a longer horizon; fp16 first runs alone past
+   fp16's overflow horizon.
 3. :func:`select` (pure): among the reruns that completed with at least six pairs (fewer
    give no 95% interval: the smaller of two ratios is a 50% bound), keep loss parity with the
    reference rerun (tolerance plus the reference's own seed-to-seed noise) and whose speedup's
@@ -17,130 +19,30 @@ the figure, not to punish the candidate for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
-from typing import cast
 
 import optuna
-from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.measure.parity import clearly_off, parity_gap
-from autotune.measure.result import PairedResult
+from autotune.measure.parity import parity_gap
+from autotune.measure.result import PairedResult, ProbeResult
 from autotune.measure.stats import MIN_VALUES
-from autotune.search._budget import VALIDATION_SHARE, WRITE_RESERVE
+from autotune.search._budget import VALIDATION_SHARE
 from autotune.search._context import SearchContext
+from autotune.search._risk import fp16_horizon, overflow_step, steps_run
+from autotune.search._shortlist import eligible, safe_standby, shortlist
 from autotune.study.reference import ReferenceRecord
-from autotune.study.trials import (
-    Rejection,
-    candidate,
-    constraints,
-    feasible_trials,
-    is_feasible,
-    label,
-    record,
-)
+from autotune.study.trials import Rejection, is_feasible, label, record
 
 __all__ = [
     "Rerun",
     "Selection",
     "select",
     "shortlist",
-    "validate",
     "measure_spread",
     "validation_reserve",
 ]
-
-
-def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
-    trials: Iterable[FrozenTrial],
-    *,
-    top_k: int,
-    min_speedup: float,
-    parity_tolerance: float,
-    maximize: bool = True,
-    parity_allowance: float | None = None,
-    reference_batch: int | None = None,
-) -> list[FrozenTrial]:
-    """The trials worth validating, best first.
-
-    Feasible, measured (not copied from a twin) trials whose search speedup reaches
-    ``min_speedup`` (a candidate that does not even look faster is not worth validating),
-    ranked by their objective; the first ``top_k``, plus the fastest feasible one when none of
-    those is (see below), plus the fastest one with a clear parity margin (half the tolerance)
-    when none of those has one: the fastest candidates often sit at the edge of the tolerance,
-    where a fresh seed can tip them over.
-
-    With ``parity_allowance`` (when maximizing), a trial that failed only parity, by a gap
-    within it, competes too: it was judged early in the search, against the seed-to-seed spread
-    known then; validation measures its parity again, at a longer horizon.
-
-    With ``reference_batch`` too, a trial at a larger batch may be off by up to the gap the
-    search calls clearly off for its batch (:func:`~autotune.measure.parity.clearly_off`) plus
-    the band: early in training it lags by more than any seed explains, a lag a full run
-    erases. Validation's horizon is longer; its verdict stands.
-
-    Example:
-        >>> shortlist([], top_k=2, min_speedup=1.05, parity_tolerance=0.05)
-        []
-    """
-    allowance = parity_allowance if maximize else None
-    ranked = []
-    for t in trials:
-        speedup = record(t).speedup
-        limit = allowance
-        batch = t.params.get("batch_size", 0)
-        if allowance is not None and reference_batch and batch > reference_batch:
-            # The batch's clearly-off level (always above the tolerance), the band on top.
-            lag = clearly_off(parity_tolerance, batch / reference_batch)
-            limit = lag + allowance - parity_tolerance
-        if speedup is None or speedup < min_speedup or not _eligible(t, limit):
-            continue
-        ranked.append(t)
-    ranked.sort(key=_rank, reverse=maximize)
-    seen: set[tuple] = set()
-    unique = []
-    for t in ranked:
-        key = tuple(sorted(t.params.items()))
-        if key not in seen:
-            seen.add(key)
-            unique.append(t)
-    best = unique[:top_k]
-    if not any(is_feasible(t) for t in best):
-        # Those judged off parity early may be refused again: the fastest feasible one stands by.
-        standby = next((t for t in unique[top_k:] if is_feasible(t)), None)
-        if standby is not None:
-            best.append(standby)
-
-    def clear(t: FrozenTrial) -> bool:
-        gap = record(t).parity_gap
-        return is_feasible(t) and gap is not None and gap <= parity_tolerance / 2
-
-    if not any(clear(t) for t in best):
-        margin = next((t for t in unique[top_k:] if clear(t)), None)
-        if margin is not None:
-            best.append(margin)
-    return best
-
-
-def _eligible(trial: FrozenTrial, parity_allowance: float | None) -> bool:
-    """May ``trial`` be shortlisted: feasible, or off only by its parity gap, within the
-    allowance? A twin's copied measurement never is."""
-    if feasible_trials([trial]):
-        return True
-    rec = record(trial)
-    if parity_allowance is None or trial.state != TrialState.COMPLETE or rec.parity_gap is None:
-        return False
-    if rec.tuned_config or rec.duplicate_of is not None:
-        return False
-    failed = {name for name, value in constraints(trial).items() if value > 0}
-    return failed == {"parity"} and rec.parity_gap <= parity_allowance
-
-
-def _rank(trial: FrozenTrial) -> float:
-    """A shortlisted trial's objective; a borderline one's speedup (its stored value is the
-    worst there is)."""
-    return cast(float, trial.value) if is_feasible(trial) else record(trial).speedup or 0.0
 
 
 @dataclass
@@ -151,6 +53,10 @@ class Rerun:
     paired: PairedResult | None
     gap: tuple[float, float, float] | None = None
     share: float = 0.0  # the seconds it was given
+    # fp16's run alone past its overflow horizon, before the pair (None: not needed).
+    endurance: ProbeResult | None = None
+    # Why it was not measured, when it was not (None: no time was left).
+    skipped: str | None = None
 
 
 @dataclass
@@ -192,9 +98,12 @@ def select(
     too_few: list[str] = []
     for rerun in reruns:
         name = label(rerun.trial.params)
-        paired = rerun.paired
-        if paired is None:
-            out.notes.append(f"{name}: no time left to validate")
+        paired, endurance = rerun.paired, rerun.endurance
+        if endurance is not None and not endurance.ok:
+            detail = f"{endurance.outcome} in a run of {len(endurance.losses)} steps alone: "
+            out.rejected.append(_rejection(name, endurance.outcome, detail + endurance.reason))
+        elif paired is None:
+            out.notes.append(f"{name}: {rerun.skipped or 'no time left to validate'}")
         elif not paired.candidate.ok:
             c = paired.candidate
             out.rejected.append(_rejection(name, c.outcome, f"{c.outcome}: {c.reason}"))
@@ -302,42 +211,79 @@ def with_gap(rerun: Rerun) -> Rerun:
 
 # How many times longer than a pair of a feasible trial a pair of one judged off parity at the
 # probe's horizon measures (its share of validation's time, and so its horizon).
-_LONGER = 4
+LONGER = 4
 
 
-def _weight(trial: FrozenTrial) -> int:
-    """A shortlisted trial's shares of validation's time: ``_LONGER`` for one judged off parity
+def weight(trial: FrozenTrial) -> int:
+    """A shortlisted trial's shares of validation's time: ``LONGER`` for one judged off parity
     at the probe's horizon (a lag fades over its first steps), else one."""
-    return 1 if is_feasible(trial) else _LONGER
+    return 1 if is_feasible(trial) else LONGER
 
 
 def validation_reserve(
     ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord | None = None
 ) -> float:
-    """Seconds validation will need: a paired rerun of each shortlisted candidate (or of one,
-    before any), from the search's own probe times, with room to spare."""
-    val, probe = ctx.spec.validation, ctx.spec.probe
-    picked = _shortlist(ctx, study, reference)
-    typical = ctx.typical_probe(default=0.0)
-    if not typical:
+    """Seconds validation will need: a paired rerun of each shortlisted candidate and of the
+    safe standby (or of one, before any), from the search's own probe times, fp16's run past
+    its overflow horizon and a compiled candidate's compiling included, with room to spare."""
+    leaders, standby = candidates(ctx, study, reference)
+    picked = leaders + ([standby] if standby is not None else [])
+    if not ctx.typical_probe(default=0.0):
         return VALIDATION_SHARE * ctx.budget.total
-    ratio = max(1.0, (probe.warmup_steps + val.steps) / (probe.warmup_steps + probe.steps))
-    # Both arms of a pair run, each about as long as a probe scaled to the longer horizon; a
-    # compiled candidate compiles again.
-    per_pair = 2.5 * ratio * typical + 1.0
+    horizon = fp16_horizon(ctx.spec.validation.fp16_steps, study.get_trials(deepcopy=False))
     # Nothing worth validating yet: keep room for one short pair (a late winner still gets
-    # validated), and give the rest to the search; each by its weight (see _weight).
-    need = (
-        sum(max(per_pair, _six_pairs(ctx, t)) * _weight(t) for t in picked)
-        if picked
-        else 0.5 * per_pair
-    )
-    need += sum(record(t).compile_seconds or 0.0 for t in picked)
+    # validated), and give the rest to the search.
+    need = sum(rerun_need(ctx, t, horizon) for t in picked) if picked else 0.5 * _per_pair(ctx)
     return min(VALIDATION_SHARE * ctx.budget.total, need + 1.0)
 
 
+def _per_pair(ctx: SearchContext) -> float:
+    """Seconds a pair takes: both arms, each about as long as a probe scaled to validation's
+    longer horizon."""
+    val, probe = ctx.spec.validation, ctx.spec.probe
+    ratio = max(1.0, (probe.warmup_steps + val.steps) / (probe.warmup_steps + probe.steps))
+    return 2.5 * ratio * ctx.typical_probe(default=0.0) + 1.0
+
+
+def rerun_need(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
+    """Seconds a trial's validation needs: its pair (by its weight, and at least what six
+    pairs take at its measured step times), fp16's run alone to ``horizon`` steps, and a
+    compiled candidate's compiling again."""
+    pair = max(_per_pair(ctx), six_pairs(ctx, trial)) * weight(trial)
+    seconds = compiling(trial)
+    # A compiled one also needs a second to spare: its pair is measured only where its share
+    # covers compiling and six pairs (below that, the time goes to the next candidate).
+    return pair + (seconds + 1.0 if seconds else 0.0) + endurance_seconds(ctx, trial, horizon)
+
+
+def compiling(trial: FrozenTrial) -> float:
+    """Seconds a compiled trial's compiling took in the search (0 for one not compiled)."""
+    return (record(trial).compile_seconds or 0.0) if trial.params.get("compile") else 0.0
+
+
+# An fp16 run alone past its overflow horizon takes at most this share of the budget (a slow
+# device checks fewer steps than the horizon: as many as it can pay for).
+ENDURANCE_SHARE = 0.05
+
+
+def endurance_seconds(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
+    """Seconds an fp16 trial's run alone to ``horizon`` steps takes, from its measured
+    throughput, at most :data:`ENDURANCE_SHARE` of the budget (0 for another mode, or one
+    that ran that long already)."""
+    rec = record(trial)
+    if trial.params.get("precision") != "fp16" or steps_run(trial) >= horizon:
+        return 0.0
+    if not rec.throughput:
+        return 0.0
+    seconds = 1.5 * horizon * trial.params.get("batch_size", 1) / rec.throughput + 2.0
+    return min(seconds, ENDURANCE_SHARE * ctx.budget.total)
+
+
 def _shortlist(
-    ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord | None
+    ctx: SearchContext,
+    study: optuna.Study,
+    reference: ReferenceRecord | None,
+    ruled_out: Container[FrozenTrial] = (),
 ) -> list[FrozenTrial]:
     """The study's shortlist, with the parity allowance the reference's repeats give now."""
     tol = ctx.spec.parity_tolerance
@@ -350,7 +296,28 @@ def _shortlist(
         maximize=ctx.maximize,
         parity_allowance=tol + noise if reference is not None else None,
         reference_batch=reference.batch_size if reference is not None else None,
+        ruled_out=ruled_out,
+        overflow=overflow_step(study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))),
     )
+
+
+def candidates(
+    ctx: SearchContext,
+    study: optuna.Study,
+    reference: ReferenceRecord | None,
+    ruled_out: Container[FrozenTrial] = (),
+) -> tuple[list[FrozenTrial], FrozenTrial | None]:
+    """What validation measures next: the shortlist, and its safe standby (or None)."""
+    picked = _shortlist(ctx, study, reference, ruled_out)
+    if not picked or not ctx.maximize:
+        return picked, None
+    standby = safe_standby(
+        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+        picked,
+        min_speedup=ctx.spec.validation.min_speedup,
+        ruled_out=ruled_out,
+    )
+    return picked, standby
 
 
 # The seed-to-seed band a parity decision rests on is measured from at least this many repeats.
@@ -372,7 +339,7 @@ def measure_spread(
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     val = ctx.spec.validation
     if not any(
-        not is_feasible(t) and _eligible(t, 2 * tol) and (record(t).speedup or 0) >= val.min_speedup
+        not is_feasible(t) and eligible(t, 2 * tol) and (record(t).speedup or 0) >= val.min_speedup
         for t in trials
     ):
         return
@@ -384,7 +351,7 @@ def measure_spread(
         remeasure()
 
 
-def _six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
+def six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
     """Seconds a paired rerun of ``trial`` needs at the least to measure the pairs a 95%
     interval needs: each arm's warm-up (its warm-up steps, its first step, a settling step)
     and six pairs of one-step blocks, at the steps' times the search measured, with a quarter
@@ -396,125 +363,3 @@ def _six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
     ref_step = ctx.space.base_batch / rec.reference_throughput
     steps = ctx.spec.probe.warmup_steps + 2 + MIN_VALUES
     return 1.25 * steps * (step + ref_step) + 1.0
-
-
-# Each arm of a validation pair measures for about this share of the pair's slice.
-_PAIR_SHARE = 0.3
-
-
-def validate(
-    ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord, end_at: float
-) -> tuple[Selection | None, PairedResult | None, float]:
-    """Phase 4: paired reruns of the shortlist, then the selection.
-
-    Returns:
-        ``(selection, reference_run, seed_noise)``; selection None when nothing was worth
-        validating.
-    """
-    spec, val = ctx.spec, ctx.spec.validation
-    picked = _shortlist(ctx, study, reference)
-    if not picked:
-        return None, None, 0.0
-    reruns: list[Rerun] = []
-    for i, trial in enumerate(picked):
-        left = end_at - ctx.budget.elapsed()
-        if left < 1.0:
-            reruns.append(Rerun(trial, None))
-            continue
-        # Each candidate gets its share of what is left (one judged off parity at the probe's
-        # horizon, _LONGER shares); a pair cut short by its share is still compared, on the
-        # blocks and samples both arms saw.
-        share = left * _weight(trial) / sum(_weight(t) for t in picked[i:])
-        reruns.append(with_gap(_rerun(ctx, trial, reference, share=share)))
-    ref_run = next(
-        (
-            r.paired
-            for r in reruns
-            if r.paired is not None and r.paired.reference.ok and r.paired.reference.throughput > 0
-        ),
-        None,
-    )
-    # The larger of two estimates of one thing: this run's reference arm against the first
-    # run, and the band of the search's repeats (the rule the search judged by).
-    tol = spec.parity_tolerance
-    noise = max(_seed_noise(ref_run, reference, tol), reference.seed_noise(tol))
-    reruns = [_recheck(ctx, reference, r, noise) for r in reruns]
-    selection = select(
-        reruns,
-        min_speedup=val.min_speedup,
-        parity_tolerance=spec.parity_tolerance,
-        seed_noise=noise,
-    )
-    for rejection in selection.rejected:
-        logger.info("rejected in validation: {}", rejection)
-    if selection.winner is not None and selection.winner.paired is not None:
-        ref_run = selection.winner.paired
-    return selection, ref_run, noise
-
-
-def _rerun(
-    ctx: SearchContext, trial: FrozenTrial, reference: ReferenceRecord, *, share: float
-) -> Rerun:
-    """One candidate measured again, paired with the reference, inside ``share`` seconds."""
-    probe = ctx.spec.probe
-    settings = probe.model_copy(update={"steps": ctx.spec.validation.steps, "seed": probe.seed + 1})
-    # The pair measures for most of its share (each arm about a third of it; warm-ups and
-    # the reference's catch-up to the horizon fit in the rest): the budget kept for
-    # validation buys a tighter interval instead of going unused.
-    min_time = max(ctx.default_min_time if settings.min_time is None else settings.min_time,
-                   _PAIR_SHARE * share)  # fmt: skip
-    paired = ctx.run_compare(
-        candidate(trial),
-        reference.candidate(),
-        settings.model_copy(
-            update={
-                "time_limit": max(1.0, share - 1.0),
-                "min_time": min_time,
-                "precision": 0.005,
-            }
-        ),
-        timeout=share + ctx.hard_grace(),
-    )
-    logger.info("validation of {}: {}", trial.number, paired.summary())
-    return Rerun(trial, paired, share=share)
-
-
-def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise: float) -> Rerun:
-    """A larger batch off parity at validation's horizon by no more than its early lag can
-    explain is measured once more over a horizon ``_LONGER`` times as long, time allowing (up
-    to the budget's end: a search that measured its space through leaves time unspent)."""
-    tol, gap = ctx.spec.parity_tolerance, rerun.gap
-    ratio = rerun.trial.params.get("batch_size", 0) / reference.batch_size
-    if gap is None or ratio <= 1 or not tol + noise < gap[0] <= clearly_off(tol, ratio) + noise:
-        return rerun
-    share = min(_LONGER * rerun.share, ctx.budget.total - WRITE_RESERVE - ctx.budget.elapsed())
-    if share < 2 * rerun.share:
-        return rerun
-    logger.info(
-        "validation of {}: {:+.1%} off parity at {:,} samples, within a larger batch's early "
-        "lag: measuring it over a longer horizon",
-        rerun.trial.number,
-        gap[0],
-        _shared_samples(rerun.paired),
-    )
-    return with_gap(_rerun(ctx, rerun.trial, reference, share=share))
-
-
-def _shared_samples(paired: PairedResult | None) -> int:
-    """The samples both arms of a pair saw: the horizon its parity gap is taken at."""
-    if paired is None:
-        return 0
-    c, r = paired.candidate, paired.reference
-    return min(len(c.losses) * c.batch_size, len(r.losses) * r.batch_size)
-
-
-def _seed_noise(
-    ref_run: PairedResult | None, reference: ReferenceRecord, parity_tolerance: float
-) -> float:
-    """How far a fresh seed moves the reference's loss curve by itself (its search and
-    validation curves): a candidate is allowed that much on top of the tolerance."""
-    if ref_run is None or not reference.finite_losses:
-        return 0.0
-    r = ref_run.reference
-    seed_gap = parity_gap(r.losses, r.batch_size, reference.finite_losses, reference.batch_size)
-    return min(abs(seed_gap[0]), parity_tolerance) if seed_gap else 0.0

@@ -1,0 +1,149 @@
+"""The shortlist validation measures: the leaders, a standby, and what failures rule out."""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable
+from typing import cast
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.measure.parity import clearly_off
+from autotune.search._risk import settings_key, unproven
+from autotune.study.trials import constraints, feasible_trials, is_feasible, record
+
+__all__ = ["eligible", "safe_standby", "shortlist"]
+
+
+def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
+    trials: Iterable[FrozenTrial],
+    *,
+    top_k: int,
+    min_speedup: float,
+    parity_tolerance: float,
+    maximize: bool = True,
+    parity_allowance: float | None = None,
+    reference_batch: int | None = None,
+    ruled_out: Container[FrozenTrial] = (),
+    overflow: int | None = None,
+) -> list[FrozenTrial]:
+    """The trials worth validating, best first.
+
+    Feasible, measured (not copied from a twin) trials whose search speedup reaches
+    ``min_speedup`` (a candidate that does not even look faster is not worth validating),
+    ranked by their objective; the first ``top_k``, plus the fastest feasible one when none of
+    those is (see below), plus the fastest one with a clear parity margin (half the tolerance)
+    when none of those has one: the fastest candidates often sit at the edge of the tolerance,
+    where a fresh seed can tip them over.
+
+    With ``parity_allowance`` (when maximizing), a trial that failed only parity, by a gap
+    within it, competes too: it was judged early in the search, against the seed-to-seed spread
+    known then; validation measures its parity again, at a longer horizon.
+
+    With ``reference_batch`` too, a trial at a larger batch may be off by up to the gap the
+    search calls clearly off for its batch (:func:`~autotune.measure.parity.clearly_off`) plus
+    the band: early in training it lags by more than any seed explains, a lag a full run
+    erases. Validation's horizon is longer; its verdict stands.
+
+    One batch at several init_scales is one candidate (the best of them stands for it), and
+    what ``ruled_out`` holds (what a failed validation implies) is left out. An fp16 trial
+    shorter than fp16's known ``overflow`` step may stand in the list but sets no standby.
+
+    Example:
+        >>> shortlist([], top_k=2, min_speedup=1.05, parity_tolerance=0.05)
+        []
+    """
+    allowance = parity_allowance if maximize else None
+    ranked = []
+    for t in trials:
+        speedup = record(t).speedup
+        limit = allowance
+        batch = t.params.get("batch_size", 0)
+        if allowance is not None and reference_batch and batch > reference_batch:
+            # The batch's clearly-off level (always above the tolerance), the band on top.
+            lag = clearly_off(parity_tolerance, batch / reference_batch)
+            limit = lag + allowance - parity_tolerance
+        if speedup is None or speedup < min_speedup or not eligible(t, limit):
+            continue
+        if t in ruled_out:
+            continue
+        ranked.append(t)
+    ranked.sort(key=_rank, reverse=maximize)
+    seen: set[tuple] = set()
+    unique = []
+    for t in ranked:
+        key = settings_key(t)
+        if key not in seen:
+            seen.add(key)
+            unique.append(t)
+    best = unique[:top_k]
+    if not any(is_feasible(t) for t in best):
+        # Those judged off parity early may be refused again: the fastest feasible one stands by.
+        standby = next(
+            (t for t in unique[top_k:] if is_feasible(t) and not unproven(t, overflow)), None
+        )
+        if standby is not None:
+            best.append(standby)
+
+    def clear(t: FrozenTrial) -> bool:
+        gap = record(t).parity_gap
+        return is_feasible(t) and gap is not None and gap <= parity_tolerance / 2
+
+    if not any(clear(t) for t in best):
+        margin = next((t for t in unique[top_k:] if clear(t)), None)
+        if margin is not None:
+            best.append(margin)
+    return best
+
+
+def eligible(trial: FrozenTrial, parity_allowance: float | None) -> bool:
+    """May ``trial`` be shortlisted: feasible, or off only by its parity gap, within the
+    allowance? A twin's copied measurement never is."""
+    if feasible_trials([trial]):
+        return True
+    rec = record(trial)
+    if parity_allowance is None or trial.state != TrialState.COMPLETE or rec.parity_gap is None:
+        return False
+    if rec.tuned_config or rec.duplicate_of is not None:
+        return False
+    failed = {name for name, value in constraints(trial).items() if value > 0}
+    return failed == {"parity"} and rec.parity_gap <= parity_allowance
+
+
+def _rank(trial: FrozenTrial) -> float:
+    """A shortlisted trial's objective; a borderline one's speedup (its stored value is the
+    worst there is)."""
+    return cast(float, trial.value) if is_feasible(trial) else record(trial).speedup or 0.0
+
+
+def safe_standby(
+    trials: Iterable[FrozenTrial],
+    picked: list[FrozenTrial],
+    *,
+    min_speedup: float,
+    ruled_out: Container[FrozenTrial] = (),
+) -> FrozenTrial | None:
+    """The candidate validation falls to when every leader is refused: the fastest feasible
+    trial that carries neither risk a short probe cannot rule out (fp16's late overflow, a
+    compile that must be paid again), when no leader is such a one already; None when there
+    is none, or no need.
+
+    Example:
+        >>> safe_standby([], [], min_speedup=1.05) is None
+        True
+    """
+
+    def safe(t: FrozenTrial) -> bool:
+        return t.params.get("precision") != "fp16" and not t.params.get("compile", False)
+
+    if any(safe(t) for t in picked):
+        return None
+    keys = {settings_key(t) for t in picked}
+    options = [
+        t
+        for t in feasible_trials(trials)
+        if safe(t)
+        and (record(t).speedup or 0.0) >= min_speedup
+        and settings_key(t) not in keys
+        and t not in ruled_out
+    ]
+    return max(options, key=_rank, default=None)

@@ -1,0 +1,269 @@
+"""Validation's measurements, round by round, until a candidate is accepted or time runs out.
+
+1. A round measures the shortlist's leaders, each paired with the reference in its share of
+   what is left; the safe standby last, and only while no leader has been accepted.
+2. An fp16 candidate first runs alone past fp16's overflow horizon: a late overflow refuses it
+   for the price of those steps, before any pair is measured.
+3. Nothing accepted and time left: what the refusals imply is ruled out (an overflow at one lr
+   rules out that lr and above; a scale that skipped, that scale and above) and the next
+   shortlist is measured.
+"""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+from loguru import logger
+from optuna.trial import FrozenTrial
+
+from autotune.enums import Outcome
+from autotune.measure.parity import clearly_off, parity_gap
+from autotune.measure.result import PairedResult, ProbeResult
+from autotune.search._budget import WRITE_RESERVE
+from autotune.search._context import SearchContext
+from autotune.search._risk import RuledOut, fp16_horizon, steps_run
+from autotune.search._validate import (
+    LONGER,
+    Rerun,
+    Selection,
+    candidates,
+    compiling,
+    endurance_seconds,
+    rerun_need,
+    select,
+    six_pairs,
+    with_gap,
+)
+from autotune.study.reference import ReferenceRecord
+from autotune.study.trials import candidate, record
+
+__all__ = ["validate"]
+
+# Each arm of a validation pair measures for about this share of the pair's slice.
+_PAIR_SHARE = 0.3
+
+
+def validate(
+    ctx: SearchContext,
+    study: optuna.Study,
+    reference: ReferenceRecord,
+    end_at: float,
+    *,
+    hard_end: float | None = None,
+) -> tuple[Selection | None, PairedResult | None, float]:
+    """Phase 4: paired reruns of the shortlist, round by round, then the selection.
+
+    Args:
+        end_at: when the first round must be done (the budget's reserve for validation).
+        hard_end: when later rounds must be done (the budget's end); ``end_at`` by default.
+
+    Returns:
+        ``(selection, reference_run, seed_noise)``; selection None when nothing was worth
+        validating.
+    """
+    tol, min_speedup = ctx.spec.parity_tolerance, ctx.spec.validation.min_speedup
+    ruled, reruns = RuledOut(), list[Rerun]()
+    selection: Selection | None = None
+    noise, ref_run, end = reference.seed_noise(tol), None, end_at
+    while True:
+        leaders, standby = candidates(ctx, study, reference, ruled)
+        if not leaders:
+            break
+        fresh = _round(ctx, study, reference, (leaders, standby), end, reruns, noise)
+        reruns += fresh
+        ref_run, noise = _reference_run(reruns, reference, tol)
+        reruns = [_recheck(ctx, reference, r, noise) if r in fresh else r for r in reruns]
+        selection = select(reruns, min_speedup=min_speedup, parity_tolerance=tol, seed_noise=noise)
+        if selection.winner is not None or not fresh:
+            break
+        for rerun in fresh:
+            _rule_out(ruled, rerun)
+        end = max(end, hard_end or end_at)
+        if end - ctx.budget.elapsed() < 1.0:
+            break
+        logger.info("validation: nothing accepted yet; measuring the next candidates")
+    if selection is None:
+        return None, None, 0.0
+    for rejection in selection.rejected:
+        logger.info("rejected in validation: {}", rejection)
+    if selection.winner is not None and selection.winner.paired is not None:
+        ref_run = selection.winner.paired
+    return selection, ref_run, noise
+
+
+def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
+    ctx: SearchContext,
+    study: optuna.Study,
+    reference: ReferenceRecord,
+    queue: tuple[list[FrozenTrial], FrozenTrial | None],
+    end: float,
+    before: list[Rerun],
+    noise: float,
+) -> list[Rerun]:
+    """One round: each leader of ``queue`` measured in its share of what is left (one judged
+    off parity at the probe's horizon, more shares); then the standby, its share kept for it,
+    only while nothing measured so far was accepted."""
+    tol, min_speedup = ctx.spec.parity_tolerance, ctx.spec.validation.min_speedup
+    horizon = fp16_horizon(ctx.spec.validation.fp16_steps, study.get_trials(deepcopy=False))
+    leaders, standby = queue
+    order = leaders + ([standby] if standby is not None else [])
+    out: list[Rerun] = []
+    for i, trial in enumerate(order):
+        so_far = select(before + out, min_speedup=min_speedup, parity_tolerance=tol,
+                        seed_noise=noise)  # fmt: skip
+        accepted = so_far.winner is not None
+        if trial is standby and accepted:
+            break
+        left = end - ctx.budget.elapsed()
+        if left < 1.0:
+            out.append(Rerun(trial, None))
+            continue
+        # Each its share of what is left by what it needs, and the best first at least what
+        # it needs; the standby's share is kept only while nothing is accepted. A pair cut
+        # short by its share is still compared, on what both arms saw.
+        rest = [t for t in order[i:] if not (accepted and t is standby)]
+        needs = [rerun_need(ctx, t, horizon) for t in rest]
+        share = max(left * needs[0] / sum(needs), min(left, needs[0]))
+        out.append(with_gap(_rerun(ctx, trial, reference, share=share, horizon=horizon)))
+    return out
+
+
+def _reference_run(
+    reruns: list[Rerun], reference: ReferenceRecord, tol: float
+) -> tuple[PairedResult | None, float]:
+    """The first reference arm measured, and the seed noise it and the search's repeats give:
+    the larger of two estimates of one thing."""
+    ref_run = next(
+        (
+            r.paired
+            for r in reruns
+            if r.paired is not None and r.paired.reference.ok and r.paired.reference.throughput > 0
+        ),
+        None,
+    )
+    return ref_run, max(_seed_noise(ref_run, reference, tol), reference.seed_noise(tol))
+
+
+def _rule_out(ruled: RuledOut, rerun: Rerun) -> None:
+    """What a refused rerun rules out (see :class:`RuledOut`)."""
+    result = rerun.endurance if rerun.endurance is not None and not rerun.endurance.ok else None
+    if result is None and rerun.paired is not None and not rerun.paired.candidate.ok:
+        result = rerun.paired.candidate
+    outcome = result.outcome if result is not None else Outcome.COMPLETED
+    overflowed = result is not None and any(not math.isfinite(v) for v in result.losses)
+    ruled.add(rerun.trial, outcome, overflowed)
+
+
+def _endure(
+    ctx: SearchContext, trial: FrozenTrial, horizon: int, share: float
+) -> ProbeResult | None:
+    """An fp16 candidate run alone to ``horizon`` steps (or as far as its time reaches: at
+    most a third of its share, its warm-up steps paid out of it): does its loss stay in range?
+    None when it ran that far in the search already, when its time reaches no further than
+    the search's run did, or when the run ended for another reason than a divergence (a run
+    stopped at its limit proves nothing either way; the pair then checks what it can)."""
+    seconds = endurance_seconds(ctx, trial, horizon)
+    rec = record(trial)
+    if not seconds or not rec.throughput:
+        return None
+    probe = ctx.spec.probe
+    step = trial.params.get("batch_size", 1) / rec.throughput
+    timed = min(share / 3, seconds) - (probe.warmup_steps + 2) * step
+    if timed < (steps_run(trial) - probe.warmup_steps + 1) * step:
+        return None
+    settings = probe.model_copy(
+        update={
+            "steps": max(1, horizon - probe.warmup_steps),
+            "min_time": 0.0,
+            "time_limit": max(1.0, timed),
+            "seed": probe.seed + 1,
+            "early_stop": False,
+        }
+    )
+    result = ctx.run_probe(candidate(trial), settings, within=share)
+    logger.info("validation of {}: alone for {} steps: {}", trial.number, horizon, result.summary())
+    return result if result.ok or result.outcome == Outcome.DIVERGED else None
+
+
+def _rerun(
+    ctx: SearchContext,
+    trial: FrozenTrial,
+    reference: ReferenceRecord,
+    *,
+    share: float,
+    horizon: int = 0,
+) -> Rerun:
+    """One candidate measured again, paired with the reference, inside ``share`` seconds
+    (fp16 first alone to ``horizon`` steps; a compiled one only where its share covers
+    compiling again and six pairs after it)."""
+    started = ctx.budget.elapsed()
+    endurance = _endure(ctx, trial, horizon, share) if horizon else None
+    if endurance is not None and not endurance.ok:
+        return Rerun(trial, None, share=share, endurance=endurance)
+    share -= ctx.budget.elapsed() - started
+    seconds = compiling(trial)
+    if seconds and share < seconds + six_pairs(ctx, trial):
+        why = f"no time to compile it again ({seconds:.0f}s) and measure six pairs in {share:.0f}s"
+        return Rerun(trial, None, share=share, endurance=endurance, skipped=why)
+    probe = ctx.spec.probe
+    settings = probe.model_copy(update={"steps": ctx.spec.validation.steps, "seed": probe.seed + 1})
+    # The pair measures for most of its share (each arm about a third of it; warm-ups and
+    # the reference's catch-up to the horizon fit in the rest): the budget kept for
+    # validation buys a tighter interval instead of going unused. Compiling counts apart.
+    timed = share - seconds
+    min_time = max(ctx.default_min_time if settings.min_time is None else settings.min_time,
+                   _PAIR_SHARE * timed)  # fmt: skip
+    paired = ctx.run_compare(
+        candidate(trial),
+        reference.candidate(),
+        settings.model_copy(
+            update={"time_limit": max(1.0, timed - 1.0), "min_time": min_time, "precision": 0.005}
+        ),
+        timeout=share + ctx.hard_grace(),
+    )
+    logger.info("validation of {}: {}", trial.number, paired.summary())
+    return Rerun(trial, paired, share=share, endurance=endurance)
+
+
+def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise: float) -> Rerun:
+    """A larger batch off parity at validation's horizon by no more than its early lag can
+    explain is measured once more over a horizon ``LONGER`` times as long, time allowing (up
+    to the budget's end: a search that measured its space through leaves time unspent)."""
+    tol, gap = ctx.spec.parity_tolerance, rerun.gap
+    ratio = rerun.trial.params.get("batch_size", 0) / reference.batch_size
+    if gap is None or ratio <= 1 or not tol + noise < gap[0] <= clearly_off(tol, ratio) + noise:
+        return rerun
+    share = min(LONGER * rerun.share, ctx.budget.total - WRITE_RESERVE - ctx.budget.elapsed())
+    if share < 2 * rerun.share:
+        return rerun
+    logger.info(
+        "validation of {}: {:+.1%} off parity at {:,} samples, within a larger batch's early "
+        "lag: measuring it over a longer horizon",
+        rerun.trial.number,
+        gap[0],
+        _shared_samples(rerun.paired),
+    )
+    again = with_gap(_rerun(ctx, rerun.trial, reference, share=share))
+    again.endurance = rerun.endurance
+    return again
+
+
+def _shared_samples(paired: PairedResult | None) -> int:
+    """The samples both arms of a pair saw: the horizon its parity gap is taken at."""
+    if paired is None:
+        return 0
+    c, r = paired.candidate, paired.reference
+    return min(len(c.losses) * c.batch_size, len(r.losses) * r.batch_size)
+
+
+def _seed_noise(
+    ref_run: PairedResult | None, reference: ReferenceRecord, parity_tolerance: float
+) -> float:
+    """How far a fresh seed moves the reference's loss curve by itself (its search and
+    validation curves): a candidate is allowed that much on top of the tolerance."""
+    if ref_run is None or not reference.finite_losses:
+        return 0.0
+    r = ref_run.reference
+    seed_gap = parity_gap(r.losses, r.batch_size, reference.finite_losses, reference.batch_size)
+    return min(abs(seed_gap[0]), parity_tolerance) if seed_gap else 0.0
