@@ -321,7 +321,7 @@ def test_optuna_dashboard_shows_the_config_with_its_validated_figure_as_the_best
     dashboard_exe()
     storage = f"sqlite:///{tmp_path / 'studies.db'}"
     configs = {
-        "validated": search(storage, "validated", landscape(), "60s"),
+        "validated": search(storage, "validated", landscape(), "90s"),
         "fallback": search(storage, "fallback", nothing_beats_fp32(), "45s"),
     }
     assert configs["validated"].evidence.validated and not configs["fallback"].evidence.validated

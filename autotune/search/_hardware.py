@@ -146,10 +146,10 @@ def _mode_ceiling(  # noqa: PLR0913 - one mode's bounds, keyword-only
         start=start,
         cap=cap,
         budget_bytes=ctx.facts.memory_budget(ctx.spec.memory_margin),
-        # Skipping ahead is checked on CPUs only: on a GPU the doubling stays until it is
-        # measured there (it would save tries too: the simulated A100's ceiling phase of a
-        # two-minute search takes 12 s with it, 24 s without).
-        skip_limit=limit if ctx.device.startswith("cpu") else None,
+        # The skipped-to size is tried for real (one that does not fit changes nothing), so
+        # it holds on any device; it halves a GPU's ceiling phase, which a short budget
+        # otherwise spends on one try per mode at the base batch.
+        skip_limit=limit,
         stop_when=stop_when,
         vouched=vouched,
     )

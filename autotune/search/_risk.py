@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import optuna
@@ -13,6 +13,7 @@ from autotune.study.trials import DEFAULT_INIT_SCALE, record
 
 __all__ = [
     "RuledOut",
+    "carries_risk",
     "fp16_horizon",
     "overflow_step",
     "safe_scale",
@@ -20,6 +21,12 @@ __all__ = [
     "steps_run",
     "unproven",
 ]
+
+
+def carries_risk(params: Mapping[str, object]) -> bool:
+    """Does a candidate carry a risk a short probe cannot rule out: fp16 (its overflow may
+    start late) or compiling (paid again before its first step)? The others are safe picks."""
+    return params.get("precision") == "fp16" or bool(params.get("compile", False))
 
 
 def steps_run(trial: FrozenTrial) -> int:

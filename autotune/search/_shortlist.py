@@ -8,7 +8,7 @@ from typing import cast
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.parity import clearly_off
-from autotune.search._risk import settings_key, unproven
+from autotune.search._risk import carries_risk, settings_key, unproven
 from autotune.study.trials import constraints, feasible_trials, is_feasible, record
 
 __all__ = ["eligible", "safe_standby", "shortlist"]
@@ -133,7 +133,7 @@ def safe_standby(
     """
 
     def safe(t: FrozenTrial) -> bool:
-        return t.params.get("precision") != "fp16" and not t.params.get("compile", False)
+        return not carries_risk(t.params)
 
     if any(safe(t) for t in picked):
         return None

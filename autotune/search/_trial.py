@@ -9,9 +9,8 @@
    measured from its repeats (as validation allows). A speedup no device gives measures the
    reference again before it is stored; the trial names the measurement it divided by.
    Diverged, OOM, too slow, a failed compile: PRUNED with the reason (the sampler learns from
-   PRUNED). A crashed worker: FAIL, and the trial runs once more. A compiled
-   candidate's compiling happens in its untimed warm-up: charged to the budget, recorded on the
-   trial, never in its throughput.
+   PRUNED). A crashed worker: FAIL, and the trial runs once more. Compiling happens in the
+   untimed warm-up: charged to the budget, recorded on the trial, never in its throughput.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from autotune.search._context import SearchContext
 from autotune.search._events import Standing, TrialFinished, TrialStarted
 from autotune.search._hardware import lower_ceiling
 from autotune.search._reference import ReferenceKeeper
-from autotune.search._risk import overflow_step, unproven
+from autotune.search._risk import carries_risk, overflow_step, unproven
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.study import study_keys
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
@@ -243,7 +242,7 @@ class TrialStep:
         below = None
         best = standing(self.study, reference)
         if best.best_params is not None and self.ctx.maximize:
-            best_trial = self._best_trial()
+            best_trial = self._best_trial(carries_risk(dict(cand)))
             low = record(best_trial).speedup_low if best_trial is not None else None
             if low and low > 0:  # an interval wider than the value has no lower bound
                 below = low * reference.throughput
@@ -257,19 +256,20 @@ class TrialStep:
             reference_batch_size=ref.batch_size,
         )
 
-    def _best_trial(self) -> FrozenTrial | None:
-        """The bar for "slower": the best feasible trial whose settings no probe found off
-        parity. A candidate on the parity boundary passes on one seed and fails on the next
-        (and then in validation); as the bar it would stop the safe candidates just below it
-        before their parity is known, leaving nothing good to fall back to."""
+    def _best_trial(self, risky: bool) -> FrozenTrial | None:
+        """The bar for "slower": the best feasible trial no probe found off parity (one on the
+        boundary would stop the safe ones below it); for a safe candidate, the best safe one
+        (a risky bar may fail validation and leave no safe pick to fall back to)."""
         done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         contested = {_settings(t) for t in done if not is_feasible(t)}
-        # An fp16 trial shorter than fp16's known overflow is no bar either: it may diverge.
+        # Nor is an fp16 trial shorter than fp16's known overflow: it may diverge.
         overflow = overflow_step(self.study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)))
         bars = [
             t
             for t in feasible_trials(done)
-            if _settings(t) not in contested and not unproven(t, overflow)
+            if _settings(t) not in contested
+            and not unproven(t, overflow)
+            and (risky or not carries_risk(t.params))
         ]
         return max(bars, key=lambda t: cast(float, t.value)) if bars else None
 

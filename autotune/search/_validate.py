@@ -57,6 +57,8 @@ class Rerun:
     endurance: ProbeResult | None = None
     # Why it was not measured, when it was not (None: no time was left).
     skipped: str | None = None
+    # The steps an fp16 verdict had to cover (0: none asked).
+    horizon: int = 0
 
 
 @dataclass
@@ -263,7 +265,7 @@ def compiling(trial: FrozenTrial) -> float:
 
 # An fp16 run alone past its overflow horizon takes at most this share of the budget (a slow
 # device checks fewer steps than the horizon: as many as it can pay for).
-ENDURANCE_SHARE = 0.05
+ENDURANCE_SHARE = 0.15
 
 
 def endurance_seconds(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
@@ -275,8 +277,19 @@ def endurance_seconds(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> f
         return 0.0
     if not rec.throughput:
         return 0.0
-    seconds = 1.5 * horizon * trial.params.get("batch_size", 1) / rec.throughput + 2.0
+    step = trial.params.get("batch_size", 1) / rec.throughput
+    seconds = 1.5 * horizon * step + setup_seconds(trial) + 1.0
     return min(seconds, ENDURANCE_SHARE * ctx.budget.total)
+
+
+def setup_seconds(trial: FrozenTrial) -> float:
+    """Seconds a run of ``trial``'s settings spends before its steps (building the model and
+    its data, a first step's first-use costs; compiling apart), from its probe in the search."""
+    rec = record(trial)
+    if not rec.throughput or rec.probe_seconds is None:
+        return 0.0
+    steps = steps_run(trial) * trial.params.get("batch_size", 1) / rec.throughput
+    return max(0.0, rec.probe_seconds - steps - compiling(trial))
 
 
 def _shortlist(
@@ -353,8 +366,8 @@ def measure_spread(
 
 def six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
     """Seconds a paired rerun of ``trial`` needs at the least to measure the pairs a 95%
-    interval needs: each arm's warm-up (its warm-up steps, its first step, a settling step)
-    and six pairs of one-step blocks, at the steps' times the search measured, with a quarter
+    interval needs: each arm's set-up and warm-up (its warm-up steps, its first step, a
+    settling step) and six pairs of one-step blocks, at the steps' times the search measured, with a quarter
     to spare; 0 when they are unknown. Slow steps need more than a probe's time scaled."""
     rec = record(trial)
     if not rec.throughput or not rec.reference_throughput:
@@ -362,4 +375,5 @@ def six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
     step = trial.params.get("batch_size", ctx.space.base_batch) / rec.throughput
     ref_step = ctx.space.base_batch / rec.reference_throughput
     steps = ctx.spec.probe.warmup_steps + 2 + MIN_VALUES
-    return 1.25 * steps * (step + ref_step) + 1.0
+    # Both arms are set up before their steps; the reference's set-up is taken as like its.
+    return 1.25 * (steps * (step + ref_step) + 2 * setup_seconds(trial)) + 1.0

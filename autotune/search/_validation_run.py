@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial
 from autotune.enums import Outcome
 from autotune.measure.parity import clearly_off, parity_gap
 from autotune.measure.result import PairedResult, ProbeResult
+from autotune.measure.stats import MIN_VALUES
 from autotune.search._budget import WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._risk import RuledOut, fp16_horizon, steps_run
@@ -32,6 +33,7 @@ from autotune.search._validate import (
     endurance_seconds,
     rerun_need,
     select,
+    setup_seconds,
     six_pairs,
     with_gap,
 )
@@ -120,12 +122,15 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
             out.append(Rerun(trial, None))
             continue
         # Each its share of what is left by what it needs, and the best first at least what
-        # it needs; the standby's share is kept only while nothing is accepted. A pair cut
-        # short by its share is still compared, on what both arms saw.
+        # it needs (a shorter pair sees fewer samples: a lasting gap it would not see); the
+        # standby's share is kept only while nothing is accepted. A pair cut short by its
+        # share is still compared, on what both arms saw.
         rest = [t for t in order[i:] if not (accepted and t is standby)]
         needs = [rerun_need(ctx, t, horizon) for t in rest]
         share = max(left * needs[0] / sum(needs), min(left, needs[0]))
-        out.append(with_gap(_rerun(ctx, trial, reference, share=share, horizon=horizon)))
+        rerun = _rerun(ctx, trial, reference, share=share, horizon=horizon)
+        rerun.horizon = horizon
+        out.append(rerun)
     return out
 
 
@@ -156,27 +161,29 @@ def _rule_out(ruled: RuledOut, rerun: Rerun) -> None:
 
 
 def _endure(
-    ctx: SearchContext, trial: FrozenTrial, horizon: int, share: float
+    ctx: SearchContext, trial: FrozenTrial, horizon: int, share: float, *, ran: int = 0
 ) -> ProbeResult | None:
     """An fp16 candidate run alone to ``horizon`` steps (or as far as its time reaches: at
-    most a third of its share, its warm-up steps paid out of it): does its loss stay in range?
+    most ``share``, its set-up and warm-up paid out of it): does its loss stay in range?
     None when it ran that far in the search already, when its time reaches no further than
-    the search's run did, or when the run ended for another reason than a divergence (a run
-    stopped at its limit proves nothing either way; the pair then checks what it can)."""
+    the search's run or its pair (``ran`` steps) did, or when the run ended for another
+    reason than a divergence (a run stopped at its limit proves nothing either way)."""
     seconds = endurance_seconds(ctx, trial, horizon)
     rec = record(trial)
     if not seconds or not rec.throughput:
         return None
     probe = ctx.spec.probe
     step = trial.params.get("batch_size", 1) / rec.throughput
-    timed = min(share / 3, seconds) - (probe.warmup_steps + 2) * step
-    if timed < (steps_run(trial) - probe.warmup_steps + 1) * step:
+    # Its time limit counts from its start: set-up and warm-up come out of it.
+    limit = min(share, seconds)
+    timed = limit - (probe.warmup_steps + 2) * step - setup_seconds(trial)
+    if timed < (max(ran, steps_run(trial)) - probe.warmup_steps + 1) * step:
         return None
     settings = probe.model_copy(
         update={
             "steps": max(1, horizon - probe.warmup_steps),
             "min_time": 0.0,
-            "time_limit": max(1.0, timed),
+            "time_limit": max(1.0, limit),
             "seed": probe.seed + 1,
             "early_stop": False,
         }
@@ -194,18 +201,46 @@ def _rerun(
     share: float,
     horizon: int = 0,
 ) -> Rerun:
-    """One candidate measured again, paired with the reference, inside ``share`` seconds
-    (fp16 first alone to ``horizon`` steps; a compiled one only where its share covers
-    compiling again and six pairs after it)."""
+    """One candidate measured again, paired with the reference, inside ``share`` seconds (a
+    compiled one only where its share covers compiling again and six pairs after it); an
+    fp16 one whose pair would be accepted then runs alone to ``horizon`` steps, in the time
+    kept for it, so a refusal for speed or parity never pays for it."""
     started = ctx.budget.elapsed()
-    endurance = _endure(ctx, trial, horizon, share) if horizon else None
-    if endurance is not None and not endurance.ok:
-        return Rerun(trial, None, share=share, endurance=endurance)
-    share -= ctx.budget.elapsed() - started
     seconds = compiling(trial)
-    if seconds and share < seconds + six_pairs(ctx, trial):
-        why = f"no time to compile it again ({seconds:.0f}s) and measure six pairs in {share:.0f}s"
-        return Rerun(trial, None, share=share, endurance=endurance, skipped=why)
+    kept = endurance_seconds(ctx, trial, horizon) if horizon else 0.0
+    pair_share = share - min(kept, share / 2)
+    if pair_share < seconds + six_pairs(ctx, trial):
+        # Too short for the pairs an interval needs: measuring would only overrun the budget.
+        again = f"compiling it again ({seconds:.0f}s), " if seconds else ""
+        why = (
+            f"not validated: {share:.0f}s left, too short for {again}its set-up and the "
+            f"{MIN_VALUES} pairs where {MIN_VALUES} are needed; give the search more time"
+        )
+        return Rerun(trial, None, share=share, skipped=why)
+    paired = _pair(ctx, trial, reference, pair_share, seconds)
+    rerun = with_gap(Rerun(trial, paired, share=share))
+    if kept and _would_pass(ctx, reference, rerun):
+        left = share - (ctx.budget.elapsed() - started)
+        rerun.endurance = _endure(ctx, trial, horizon, left, ran=len(paired.candidate.losses))
+    return rerun
+
+
+def _would_pass(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) -> bool:
+    """Would this pair be accepted on its figures (speed and parity, the search's band)?"""
+    paired, gap, tol = rerun.paired, rerun.gap, ctx.spec.parity_tolerance
+    if paired is None or not paired.ok or paired.speedup_low is None or gap is None:
+        return False
+    if paired.pairs < MIN_VALUES:
+        return False
+    low_enough = gap[0] <= tol + reference.seed_noise(tol)
+    return low_enough and paired.speedup_low >= ctx.spec.validation.min_speedup
+
+
+def _pair(
+    ctx: SearchContext, trial: FrozenTrial, reference: ReferenceRecord, share: float,
+    seconds: float,
+) -> PairedResult:  # fmt: skip
+    """The paired run itself, in ``share`` seconds, ``seconds`` of them compiling."""
     probe = ctx.spec.probe
     settings = probe.model_copy(update={"steps": ctx.spec.validation.steps, "seed": probe.seed + 1})
     # The pair measures for most of its share (each arm about a third of it; warm-ups and
@@ -223,7 +258,7 @@ def _rerun(
         timeout=share + ctx.hard_grace(),
     )
     logger.info("validation of {}: {}", trial.number, paired.summary())
-    return Rerun(trial, paired, share=share, endurance=endurance)
+    return paired
 
 
 def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise: float) -> Rerun:
@@ -244,8 +279,8 @@ def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise
         gap[0],
         _shared_samples(rerun.paired),
     )
-    again = with_gap(_rerun(ctx, rerun.trial, reference, share=share))
-    again.endurance = rerun.endurance
+    again = with_gap(_rerun(ctx, rerun.trial, reference, share=share, horizon=rerun.horizon))
+    again.endurance = again.endurance or rerun.endurance
     return again
 
 

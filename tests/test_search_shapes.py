@@ -1,0 +1,87 @@
+"""The search on shapes a short probe cannot see, on the simulated device: fp16 that overflows
+after the probes end, a GradScaler safe only at a small scale, compiling that costs more than
+validation's share, a device shared with a bursty neighbour. In each, what a user would check:
+the config is safe by the landscape's truth, validated where a safe win exists, and the run
+ends inside its budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _sim import WORKLOAD, landscape
+
+from autotune.sim import Landscape, simulate
+from autotune.spec import parse_spec
+
+
+def spec(budget: str, **fields: Any) -> Any:
+    return parse_spec({"name": "shapes", "workload": WORKLOAD, "budget": budget, **fields})
+
+
+def truth_of(land: Landscape, cfg: Any) -> Any:
+    return land.truth(cfg.candidate())
+
+
+def test_fp16_that_overflows_after_the_probes_end_is_refused_for_the_safe_standby() -> None:
+    """fp16 is the fastest mode but its loss turns inf at step 300 (probes run far fewer
+    steps): the config is bf16, validated, and safe over a long run; never fp32 for lack of a
+    second candidate."""
+    land = landscape(schema_version=2, **{"fp16.diverges_at_step": 300, "fp16.islands": []})
+    for seed in range(3):
+        run = simulate(spec("3m"), land, seed=seed)
+        cfg = run.config
+        assert cfg.evidence.validated, cfg.evidence.validation_note
+        assert cfg.precision == "bf16"
+        assert not truth_of(land, cfg).diverges
+        assert run.seconds <= 180.0
+
+
+def test_a_divergence_that_names_a_safe_scale_leads_to_a_trial_at_it() -> None:
+    """A device without bf16 whose GradScaler skips steps above 2^7: the default scale is
+    refused for its skips, the scale the refusal names is tried, and on every seed the config
+    is fp16 at a scale that keeps a long run from diverging, validated (left to the sampler,
+    half the seeds end at fp32)."""
+    land = landscape(**{"fp16.safe_init_scale": 128.0})
+    for seed in range(4):
+        run = simulate(spec("2m", space={"precisions": ["fp32", "fp16"]}), land, seed=seed)
+        cfg = run.config
+        assert cfg.evidence.validated, cfg.evidence.validation_note
+        assert cfg.precision == "fp16"
+        assert not truth_of(land, cfg).diverges, cfg.candidate().init_scale
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_compiling_that_costs_more_than_validation_can_pay_never_overruns(seed: int) -> None:
+    """torch.compile gains 1.4x but takes 90 s, in a 3-minute search over compile on and off:
+    the run ends inside its budget with a validated config; a compiled one only where its
+    validation paid compiling again."""
+    land = landscape(**{"knobs.compile_speedup": 1.4, "knobs.compile_seconds": 90.0})
+    run = simulate(spec("3m", space={"compile": [False, True]}), land, seed=seed)
+    assert run.seconds <= 180.0
+    cfg = run.config
+    assert cfg.evidence.validated, cfg.evidence.validation_note
+    assert cfg.precision in ("bf16", "fp16")
+    if cfg.compile:
+        assert cfg.evidence.compile_seconds is not None
+
+
+def test_a_bursty_neighbour_does_not_move_the_claimed_interval_off_the_truth() -> None:
+    """13% block noise and a neighbour whose bursts run 2x slower for several blocks: over a
+    few seeds the claimed interval holds the true speedup, or the config falls back."""
+    land = landscape(
+        schema_version=2,
+        **{
+            "noise.block_cv": 0.13,
+            "noise.burst_probability": 0.06,
+            "noise.burst_slowdown": 2.0,
+            "noise.burst_blocks": 3,
+        },
+    )
+    for seed in range(4):
+        cfg = simulate(spec("3m"), land, seed=seed).config
+        ev = cfg.evidence
+        if not ev.validated:
+            continue
+        true = truth_of(land, cfg).speedup
+        assert ev.speedup_low <= true <= ev.speedup_high, (seed, ev.speedup_low, true)
