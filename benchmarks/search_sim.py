@@ -107,7 +107,7 @@ STRATEGIES = {
 # What the strategies replace, as the product has it (restored for ``tpe``).
 _RUN = importlib.import_module("autotune.search._run_search")
 _TPE_SAMPLER = optuna.samplers.TPESampler
-_ENQUEUE_FIRST_TRIALS = _RUN._enqueue_first_trials
+_FIRST_WAVES = (_RUN.enqueue_base_trials, _RUN.enqueue_larger_batches)
 
 
 def _random_sampler(seed: int | None = None, **_: Any) -> optuna.samplers.BaseSampler:
@@ -115,8 +115,10 @@ def _random_sampler(seed: int | None = None, **_: Any) -> optuna.samplers.BaseSa
     return optuna.samplers.RandomSampler(seed=seed)
 
 
-def _no_first_trials(*_: Any, **__: Any) -> None:
-    """Stands in for ``_enqueue_first_trials``: nothing enqueued, the sampler decides."""
+def _no_first_trials(*_: Any, **__: Any) -> bool:
+    """Stands in for both waves of informed first trials: nothing enqueued, the sampler
+    decides (True: the second wave counts as done)."""
+    return True
 
 
 def use_strategy(name: str) -> None:
@@ -126,16 +128,17 @@ def use_strategy(name: str) -> None:
     ``random`` replaces ``optuna.samplers.TPESampler``, the name
     ``autotune.study.storage.open_study`` builds its sampler by, which patches optuna globally in
     this process (the TPE peer builds its sampler before the search runs, so it keeps TPE);
-    ``no-informed`` replaces ``autotune.search._run_search._enqueue_first_trials`` (looked up at
-    call time by ``run_search``). ``no-early-stop`` is a spec setting, nothing patched. One
+    ``no-informed`` replaces ``autotune.search._run_search.enqueue_base_trials`` and
+    ``enqueue_larger_batches`` (looked up at call time by ``run_search``). ``no-early-stop`` is a spec setting, nothing patched. One
     search runs at a time in a process, so each run sets its own strategy up before it starts.
     """
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
     sampler = _random_sampler if name == "random" else _TPE_SAMPLER
     setattr(optuna.samplers, "TPESampler", sampler)  # noqa: B010 (a class's name, rebound)
-    first = _no_first_trials if name == "no-informed" else _ENQUEUE_FIRST_TRIALS
-    setattr(_RUN, "_enqueue_first_trials", first)  # noqa: B010
+    waves = (_no_first_trials,) * 2 if name == "no-informed" else _FIRST_WAVES
+    setattr(_RUN, "enqueue_base_trials", waves[0])  # noqa: B010
+    setattr(_RUN, "enqueue_larger_batches", waves[1])  # noqa: B010
 
 
 # ---- what every process holds: the landscapes and the settings ----------------------------------

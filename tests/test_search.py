@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -137,23 +138,37 @@ def test_a_storage_url_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
     assert "secret" not in str(err.value)
 
 
-def test_first_trials_try_each_mode_at_base_then_the_next_batch_then_its_ceiling(
+def test_first_trials_try_each_mode_at_base_then_the_fastest_modes_larger_batches_first(
     tmp_path: Path,
 ) -> None:
-    """A small model's speed is usually one rung above the base (larger batches fail parity):
-    that rung is tried before each mode's ceiling, and nothing twice or above a ceiling."""
+    """Each mode at the base batch first; once those have run, each mode's next batch above
+    the base and then its ceiling, the mode fastest at the base batch first (a short budget
+    reaches its ceiling before a slow mode's larger batches), nothing twice or above a
+    ceiling."""
     from types import SimpleNamespace
 
-    from autotune.search._run_search import _enqueue_first_trials
+    from autotune.search._first_trials import enqueue_base_trials, enqueue_larger_batches
     from autotune.search._space import Space
+    from autotune.study.trials import TrialRecord
 
     spec = tiny_spec(
         tmp_path, space={"precisions": ["fp16", "bf16"], "batch_size": {"min": 16, "max": 256}}
     )
     space = Space.of(spec, ["fp32", "fp16", "bf16"], rule="linear", base_lr=0.2, base_batch=32)
-    ctx = SimpleNamespace(space=space, ceilings={"fp32": 256, "fp16": 64, "bf16": 128})
-    study = optuna.create_study()
-    _enqueue_first_trials(ctx, study, ["fp32", "fp16", "bf16"])  # type: ignore[arg-type]
+    ctx: Any = SimpleNamespace(space=space, ceilings={"fp32": 256, "fp16": 64, "bf16": 128})
+    reference: Any = SimpleNamespace(latest=lambda: SimpleNamespace(throughput=100.0))
+    modes = ["fp32", "fp16", "bf16"]
+    study = optuna.create_study(direction="maximize")
+    enqueue_base_trials(ctx, study, modes)
+    # Nothing more while the base trials wait.
+    assert not enqueue_larger_batches(ctx, study, modes, reference)
+    for speed in (150.0, 180.0):  # fp16, then bf16, at the base batch
+        trial = study.ask()
+        trial.suggest_categorical("precision", ["fp32", "fp16", "bf16"])
+        trial.suggest_int("batch_size", 16, 256)
+        TrialRecord(throughput=speed).write(trial)
+        study.tell(trial, speed / 100.0)
+    assert enqueue_larger_batches(ctx, study, modes, reference)
     order = [
         (t.system_attrs["fixed_params"]["precision"], t.system_attrs["fixed_params"]["batch_size"])
         for t in study.get_trials(deepcopy=False)
@@ -161,11 +176,11 @@ def test_first_trials_try_each_mode_at_base_then_the_next_batch_then_its_ceiling
     assert order == [
         ("fp16", 32),
         ("bf16", 32),
-        ("fp32", 64),
-        ("fp16", 64),
         ("bf16", 64),
-        ("fp32", 256),
         ("bf16", 128),
+        ("fp16", 64),
+        ("fp32", 64),
+        ("fp32", 256),
     ]
 
 

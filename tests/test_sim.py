@@ -45,13 +45,13 @@ def outcomes(study: optuna.Study) -> dict[str, list[optuna.trial.FrozenTrial]]:
 
 
 def test_a_search_on_the_a100_ends_on_its_budget_with_the_optimum() -> None:
-    """Two simulated minutes on the modelled A100: the budget is spent to within the last
-    pair's margin (a pair stops a second before its share ends, and its last block may not
-    fit), and the winner is fp16 at 8x the base batch, whose true speedup lies in the claimed
-    interval."""
+    """Two simulated minutes on the modelled A100: the budget is spent to within a few
+    seconds (a pair stops a second before its share ends, and its last block may not fit; an
+    fp16 run alone may finish before the time kept for it), and the winner is fp16 at 8x the
+    base batch, whose true speedup lies in the claimed interval."""
     land = load_landscape("a100-resnet18")
     run = simulate(spec("2m", space={"precisions": ["fp32", "tf32", "fp16", "bf16"]}), land)
-    assert 120.0 - WRITE_RESERVE - 2.5 <= run.seconds <= 120.0
+    assert 120.0 - WRITE_RESERVE - 4.0 <= run.seconds <= 120.0
     cfg = run.config
     assert (cfg.precision, cfg.batch_size) == ("fp16", 1024)
     truth = land.truth(Candidate(precision="fp16", batch_size=1024, learning_rate=0.8))

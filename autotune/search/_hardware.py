@@ -5,12 +5,12 @@
    (:func:`autotune.measure.ceilings.find_ceiling`; each try one untimed step, which pays the mode's
    first-use costs, and one timed step), inside a share of the budget. A mode whose first try cannot
    run is cut with the reason. The first try's peak memory and step time, scaled with the batch, say
-   how far the doubling may skip ahead on a CPU (:func:`jump_size`): with memory to spare the next
+   how far the doubling may skip ahead (:func:`jump_size`): with memory to spare the next
    try is the cap. The ceilings are stored with the study per machine and device, so a resumed run
    or another worker on the same machine does not measure them again; beside them, what limited each
    (memory, margin, time, the space's cap), for the report.
 
-   On a CPU, fp32 goes first, and a size it ran with half the memory budget free vouches for the
+   fp32 goes first, and a size it ran with half the memory budget free vouches for the
    autocast modes (:func:`vouched_size`): after its own first try, a mode whose skip reaches the
    space's cap takes it without trying it.
 """
@@ -73,9 +73,8 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
     start = min(max(base, space.batch_size.min), space.batch_size.max)
     cap = max(space.batch_sizes) if space.batch_sizes else space.batch_size.max
     limits: dict[str, str] = {}
-    on_cpu = ctx.device.startswith("cpu")
     vouched = 0
-    # fp32 first: on a CPU, what it runs vouches for the autocast modes' memory.
+    # fp32 first: what it runs vouches for the autocast modes' memory.
     for i, mode in enumerate(sorted(modes, key=lambda m: m != "fp32")):
         ctx.emit(PhaseStarted(phase=Phase.CEILINGS, mode=mode))
         share = (phase_end - ctx.budget.elapsed()) / (len(modes) - i)
@@ -87,7 +86,7 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
         ceiling = _mode_ceiling(
             ctx, mode, share=share, start=start, cap=cap, vouched=vouched if mode != "fp32" else 0
         )
-        if mode == "fp32" and on_cpu:
+        if mode == "fp32":
             vouched = vouched_size(ceiling, ctx.facts.memory_budget(ctx.spec.memory_margin))
         # A try cut short by the stop says nothing about memory: store no ceiling.
         ctx.stop_if_asked()
@@ -137,8 +136,14 @@ def _mode_ceiling(  # noqa: PLR0913 - one mode's bounds, keyword-only
         return ctx.run_probe(ctx.space.candidate(mode, bs), use)
 
     def stop_when(r: ProbeResult) -> bool:
-        # Stop doubling once a try at twice this size would not fit in the limit.
-        return r.outcome == Outcome.CRASHED or (r.step_time or 0.0) * 2 * 2 > limit
+        # Stop doubling once a try at twice this size would not fit in the limit. A first
+        # try cut short in its warm-up timed its first-use costs, not a step (its memory,
+        # after a whole step, still counts); a later one cut short stops the doubling.
+        if r.outcome == Outcome.CRASHED:
+            return True
+        if r.truncated and r.outcome == Outcome.COMPLETED:
+            return len(tried) > 1
+        return (r.step_time or 0.0) * 2 * 2 > limit
 
     return _measure(
         try_batch,
@@ -178,7 +183,8 @@ def jump_size(
 
     The largest doubling of ``start`` (up to ``cap``) whose peak memory, taken as proportional
     to the batch, stays within half of ``budget_bytes``, and whose try (two steps, also taken
-    as proportional) fits in ``limit`` seconds. Proportional over-estimates both: a model's own
+    as proportional) fits in ``limit`` seconds (unless the first try was cut short in its
+    warm-up: it timed first-use costs, not a step). Proportional over-estimates both: a model's own
     memory and a step's fixed costs do not grow with the batch. ``start`` when the first try
     says too little (no peak, no timed step, no memory budget).
 
@@ -191,19 +197,21 @@ def jump_size(
         (256, 128)
     """
     peak, step = first.peak_memory, first.step_time
-    if not first.ok or first.truncated or not peak or not step or budget_bytes is None:
+    if not first.ok or not peak or budget_bytes is None or not (step or first.truncated):
         return start
     size = start
     while size < cap:
         scale = min(size * 2, cap) / start
-        if peak * scale > _JUMP_MEMORY_SHARE * budget_bytes or 2 * step * scale > limit:
+        # A try cut short in its warm-up timed no step: memory alone decides.
+        slow = not first.truncated and 2 * (step or 0.0) * scale > limit
+        if peak * scale > _JUMP_MEMORY_SHARE * budget_bytes or slow:
             break
         size = min(size * 2, cap)
     return size
 
 
 def vouched_size(fp32: Ceiling, budget_bytes: int | None) -> int:
-    """The largest size fp32 ran on a CPU with half of ``budget_bytes`` free (0: none), for
+    """The largest size fp32 ran with half of ``budget_bytes`` free (0: none), for
     which the autocast modes need not try: they keep fp32's weights, gradients and optimizer
     state, add at most a 16-bit copy of the weights (the cast cache), and keep no activation
     wider than fp32 does — about a twentieth more than fp32's peak, at most.

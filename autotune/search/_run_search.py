@@ -40,6 +40,7 @@ from autotune.search._coordination import (
     settle,
 )
 from autotune.search._events import EventSink, PhaseStarted
+from autotune.search._first_trials import enqueue_base_trials, enqueue_larger_batches
 from autotune.search._hardware import check_hardware, find_ceilings
 from autotune.search._knob_trials import (
     after_trial,
@@ -99,36 +100,6 @@ def _fix_choices(study: optuna.Study, spec: StudySpec, runnable: list[str]) -> l
     return cast(list[str], choices)  # precision names, read as plain strings
 
 
-def _enqueue_first_trials(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
-    """Informed first trials, before the sampler's own:
-
-    1. each searched mode at the reference's own settings (the plain AMP recipe for fp16:
-       GradScaler's defaults): the same curve, only faster or not;
-    2. each mode at the next batch of the ladder above the base, lr by the rule: the nearest
-       larger batch, whose loss curve stays closest to the reference's — on a small model, or
-       on a CPU, where the speed usually is, while larger batches fail the parity check;
-    3. each mode at the largest batch of the ladder that fits (its ceiling), lr by the rule:
-       on most GPUs the fastest point of a mode, and what its ceiling tries already hint.
-    """
-    base = ctx.space.base_batch
-    for mode in modes:
-        if mode != "fp32":  # fp32 at base is the reference itself: measured, never twice
-            role = Role.AMP_RECIPE if mode == "fp16" else Role.at_base(mode)
-            study.enqueue_trial(
-                ctx.space.params(mode, base),
-                user_attrs=TrialRecord(role=role).to_attrs(),
-                skip_if_exists=True,
-            )
-    fitting = {m: [b for b in ctx.space.ladder if b <= ctx.ceilings.get(m, 0)] for m in modes}
-    near = {m: next((b for b in fitting[m] if b > base), None) for m in modes}
-    ceiling = {m: max(fitting[m]) if fitting[m] else None for m in modes}
-    for batches in (near, ceiling):
-        for mode in modes:
-            batch = batches[mode]
-            if batch is not None and batch != base:
-                study.enqueue_trial(ctx.space.params(mode, batch), skip_if_exists=True)
-
-
 # Candidates in a row the sampler proposes that were all measured already: the space is
 # exhausted (TPE keeps proposing near the best; a few repeats alone are normal).
 EXHAUSTED = 12
@@ -144,7 +115,10 @@ def _search(
     """
     ctx.emit(PhaseStarted(phase=Phase.SEARCH))
     reserve, reserved_at = validation_reserve(ctx, study, step.refs.record), 0
+    wave_two = False
     while True:
+        if not wave_two:
+            wave_two = enqueue_larger_batches(ctx, study, modes, step.refs.record)
         if len(ctx.trial_seconds) - reserved_at >= 5:
             # Reading the whole study costs: the reserve is recomputed every few trials.
             reserve = validation_reserve(ctx, study, step.refs.record)
@@ -394,7 +368,7 @@ def _run_phases(ctx: SearchContext, study: optuna.Study, rule: str) -> _Outcome:
     ctx.space = _space(ctx.spec, choices, ctx.facts, rule)
     refs = ReferenceKeeper(ctx, study)
     reference = _establish(ctx, refs)
-    _enqueue_first_trials(ctx, study, [m for m in choices if m in modes])
+    enqueue_base_trials(ctx, study, [m for m in choices if m in modes])
     enqueue_diagnosed_islands(ctx, study, modes)
     end_at = hard_end = ctx.budget.total - WRITE_RESERVE
     with ctx.clock(Phase.SEARCH):

@@ -125,6 +125,13 @@ def select(
                 parity_tolerance=parity_tolerance,
                 seed_noise=seed_noise,
             )
+            if rejection is None and covered(rerun) < rerun.horizon:
+                rejection = _rejection(
+                    name,
+                    "horizon",
+                    f"fp16 ran {covered(rerun)} steps where its verdict needs {rerun.horizon} "
+                    "(fp16's range may run out late); give the search more time",
+                )
             if rejection is None:
                 out.accepted.append(rerun)
             else:
@@ -135,6 +142,19 @@ def select(
         # The fallback's reason: it would have been measured, given the time.
         out.notes.extend(too_few)
     return out
+
+
+def covered(rerun: Rerun) -> int:
+    """The most steps any run of an fp16 rerun's settings took with its loss in range (the
+    search's probe, its pair, its run alone); ``horizon`` for another mode."""
+    if rerun.trial.params.get("precision") != "fp16":
+        return rerun.horizon
+    runs = [steps_run(rerun.trial)]
+    if rerun.paired is not None and rerun.paired.candidate.ok:
+        runs.append(len(rerun.paired.candidate.losses))
+    if rerun.endurance is not None and rerun.endurance.ok:
+        runs.append(len(rerun.endurance.losses))
+    return max(runs)
 
 
 def _rejection(name: str, kind: str, detail: str) -> Rejection:
@@ -255,7 +275,8 @@ def rerun_need(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
     seconds = compiling(trial)
     # A compiled one also needs a second to spare: its pair is measured only where its share
     # covers compiling and six pairs (below that, the time goes to the next candidate).
-    return pair + (seconds + 1.0 if seconds else 0.0) + endurance_seconds(ctx, trial, horizon)
+    proof = endurance_seconds(ctx, trial, horizon, capped=False)
+    return pair + (seconds + 1.0 if seconds else 0.0) + proof
 
 
 def compiling(trial: FrozenTrial) -> float:
@@ -265,21 +286,23 @@ def compiling(trial: FrozenTrial) -> float:
 
 # An fp16 run alone past its overflow horizon takes at most this share of the budget (a slow
 # device checks fewer steps than the horizon: as many as it can pay for).
-ENDURANCE_SHARE = 0.15
+ENDURANCE_SHARE = 0.2
 
 
-def endurance_seconds(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
+def endurance_seconds(
+    ctx: SearchContext, trial: FrozenTrial, horizon: int, *, capped: bool = True
+) -> float:
     """Seconds an fp16 trial's run alone to ``horizon`` steps takes, from its measured
-    throughput, at most :data:`ENDURANCE_SHARE` of the budget (0 for another mode, or one
-    that ran that long already)."""
+    throughput, at most :data:`ENDURANCE_SHARE` of the budget unless not ``capped`` (0 for
+    another mode, or one that ran that long already)."""
     rec = record(trial)
     if trial.params.get("precision") != "fp16" or steps_run(trial) >= horizon:
         return 0.0
     if not rec.throughput:
         return 0.0
     step = trial.params.get("batch_size", 1) / rec.throughput
-    seconds = 1.5 * horizon * step + setup_seconds(trial) + 1.0
-    return min(seconds, ENDURANCE_SHARE * ctx.budget.total)
+    seconds = 1.2 * horizon * step + setup_seconds(trial) + 1.0
+    return min(seconds, ENDURANCE_SHARE * ctx.budget.total) if capped else seconds
 
 
 def setup_seconds(trial: FrozenTrial) -> float:

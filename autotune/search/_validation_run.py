@@ -25,6 +25,7 @@ from autotune.search._budget import WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._risk import RuledOut, fp16_horizon, steps_run
 from autotune.search._validate import (
+    ENDURANCE_SHARE,
     LONGER,
     Rerun,
     Selection,
@@ -72,15 +73,14 @@ def validate(
         leaders, standby = candidates(ctx, study, reference, ruled)
         if not leaders:
             break
-        fresh = _round(ctx, study, reference, (leaders, standby), end, reruns, noise)
+        fresh = _round(ctx, study, reference, (leaders, standby), end, reruns, noise, ruled)
         reruns += fresh
         ref_run, noise = _reference_run(reruns, reference, tol)
         reruns = [_recheck(ctx, reference, r, noise) if r in fresh else r for r in reruns]
         selection = select(reruns, min_speedup=min_speedup, parity_tolerance=tol, seed_noise=noise)
-        if selection.winner is not None or not fresh:
+        measured = [r for r in fresh if r.paired is not None or r.endurance is not None]
+        if selection.winner is not None or not measured:
             break
-        for rerun in fresh:
-            _rule_out(ruled, rerun)
         end = max(end, hard_end or end_at)
         if end - ctx.budget.elapsed() < 1.0:
             break
@@ -102,10 +102,12 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
     end: float,
     before: list[Rerun],
     noise: float,
+    ruled: RuledOut,
 ) -> list[Rerun]:
     """One round: each leader of ``queue`` measured in its share of what is left (one judged
     off parity at the probe's horizon, more shares); then the standby, its share kept for it,
-    only while nothing measured so far was accepted."""
+    only while nothing measured so far was accepted. What each refusal rules out (into
+    ``ruled``) is skipped in the rest of the round too."""
     tol, min_speedup = ctx.spec.parity_tolerance, ctx.spec.validation.min_speedup
     horizon = fp16_horizon(ctx.spec.validation.fp16_steps, study.get_trials(deepcopy=False))
     leaders, standby = queue
@@ -117,21 +119,39 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         accepted = so_far.winner is not None
         if trial is standby and accepted:
             break
+        if trial in ruled:
+            out.append(Rerun(trial, None, skipped="ruled out by a refusal before it"))
+            continue
         left = end - ctx.budget.elapsed()
         if left < 1.0:
             out.append(Rerun(trial, None))
             continue
-        # Each its share of what is left by what it needs, and the best first at least what
-        # it needs (a shorter pair sees fewer samples: a lasting gap it would not see); the
-        # standby's share is kept only while nothing is accepted. A pair cut short by its
-        # share is still compared, on what both arms saw.
-        rest = [t for t in order[i:] if not (accepted and t is standby)]
+        # Each its share of what is left by what it needs, and the best first what it needs
+        # (a shorter pair sees fewer samples: a lasting gap it would not see) as far as the
+        # standby (or the next one) keeps the least that gives it an interval; the standby's
+        # share is kept only while nothing is accepted. A pair cut short by its share is
+        # still compared, on what both arms saw.
+        rest = [trial] + [
+            t for t in order[i + 1 :] if t not in ruled and not (accepted and t is standby)
+        ]
         needs = [rerun_need(ctx, t, horizon) for t in rest]
-        share = max(left * needs[0] / sum(needs), min(left, needs[0]))
+        # What the one after it must keep: the standby's least, else the next one's.
+        after = standby if standby in rest[1:] else (rest[1] if len(rest) > 1 else None)
+        keep = 1.5 * _least(ctx, after) if after is not None else 0.0
+        room = max(left - keep, min(left, _least(ctx, trial)))
+        # At most twice its need: what it leaves goes to the next round, should it fail.
+        share = min(max(left * needs[0] / sum(needs), needs[0]), room, 2 * needs[0])
         rerun = _rerun(ctx, trial, reference, share=share, horizon=horizon)
         rerun.horizon = horizon
         out.append(rerun)
+        if rerun.paired is not None or rerun.endurance is not None:
+            _rule_out(ruled, rerun)
     return out
+
+
+def _least(ctx: SearchContext, trial: FrozenTrial) -> float:
+    """The least time that gives ``trial`` an interval: its set-up, six pairs, compiling."""
+    return six_pairs(ctx, trial) + compiling(trial) + 1.0
 
 
 def _reference_run(
@@ -207,9 +227,18 @@ def _rerun(
     kept for it, so a refusal for speed or parity never pays for it."""
     started = ctx.budget.elapsed()
     seconds = compiling(trial)
-    kept = endurance_seconds(ctx, trial, horizon) if horizon else 0.0
-    pair_share = share - min(kept, share / 2)
-    if pair_share < seconds + six_pairs(ctx, trial):
+    least = seconds + six_pairs(ctx, trial)
+    kept = endurance_seconds(ctx, trial, horizon, capped=False) if horizon else 0.0
+    if kept and kept > min(ENDURANCE_SHARE * ctx.budget.total, share - least):
+        # fp16 cannot be run to its horizon beside its pair in this share: a verdict short of
+        # it would be refused, so the time goes to the next candidate.
+        why = (
+            f"not validated: running fp16 to {horizon} steps takes about {kept:.0f}s, more "
+            f"than its {share:.0f}s share leaves beside its pairs; give the search more time"
+        )
+        return Rerun(trial, None, share=share, skipped=why)
+    pair_share = share - kept
+    if pair_share < least:
         # Too short for the pairs an interval needs: measuring would only overrun the budget.
         again = f"compiling it again ({seconds:.0f}s), " if seconds else ""
         why = (
@@ -281,6 +310,7 @@ def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise
     )
     again = with_gap(_rerun(ctx, rerun.trial, reference, share=share, horizon=rerun.horizon))
     again.endurance = again.endurance or rerun.endurance
+    again.horizon = rerun.horizon
     return again
 
 

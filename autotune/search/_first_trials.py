@@ -1,0 +1,90 @@
+"""The informed first trials, before the sampler's own, in two waves.
+
+1. Each searched mode at the reference's own settings (the plain AMP recipe for fp16:
+   GradScaler's defaults): the same curve, only faster or not.
+2. Once those have run, each mode at the next batch of the ladder above the base and at the
+   largest batch that fits (its ceiling), lr by the rule, the mode fastest at the base batch
+   first (among modes within a tenth of it, 16-bit first): a short budget reaches the fastest
+   mode's ceiling (on most GPUs its fastest point) before a slow mode's larger batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.enums import Role
+from autotune.search._context import SearchContext
+from autotune.study.reference import ReferenceRecord
+from autotune.study.trials import TrialRecord, record
+
+__all__ = ["enqueue_base_trials", "enqueue_larger_batches"]
+
+
+def enqueue_base_trials(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
+    """Wave 1: each mode but fp32 (the reference itself) at the base batch."""
+    base = ctx.space.base_batch
+    for mode in modes:
+        if mode != "fp32":
+            role = Role.AMP_RECIPE if mode == "fp16" else Role.at_base(mode)
+            study.enqueue_trial(
+                ctx.space.params(mode, base),
+                user_attrs=TrialRecord(role=role).to_attrs(),
+                skip_if_exists=True,
+            )
+
+
+def enqueue_larger_batches(
+    ctx: SearchContext, study: optuna.Study, modes: list[str], reference: ReferenceRecord | None
+) -> bool:
+    """Wave 2, once nothing is left waiting from wave 1: for each mode, fastest at the base
+    batch first, its next batch above the base and its ceiling. False while wave 1 waits."""
+    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return False
+    base = ctx.space.base_batch
+    speed = _speed_at(study, base, reference)
+    offered = [m for m in modes if m in ctx.space.precisions]
+    for mode in sorted(offered, key=_order(speed)):
+        fitting = [b for b in ctx.space.ladder if b <= ctx.ceilings.get(mode, 0)]
+        near = next((b for b in fitting if b > base), None)
+        top = max(fitting, default=None)
+        for batch in dict.fromkeys((near, top)):
+            if batch is not None and batch != base:
+                study.enqueue_trial(ctx.space.params(mode, batch), skip_if_exists=True)
+    return True
+
+
+# Among modes within a tenth of the fastest at the base batch (where launches bind, every mode
+# runs alike there), the one whose per-sample cost is usually least comes first: 16-bit tensor
+# cores, then tf32's, then fp32.
+_TIE = 0.9
+_PRIOR = ("fp16", "bf16", "tf32", "fp32")
+
+
+def _order(speed: dict[str, float]) -> Callable[[str], tuple[int, float]]:
+    best = max(speed.values(), default=0.0)
+
+    def key(mode: str) -> tuple[int, float]:
+        tp = speed.get(mode, 0.0)
+        if best and tp >= _TIE * best:
+            return 0, float(_PRIOR.index(mode) if mode in _PRIOR else len(_PRIOR))
+        return 1, -tp
+
+    return key
+
+
+def _speed_at(
+    study: optuna.Study, batch: int, reference: ReferenceRecord | None
+) -> dict[str, float]:
+    """Each mode's best throughput measured at ``batch`` (fp32's: the reference's)."""
+    speed: dict[str, float] = {}
+    latest = reference.latest() if reference is not None else None
+    if latest is not None:
+        speed["fp32"] = latest.throughput
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        mode, tp = t.params.get("precision"), record(t).throughput
+        if isinstance(mode, str) and t.params.get("batch_size") == batch and tp:
+            speed[mode] = max(speed.get(mode, 0.0), tp)
+    return speed
