@@ -11,8 +11,9 @@
    (memory, margin, time, the space's cap), for the report.
 
    fp32 goes first, and a size it ran with half the memory budget free vouches for the
-   autocast modes (:func:`vouched_size`): after its own first try, a mode whose skip reaches the
-   space's cap takes it without trying it.
+   autocast modes (:func:`vouched_size`): where it vouches for the space's cap, they take it
+   without a try (their first trial pays their first-use costs); else, after its own first
+   try, a mode whose skip reaches the cap takes it without trying it.
 """
 
 from __future__ import annotations
@@ -83,9 +84,14 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
             ctx.ceilings[mode], limits[mode] = start, "time"
             _out_of_time(ctx, mode, start)
             continue
-        ceiling = _mode_ceiling(
-            ctx, mode, share=share, start=start, cap=cap, vouched=vouched if mode != "fp32" else 0
-        )
+        if mode != "fp32" and vouched >= cap:
+            # fp32 ran the cap with half the memory free: nothing to try (its first trial
+            # pays the mode's first-use costs).
+            logger.info("ceiling {} = {} (not tried: fp32 ran bs={} with half the memory "
+                        "budget free)", mode, cap, vouched)  # fmt: skip
+            ceiling = Ceiling(precision=mode, batch_size=cap, limited_by="cap")
+        else:
+            ceiling = _mode_ceiling(ctx, mode, share=share, start=start, cap=cap, vouched=vouched)
         if mode == "fp32":
             vouched = vouched_size(ceiling, ctx.facts.memory_budget(ctx.spec.memory_margin))
         # A try cut short by the stop says nothing about memory: store no ceiling.
