@@ -102,7 +102,9 @@ def test_a_budget_already_mostly_spent_leaves_time_for_the_essentials(tmp_path: 
     finished = [t for t in result.study.trials if t.state.is_finished()]
     assert all(t.user_attrs.get("outcome") == "not_run" for t in finished)
     assert not result.study.get_trials(states=(TrialState.WAITING,))
-    assert 30.0 <= spent <= 30.0 + 3.0  # the reference's floor is all that may overrun
+    # The reference's floor is all that may overrun (the ceilings leave room for it, and a
+    # reference with no time left after it is not confirmed).
+    assert spent <= 30.0 + 3.0
 
 
 def test_a_space_of_one_point_ends_with_its_result_long_before_its_budget() -> None:

@@ -30,6 +30,8 @@ CEILING_SHARE = 0.25
 VALIDATION_SHARE = 0.3
 # Seconds held back for writing the artifact.
 WRITE_RESERVE = 0.5
+# Seconds the fp32 reference's first run gets at the least, however little is left.
+REFERENCE_FLOOR = 3.0
 # A probe may overrun its soft limit by about one step; the hard limit adds this much.
 HARD_GRACE = 15.0
 # No ordinary trial may take more than this share of the budget.

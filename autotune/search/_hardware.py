@@ -27,7 +27,7 @@ from loguru import logger
 from autotune.enums import Outcome, Phase
 from autotune.measure.ceilings import Ceiling, CeilingTry, find_ceiling
 from autotune.measure.result import ProbeResult
-from autotune.search._budget import CEILING_SHARE
+from autotune.search._budget import CEILING_SHARE, REFERENCE_FLOOR, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._events import CeilingFound, HardwareChecked, PhaseStarted
 from autotune.spec import ProbeSettings
@@ -69,7 +69,10 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
         logger.info("ceilings from the stored study: {}", ctx.ceilings)
         return
     ctx.runner.start()
-    phase_end = ctx.budget.elapsed() + CEILING_SHARE * ctx.budget.left()
+    # Never so long that the reference's floor and the config no longer fit in the budget.
+    left = ctx.budget.left()
+    room = left - REFERENCE_FLOOR - WRITE_RESERVE - 1.0
+    phase_end = ctx.budget.elapsed() + max(0.0, min(CEILING_SHARE * left, room))
     base = ctx.space.base_batch
     start = min(max(base, space.batch_size.min), space.batch_size.max)
     cap = max(space.batch_sizes) if space.batch_sizes else space.batch_size.max

@@ -33,6 +33,7 @@ from autotune import clock
 from autotune.enums import Phase
 from autotune.measure.parity import parity_gap
 from autotune.measure.result import ProbeResult
+from autotune.search._budget import REFERENCE_FLOOR
 from autotune.search._context import SearchContext
 from autotune.search._events import PhaseStarted
 from autotune.search._space import reference_factor
@@ -44,8 +45,7 @@ __all__ = ["ReferenceKeeper", "ReferenceUnavailable"]
 
 # The long first run takes at most this share of the budget ...
 _CURVE_SHARE = 0.15
-# ... and at least this many seconds (or the probe's own time limit, if shorter).
-_REFERENCE_FLOOR = 3.0
+# ... and at least REFERENCE_FLOOR seconds (or the probe's own time limit, if shorter).
 # Re-measure when the last measurement is older than this many typical trials ...
 _REFRESH_TRIALS = 8
 # ... but never more often than this (seconds), and at least this often.
@@ -172,7 +172,7 @@ class ReferenceKeeper:
         probe = ctx.spec.probe
         # Without the reference nothing can be compared: it gets its floor even when the
         # budget is nearly spent (the search then ends with it as the config).
-        floor = min(probe.time_limit, _REFERENCE_FLOOR)
+        floor = min(probe.time_limit, REFERENCE_FLOOR)
         limit = max(
             floor,
             min(probe.time_limit * factor, _CURVE_SHARE * ctx.budget.total, ctx.budget.left()),
@@ -209,8 +209,10 @@ class ReferenceKeeper:
             len(result.losses),
         )
         self._save()
-        # Confirmed here, in the reference's phase, not inside the first trial.
-        self._settle()
+        # Confirmed here, in the reference's phase, not inside the first trial; with no time
+        # left for one, the search ends with the reference as its config: nothing to confirm.
+        if ctx.budget.left() > REFERENCE_FLOOR:
+            self._settle()
         return self.record
 
     def refresh_after(self) -> float:
@@ -311,7 +313,8 @@ class ReferenceKeeper:
             update["min_time"] = _REMEASURE_SHARE * (min_time or ctx.default_min_time)
         result = ctx.run_probe(self.record.candidate(), probe.model_copy(update=update), floor=True)
         previous = self.record.latest()
-        if not result.ok or result.throughput <= 0:
+        if not result.ok or result.throughput <= 0 or (result.truncated and not result.blocks):
+            # One cut inside its warm-up timed its first-use costs, not a step.
             logger.warning("fp32 reference re-measurement {}: {}", result.outcome, result.reason)
             if previous is None:
                 raise ReferenceUnavailable(result)
