@@ -35,6 +35,8 @@ def test_fp16_that_overflows_after_the_probes_end_is_refused_for_the_safe_standb
         assert cfg.precision == "bf16"
         assert not truth_of(land, cfg).diverges
         assert run.seconds <= 180.0
+        # The config says why not fp16: its divergence, at the step it came.
+        assert any(r.startswith("fp16") and "step 300" in r for r in cfg.evidence.rejected)
 
 
 def test_a_divergence_that_names_a_safe_scale_leads_to_a_trial_at_it() -> None:

@@ -92,7 +92,8 @@ def diagnose_failures(
 ) -> dict[str, Any] | None:
     """Diagnose a diverged fp16 trial layer by layer, once per study: ``trial``, or the worst
     diverged one. Its cost is about twice the diverged probe's (two passes a step, hooks);
-    skipped when the budget (or ``spare``) cannot spare that and ``then`` seconds more.
+    skipped when the budget (or ``spare``) cannot spare twice that (one stopped at its limit
+    costs a worker's restart too) and ``then`` seconds more.
 
     Returns:
         The stored summary (with ``fp32_modules`` and the ``islands`` decision), or None when
@@ -106,7 +107,8 @@ def diagnose_failures(
         return None
     left = ctx.budget.left() - WRITE_RESERVE if spare is None else spare
     cost = max(1.0, 2 * (record(trial).probe_seconds or ctx.typical_probe(default=5.0)))
-    if left < cost + then:
+    # A diagnosis stopped at its limit costs the worker's restart too: half is kept for it.
+    if left < 2 * cost + then:
         return None
     # The numerics of the precision itself: uncompiled, no islands.
     cand = candidate(trial).model_copy(update={"compile": False, "fp32_modules": []})
@@ -114,9 +116,10 @@ def diagnose_failures(
         with ctx.budget.paused():
             ctx.gate(cand)
     with ctx.clock(Phase.DIAGNOSIS):
-        found = ctx.runner.diagnose(
-            ctx.workload, cand, steps=3, timeout=max(2.0 * cost, min(60.0, left - then))
-        )
+        # Twice its cost or up to a minute, never past half what the budget can spare.
+        spare_half = (left - then) / 2
+        timeout = min(spare_half, max(2.0 * cost, min(60.0, spare_half)))
+        found = ctx.runner.diagnose(ctx.workload, cand, steps=3, timeout=timeout)
     if found is None:
         return None
     modules, islands = islands_plan(found)
