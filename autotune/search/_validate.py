@@ -8,8 +8,8 @@ the figure, not to punish the candidate for it.
    could clearly beat the reference, best first, plus the fastest one with a clear parity
    margin, and a safe standby.
 2. Each is measured again in one worker (``_validation_run``), its timed blocks interleaved
-   with the reference's, with a fresh seed and a longer horizon; fp16 first runs alone past
-   fp16's overflow horizon.
+   with the reference's, with a fresh seed and a longer horizon; an fp16 one whose pair would
+   be accepted then runs alone to fp16's overflow horizon.
 3. :func:`select` (pure): among the reruns that completed with at least six pairs (fewer
    give no 95% interval: the smaller of two ratios is a 50% bound), keep loss parity with the
    reference rerun (tolerance plus the reference's own seed-to-seed noise) and whose speedup's
@@ -38,6 +38,7 @@ from autotune.study.trials import Rejection, is_feasible, label, record
 __all__ = [
     "Rerun",
     "Selection",
+    "judge",
     "select",
     "shortlist",
     "measure_spread",
@@ -53,7 +54,8 @@ class Rerun:
     paired: PairedResult | None
     gap: tuple[float, float, float] | None = None
     share: float = 0.0  # the seconds it was given
-    # fp16's run alone past its overflow horizon, before the pair (None: not needed).
+    # fp16's run alone to its overflow horizon, after a pair that would be accepted (None:
+    # not run).
     endurance: ProbeResult | None = None
     # Why it was not measured, when it was not (None: no time was left).
     skipped: str | None = None
@@ -117,7 +119,7 @@ def select(
             r = paired.reference
             out.notes.append(f"{name}: the fp32 reference arm {r.outcome}: {r.reason}")
         else:
-            rejection = _judge(
+            rejection = judge(
                 name,
                 paired,
                 rerun.gap,
@@ -182,7 +184,7 @@ def _too_few_pairs(name: str, paired: PairedResult) -> tuple[Rejection, str]:
     return rejection, note
 
 
-def _judge(
+def judge(
     name: str,
     paired: PairedResult,
     gap: tuple[float, float, float] | None,
@@ -284,8 +286,8 @@ def compiling(trial: FrozenTrial) -> float:
     return (record(trial).compile_seconds or 0.0) if trial.params.get("compile") else 0.0
 
 
-# An fp16 run alone past its overflow horizon takes at most this share of the budget (a slow
-# device checks fewer steps than the horizon: as many as it can pay for).
+# An fp16 run alone to its overflow horizon takes at most this share of the budget (one that
+# needs more is not validated: its verdict would fall short of the horizon).
 ENDURANCE_SHARE = 0.2
 
 
@@ -390,8 +392,8 @@ def measure_spread(
 def six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
     """Seconds a paired rerun of ``trial`` needs at the least to measure the pairs a 95%
     interval needs: each arm's set-up and warm-up (its warm-up steps, its first step, a
-    settling step) and six pairs of one-step blocks, at the steps' times the search measured, with a quarter
-    to spare; 0 when they are unknown. Slow steps need more than a probe's time scaled."""
+    settling step) and six pairs of one-step blocks, at the steps' times the search measured,
+    with a quarter to spare; 0 when they are unknown. Slow steps need more than a probe's time scaled."""
     rec = record(trial)
     if not rec.throughput or not rec.reference_throughput:
         return 0.0

@@ -2,8 +2,9 @@
 
 1. A round measures the shortlist's leaders, each paired with the reference in its share of
    what is left; the safe standby last, and only while no leader has been accepted.
-2. An fp16 candidate first runs alone past fp16's overflow horizon: a late overflow refuses it
-   for the price of those steps, before any pair is measured.
+2. An fp16 candidate whose pair would be accepted then runs alone to fp16's overflow horizon:
+   a late overflow refuses it, and a refusal for speed or parity never pays for that run. One
+   whose share cannot pay for both is not measured (its verdict would fall short).
 3. Nothing accepted and time left: what the refusals imply is ruled out (an overflow at one lr
    rules out that lr and above; a scale that skipped, that scale and above) and the next
    shortlist is measured.
@@ -32,6 +33,7 @@ from autotune.search._validate import (
     candidates,
     compiling,
     endurance_seconds,
+    judge,
     rerun_need,
     select,
     setup_seconds,
@@ -142,7 +144,6 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         # At most twice its need: what it leaves goes to the next round, should it fail.
         share = min(max(left * needs[0] / sum(needs), needs[0]), room, 2 * needs[0])
         rerun = _rerun(ctx, trial, reference, share=share, horizon=horizon)
-        rerun.horizon = horizon
         out.append(rerun)
         if rerun.paired is not None or rerun.endurance is not None:
             _rule_out(ruled, rerun)
@@ -236,7 +237,7 @@ def _rerun(
             f"not validated: running fp16 to {horizon} steps takes about {kept:.0f}s, more "
             f"than its {share:.0f}s share leaves beside its pairs; give the search more time"
         )
-        return Rerun(trial, None, share=share, skipped=why)
+        return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
     pair_share = share - kept
     if pair_share < least:
         # Too short for the pairs an interval needs: measuring would only overrun the budget.
@@ -245,9 +246,9 @@ def _rerun(
             f"not validated: {share:.0f}s left, too short for {again}its set-up and the "
             f"{MIN_VALUES} pairs where {MIN_VALUES} are needed; give the search more time"
         )
-        return Rerun(trial, None, share=share, skipped=why)
+        return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
     paired = _pair(ctx, trial, reference, pair_share, seconds)
-    rerun = with_gap(Rerun(trial, paired, share=share))
+    rerun = with_gap(Rerun(trial, paired, share=share, horizon=horizon))
     if kept and _would_pass(ctx, reference, rerun):
         left = share - (ctx.budget.elapsed() - started)
         rerun.endurance = _endure(ctx, trial, horizon, left, ran=len(paired.candidate.losses))
@@ -255,14 +256,17 @@ def _rerun(
 
 
 def _would_pass(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) -> bool:
-    """Would this pair be accepted on its figures (speed and parity, the search's band)?"""
-    paired, gap, tol = rerun.paired, rerun.gap, ctx.spec.parity_tolerance
-    if paired is None or not paired.ok or paired.speedup_low is None or gap is None:
+    """Would this pair be accepted on its figures (speed and parity, as :func:`select` judges
+    them, with the seed noise its own reference arm gives)?"""
+    paired, tol = rerun.paired, ctx.spec.parity_tolerance
+    if paired is None or not paired.ok or paired.pairs < MIN_VALUES:
         return False
-    if paired.pairs < MIN_VALUES:
-        return False
-    low_enough = gap[0] <= tol + reference.seed_noise(tol)
-    return low_enough and paired.speedup_low >= ctx.spec.validation.min_speedup
+    noise = _reference_run([rerun], reference, tol)[1]
+    verdict = judge(
+        "", paired, rerun.gap, min_speedup=ctx.spec.validation.min_speedup,
+        parity_tolerance=tol, seed_noise=noise,
+    )  # fmt: skip
+    return verdict is None
 
 
 def _pair(
@@ -308,9 +312,8 @@ def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise
         gap[0],
         _shared_samples(rerun.paired),
     )
-    again = with_gap(_rerun(ctx, rerun.trial, reference, share=share, horizon=rerun.horizon))
+    again = _rerun(ctx, rerun.trial, reference, share=share, horizon=rerun.horizon)
     again.endurance = again.endurance or rerun.endurance
-    again.horizon = rerun.horizon
     return again
 
 
