@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["mask_url", "secrets_of", "userinfo_ats"]
+__all__ = ["mask_url", "remember", "secrets_of", "userinfo_ats"]
 
 MASK = "***"
 
 # A URL inside any text: a scheme, then everything up to white space or a quote.
-_URL = re.compile(r"(?<![\w+.-])([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s'\"<>]*)")
+_URL = re.compile(r"(?<![\w+.-])[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*")
+_SCHEME = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")
+# A user name, then the ':' before its password (the driver's reading: no ':' or '/' in it).
+_USER = re.compile(r"[^:/@]*:")
+# Secrets seen in this process, hidden in every later text (shorter ones would garble messages).
+_KNOWN: set[str] = set()
+_MIN_KNOWN = 4
 # A secret given as a parameter: ?password=…, &sslpassword=…, or a libpq "password=…" keyword.
 _PARAM = re.compile(
     r"(?i)((?<![\w-])(?:password|passwd|pwd|sslpassword|secret|token|api_key)=)"
@@ -22,25 +28,46 @@ _PARAM = re.compile(
 )
 
 
-def _mask_userinfo(match: re.Match[str]) -> str:
-    scheme, rest = match.group(1), match.group(2)
-    # The userinfo ends at the *last* '@' before the query: a raw '@' (or '/') inside a
-    # password would otherwise leave its tail in the clear.
-    head, sep, query = rest.partition("?")
-    at = head.rfind("@")
-    if at > 0:
-        user, colon, _password = head[:at].partition(":")
-        if colon:
-            head = f"{user}:{MASK}{head[at:]}"
-    return scheme + head + sep + query
+def _password_span(rest: str) -> tuple[int, int] | None:
+    """Where the password lies in a URL's text after ``scheme://``, as the database driver reads
+    it: after the user name's ``:``, up to the ``@`` before the host. A password may hold ``?``,
+    ``/``, ``'`` or white space; a raw ``@`` in it reaches the last ``@`` before the query (the
+    driver would split at the first one, and the URL is refused, but its tail stays hidden)."""
+    user = _USER.match(rest)
+    if user is None:
+        return None
+    first = rest.find("@", user.end())
+    if first < 0:
+        return None
+    query = rest.find("?", first)
+    return user.end(), rest.rfind("@", 0, query if query >= 0 else len(rest))
+
+
+def _mask_one(url: str) -> str:
+    """A URL with its password (in the user part and in the query) replaced by ``***``."""
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return url
+    rest = url[scheme.end() :]
+    span = _password_span(rest)
+    if span is not None:
+        rest = rest[: span[0]] + MASK + rest[span[1] :]
+    return url[: scheme.end()] + rest
+
+
+def remember(url: str) -> None:
+    """Keep ``url``'s secrets for this process, so that any later text quoting them (a driver's
+    error, a log line that forgot to mask) shows ``***`` instead."""
+    _KNOWN.update(s for s in secrets_of(url) if len(s) >= _MIN_KNOWN)
 
 
 def mask_url(text: str, *, url: str | None = None) -> str:
     """Hide every password in ``text``: in a URL's user part and in ``password=`` parameters.
 
-    Works on a bare URL and on a message that holds one; a text without a secret comes back
-    unchanged. With ``url``, that URL's secrets are removed from ``text`` wherever they stand
-    (for a driver's error about it).
+    A text that is one URL is parsed whole (its password may hold ``?``, ``'`` or white space)
+    and its secrets are remembered for the rest of the process; a message that holds URLs has
+    each one masked, and every secret remembered so far is hidden wherever it stands. With
+    ``url``, that URL's secrets are removed from ``text`` too (for a driver's error about it).
 
     Example:
         >>> mask_url("postgresql://u:secret@h/db")
@@ -49,28 +76,36 @@ def mask_url(text: str, *, url: str | None = None) -> str:
         'postgresql://:***@h/db'
         >>> mask_url("postgresql://u:p@ss@h/db")
         'postgresql://u:***@h/db'
+        >>> mask_url("postgresql://u:a?b c'd@h/db")
+        'postgresql://u:***@h/db'
         >>> mask_url("postgresql://u@h/db?password=secret&sslmode=require")
         'postgresql://u@h/db?password=***&sslmode=require'
         >>> mask_url("cannot open 'sqlite:///studies/autotune.db'")
         "cannot open 'sqlite:///studies/autotune.db'"
     """
-    text = _URL.sub(_mask_userinfo, text)
+    if _SCHEME.match(text):
+        remember(text)
+        text = _mask_one(text)
+    else:
+        text = _URL.sub(lambda m: _mask_one(m.group(0)), text)
     text = _PARAM.sub(lambda m: m.group(1) + (MASK if m.group(2) else ""), text)
     # A driver's error may quote a piece of the URL without its scheme ("failed to resolve
-    # host 'secret@db'"): the URL's own secrets go wherever they appear.
-    for secret in secrets_of(url) if url else ():
+    # host 'secret@db'"): the URL's own secrets, and every one seen before, go wherever they are.
+    for secret in sorted({*(secrets_of(url) if url else ()), *_KNOWN}, key=len, reverse=True):
         text = text.replace(secret, MASK)
     return text
 
 
 def _parts(url: str) -> tuple[str, str]:
-    """(userinfo, query) of a URL, split as :func:`mask_url` splits it."""
-    _, sep, rest = url.partition("://")
-    if not sep:
+    """(password, query) of a URL, split as :func:`mask_url` splits it (no password: None)."""
+    scheme = _SCHEME.match(url)
+    if scheme is None:
         return "", ""
-    head, _, query = rest.partition("?")
-    at = head.rfind("@")
-    return (head[:at] if at > 0 else ""), query
+    rest = url[scheme.end() :]
+    span = _password_span(rest)
+    host_at = span[1] if span else 0
+    query = rest.find("?", host_at)
+    return (rest[span[0] : span[1]] if span else ""), (rest[query + 1 :] if query >= 0 else "")
 
 
 def userinfo_ats(url: str) -> int:
@@ -81,7 +116,12 @@ def userinfo_ats(url: str) -> int:
         >>> userinfo_ats("postgresql://u:p@ss@h/db"), userinfo_ats("postgresql://u:p%40ss@h/db")
         (1, 0)
     """
-    return _parts(url)[0].count("@")
+    password = _parts(url)[0]
+    if password:
+        return password.count("@")
+    scheme = _SCHEME.match(url)
+    host = re.split(r"[/?]", url[scheme.end() :], maxsplit=1)[0] if scheme else ""
+    return max(host.count("@") - 1, 0)
 
 
 def secrets_of(url: str) -> list[str]:
@@ -94,10 +134,9 @@ def secrets_of(url: str) -> list[str]:
     """
     from urllib.parse import parse_qsl, unquote
 
-    userinfo, query = _parts(url)
+    password, query = _parts(url)
     found: list[str] = []
-    _, colon, password = userinfo.partition(":")
-    if colon and password:
+    if password:
         found += [password, *(p for p in password.split("@") if len(p) >= 4)]
     for key, value in parse_qsl(query, keep_blank_values=False):
         if _PARAM.match(f"{key}=") and value:

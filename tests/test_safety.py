@@ -37,6 +37,9 @@ SECRET = "hunter2-Xq9"
         f"postgresql://tuner@db.example/autotune?password={SECRET}",
         f"postgresql+psycopg://tuner@db.example/autotune?sslmode=require&password={SECRET}",
         f"postgresql://tuner:pa/{SECRET}@db.example/autotune",  # a raw '/' in the password
+        f"postgresql://tuner:QW?{SECRET}@db.example:5432/autotune",  # '?' (not a query)
+        f"postgresql://tuner:QW {SECRET}@db.example/autotune",  # white space
+        f"postgresql://tuner:QW'{SECRET}@db.example/autotune",  # a quote
     ],
 )
 def test_no_url_form_shows_its_password(url: str) -> None:
@@ -50,7 +53,7 @@ def test_no_url_form_shows_its_password(url: str) -> None:
 @pytest.mark.parametrize(
     "password_form",
     # The plain user:password form is checked by the distributed tests' wrong-URL case.
-    ["empty-user", "raw-at", "query"],
+    ["empty-user", "raw-at", "query", "question", "space-quote"],
 )
 def test_cli_prints_and_logs_no_password(tmp_path: Path, password_form: str) -> None:
     """A search whose storage cannot be reached: the message names the URL, never the password."""
@@ -59,6 +62,8 @@ def test_cli_prints_and_logs_no_password(tmp_path: Path, password_form: str) -> 
         "empty-user": f"postgresql://:{SECRET}@127.0.0.1:1/autotune",
         "raw-at": f"postgresql://tuner:x@{SECRET}@127.0.0.1:1/autotune",
         "query": f"postgresql://tuner@127.0.0.1:1/autotune?password={SECRET}",
+        "question": f"postgresql://tuner:QW?{SECRET}@127.0.0.1:1/autotune",
+        "space-quote": f"postgresql://tuner:Q W'{SECRET}@127.0.0.1:1/autotune",
     }[password_form]
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -76,6 +81,29 @@ def test_cli_prints_and_logs_no_password(tmp_path: Path, password_form: str) -> 
     assert "Traceback" not in printed
     for log in out.rglob("*.log"):
         assert SECRET not in log.read_text(), log
+
+
+def test_serve_prints_no_password_whatever_it_holds() -> None:
+    url = f"postgresql://tuner:Q W'?{SECRET}@127.0.0.1:1/autotune"
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "serve", "--port", "0", "--storage", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    printed = proc.stdout + proc.stderr
+    assert proc.returncode == 2, printed[-2000:]
+    assert "127.0.0.1:1" in printed and SECRET not in printed, printed[-2000:]
+    assert "Traceback" not in printed
+
+
+def test_a_password_seen_once_is_hidden_wherever_it_is_quoted_later() -> None:
+    """A password with white space cannot be told from a message's words; once its URL has been
+    through the masking (as every storage URL is when it is opened), any text quoting it hides it."""
+    url = f"postgresql://tuner:a b{SECRET}@h/db"
+    assert SECRET not in mask_url(url)
+    assert SECRET not in mask_url(f"driver said: password 'a b{SECRET}' was refused for {url}")
 
 
 def test_log_sinks_mask_a_password_a_message_forgot(

@@ -23,7 +23,7 @@ from autotune import clock
 from autotune.enums import Outcome
 from autotune.errors import StorageError
 from autotune.files import create_file, make_dirs
-from autotune.redact import mask_url, userinfo_ats
+from autotune.redact import mask_url, remember, userinfo_ats
 from autotune.spec import StudySpec
 from autotune.study import study_keys
 from autotune.study.guarded import GuardedStorage, database_error, engine_of
@@ -118,6 +118,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     Raises:
         StorageError: the URL cannot be opened, naming it (password hidden) and the fix.
     """
+    remember(url)  # whatever quotes its password from now on (a driver's error) shows ***
     file = url[len("sqlite:///") :].split("?")[0] if url.startswith("sqlite:///") else ""
     if file not in ("", ":memory:"):
         path = Path(file)
