@@ -189,6 +189,33 @@ def test_a_rerun_that_loses_parity_is_rejected_with_the_gap_and_the_noise_allowe
     assert "tolerance 5% + seed noise 1.0%" in why.detail
 
 
+def _curves(t: FrozenTrial, cand_losses: list[float]) -> Rerun:
+    cand = Candidate(precision="bf16", batch_size=32, learning_rate=0.1)
+    result = PairedResult(
+        candidate=probe(cand, 2000.0, cand_losses),
+        reference=probe(REF, 1000.0, [1.0] * len(cand_losses)),
+        speedup=2.0,
+        speedup_low=1.9,
+        speedup_high=2.1,
+        pairs=12,
+    )
+    return with_gap(Rerun(t, result))
+
+
+def test_a_gap_within_the_tolerance_that_still_grows_where_the_curves_end_is_rejected() -> None:
+    """+3% at the pair's horizon, but nothing at half of it: a lasting gap still showing,
+    which one more such stretch would carry past 5%. A gap that shrinks instead (a larger
+    batch's early lag fading) is accepted."""
+    growing = _curves(trial(0, 2.0), [1.0] * 40 + [1.0 + 0.0015 * i for i in range(1, 41)])
+    assert growing.gap is not None and 0.02 < growing.gap[0] < 0.05
+    chosen = select([growing], min_speedup=1.05, parity_tolerance=0.05)
+    assert chosen.winner is None
+    (why,) = chosen.rejected
+    assert why.kind == "parity" and "still growing" in why.detail
+    fading = _curves(trial(1, 2.0), [1.06] * 40 + [1.06 - 0.0015 * i for i in range(1, 41)])
+    assert select([fading], min_speedup=1.05, parity_tolerance=0.05).winner is fading
+
+
 def test_a_rerun_that_diverges_or_had_no_time_is_named() -> None:
     t = trial(0, 2.0)
     cand = Candidate(precision="bf16", batch_size=64, learning_rate=0.1)

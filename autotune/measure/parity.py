@@ -14,6 +14,7 @@ __all__ = [
     "clearly_off",
     "parity_gap",
     "parity_gap_error",
+    "parity_growth",
     "smoothed_loss_at",
     "time_to_loss",
 ]
@@ -123,6 +124,39 @@ def parity_gap_error(
     mine = _window_error(losses, batch_size, samples)
     ref = _window_error(ref_losses, ref_batch_size, samples)
     return abs(1 + found[0]) * math.hypot(mine, ref)
+
+
+def parity_growth(
+    losses: Sequence[float], batch_size: int, ref_losses: Sequence[float], ref_batch_size: int
+) -> tuple[float, float] | None:
+    """How much the gap grew over the second half of the samples both runs have seen: the gap
+    at all of them minus the gap at half of them, with that difference's standard error.
+
+    A larger batch's early lag fades as both runs go on (the gap shrinks); a lasting gap that
+    shows only after some samples grows: a gap still growing where the curves end has not shown
+    all of itself yet. None where either horizon has no comparable gap.
+
+    Example:
+        >>> ref = [1.0] * 400
+        >>> growing = [1.0] * 200 + [1.04] * 200
+        >>> grew, err = parity_growth(growing, 32, ref, 32)
+        >>> round(grew, 2), round(err, 2)
+        (0.04, 0.0)
+    """
+    full = parity_gap(losses, batch_size, ref_losses, ref_batch_size)
+    if full is None:
+        return None
+    samples = min(len(losses) * batch_size, len(ref_losses) * ref_batch_size)
+    half = [v for i, v in enumerate(losses) if (i + 1) * batch_size <= samples / 2]
+    ref_half = [v for i, v in enumerate(ref_losses) if (i + 1) * ref_batch_size <= samples / 2]
+    early = parity_gap(half, batch_size, ref_half, ref_batch_size)
+    if early is None:
+        return None
+    err = math.hypot(
+        parity_gap_error(losses, batch_size, ref_losses, ref_batch_size),
+        parity_gap_error(half, batch_size, ref_half, ref_batch_size),
+    )
+    return full[0] - early[0], err
 
 
 def time_to_loss(

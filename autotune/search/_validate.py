@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.measure.parity import parity_gap
+from autotune.measure.parity import parity_gap, parity_growth
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.measure.stats import MIN_VALUES
 from autotune.search._budget import VALIDATION_SHARE
@@ -53,6 +53,8 @@ class Rerun:
     trial: FrozenTrial
     paired: PairedResult | None
     gap: tuple[float, float, float] | None = None
+    # How the gap grew over the second half of its horizon, with its standard error.
+    growth: tuple[float, float] | None = None
     share: float = 0.0  # the seconds it was given
     # fp16's run alone to its overflow horizon, after a pair that would be accepted (None:
     # not run).
@@ -123,6 +125,7 @@ def select(
                 name,
                 paired,
                 rerun.gap,
+                rerun.growth,
                 min_speedup=min_speedup,
                 parity_tolerance=parity_tolerance,
                 seed_noise=seed_noise,
@@ -184,16 +187,23 @@ def _too_few_pairs(name: str, paired: PairedResult) -> tuple[Rejection, str]:
     return rejection, note
 
 
-def judge(
+# A gap's growth over the pair's second half counts when it is this many standard errors.
+_GROWING = 2.0
+
+
+def judge(  # noqa: PLR0913 - a verdict's figures, the bounds keyword-only
     name: str,
     paired: PairedResult,
     gap: tuple[float, float, float] | None,
+    grew: tuple[float, float] | None = None,
     *,
     min_speedup: float,
     parity_tolerance: float,
     seed_noise: float,
 ) -> Rejection | None:
-    """A complete rerun's verdict: rejected for parity, then for speed; None: accepted."""
+    """A complete rerun's verdict: rejected for parity (past the bound, or below it and still
+    growing by ``grew``, :func:`~autotune.measure.parity.parity_growth`'s figures), then for
+    speed; None: accepted."""
     if gap is None or gap[0] > parity_tolerance + seed_noise:
         shown = "not comparable" if gap is None else f"{gap[0]:+.1%}"
         return _rejection(
@@ -201,6 +211,20 @@ def judge(
             "parity",
             f"loss parity {shown} vs the fp32 reference (tolerance "
             f"{parity_tolerance:.0%} + seed noise {seed_noise:.1%})",
+        )
+    if (
+        grew is not None
+        and grew[0] > _GROWING * grew[1]
+        and gap[0] + grew[0] > (parity_tolerance + seed_noise)
+    ):
+        # Still growing where the curves end: one more such stretch would cross the bound.
+        return _rejection(
+            name,
+            "parity",
+            f"loss parity {gap[0]:+.1%} vs the fp32 reference and still growing "
+            f"({grew[0]:+.1%} over the pair's second half): a lasting gap that has not shown "
+            f"all of itself would pass the tolerance ({parity_tolerance:.0%} + seed noise "
+            f"{seed_noise:.1%}); give the search more time for a longer pair",
         )
     assert paired.speedup is not None and paired.speedup_low is not None
     if paired.speedup_low < min_speedup:
@@ -224,12 +248,23 @@ def _speedup_low(rerun: Rerun) -> float:
     return rerun.paired.speedup_low
 
 
-def with_gap(rerun: Rerun) -> Rerun:
-    """The rerun with its parity gap against its own reference arm, at equal samples seen."""
+def with_gap(rerun: Rerun, reference: ReferenceRecord | None = None) -> Rerun:
+    """The rerun with its parity gap at equal samples seen, and how it grew: against its own
+    reference arm, or against the reference's long first run (``reference``) where that
+    reaches further into the candidate's curve. A pair's arms see samples at their own speeds,
+    so a fast candidate's curve runs far past its arm's: a gap that shows only late is judged
+    as far as the candidate ran."""
     paired = rerun.paired
-    if paired is not None and paired.ok:
-        c, r = paired.candidate, paired.reference
-        rerun.gap = parity_gap(c.losses, c.batch_size, r.losses, r.batch_size)
+    if paired is None or not paired.ok:
+        return rerun
+    c, r = paired.candidate, paired.reference
+    ref_losses, ref_batch = list(r.losses), r.batch_size
+    if reference is not None:
+        long = reference.finite_losses
+        if len(long) * reference.batch_size > len(ref_losses) * ref_batch:
+            ref_losses, ref_batch = long, reference.batch_size
+    rerun.gap = parity_gap(c.losses, c.batch_size, ref_losses, ref_batch)
+    rerun.growth = parity_growth(c.losses, c.batch_size, ref_losses, ref_batch)
     return rerun
 
 

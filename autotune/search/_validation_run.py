@@ -248,7 +248,7 @@ def _rerun(
         )
         return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
     paired = _pair(ctx, trial, reference, pair_share, seconds)
-    rerun = with_gap(Rerun(trial, paired, share=share, horizon=horizon))
+    rerun = with_gap(Rerun(trial, paired, share=share, horizon=horizon), reference)
     if kept and _would_pass(ctx, reference, rerun):
         left = share - (ctx.budget.elapsed() - started)
         rerun.endurance = _endure(ctx, trial, horizon, left, ran=len(paired.candidate.losses))
@@ -263,7 +263,7 @@ def _would_pass(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) ->
         return False
     noise = _reference_run([rerun], reference, tol)[1]
     verdict = judge(
-        "", paired, rerun.gap, min_speedup=ctx.spec.validation.min_speedup,
+        "", paired, rerun.gap, rerun.growth, min_speedup=ctx.spec.validation.min_speedup,
         parity_tolerance=tol, seed_noise=noise,
     )  # fmt: skip
     return verdict is None
@@ -294,23 +294,43 @@ def _pair(
     return paired
 
 
+# A parity horizon shorter than this share of the candidate's own curve is short.
+_SHORT = 4
+
+
 def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise: float) -> Rerun:
     """A larger batch off parity at validation's horizon by no more than its early lag can
-    explain is measured once more over a horizon ``LONGER`` times as long, time allowing (up
-    to the budget's end: a search that measured its space through leaves time unspent)."""
-    tol, gap = ctx.spec.parity_tolerance, rerun.gap
+    explain, or a candidate within parity whose gap still grows where its curves end, is
+    measured once more over a horizon ``LONGER`` times as long, time allowing (up to the
+    budget's end: a search that measured its space through leaves time unspent)."""
+    tol, gap, grew = ctx.spec.parity_tolerance, rerun.gap, rerun.growth
     ratio = rerun.trial.params.get("batch_size", 0) / reference.batch_size
-    if gap is None or ratio <= 1 or not tol + noise < gap[0] <= clearly_off(tol, ratio) + noise:
+    if gap is None:
+        return rerun
+    lagging = ratio > 1 and tol + noise < gap[0] <= clearly_off(tol, ratio) + noise
+    # Within the bound but growing where the curves end (clearly, or at all where the horizon
+    # is a small part of what the candidate ran): a lasting gap may still be showing.
+    paired = rerun.paired
+    short = paired is not None and len(paired.candidate.losses) * paired.candidate.batch_size > (
+        _SHORT * _shared_samples(paired)
+    )
+    growing = (
+        grew is not None
+        and gap[0] <= tol + noise
+        and (grew[0] > grew[1] or (short and grew[0] > 0))
+    )
+    if not (lagging or growing):
         return rerun
     share = min(LONGER * rerun.share, ctx.budget.total - WRITE_RESERVE - ctx.budget.elapsed())
     if share < 2 * rerun.share:
         return rerun
     logger.info(
-        "validation of {}: {:+.1%} off parity at {:,} samples, within a larger batch's early "
-        "lag: measuring it over a longer horizon",
+        "validation of {}: {:+.1%} off parity at {:,} samples, {}: measuring it over a longer "
+        "horizon",
         rerun.trial.number,
         gap[0],
         _shared_samples(rerun.paired),
+        "within a larger batch's early lag" if lagging else "and still growing",
     )
     again = _rerun(ctx, rerun.trial, reference, share=share, horizon=rerun.horizon)
     again.endurance = again.endurance or rerun.endurance
