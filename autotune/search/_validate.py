@@ -248,23 +248,14 @@ def _speedup_low(rerun: Rerun) -> float:
     return rerun.paired.speedup_low
 
 
-def with_gap(rerun: Rerun, reference: ReferenceRecord | None = None) -> Rerun:
-    """The rerun with its parity gap at equal samples seen, and how it grew: against its own
-    reference arm, or against the reference's long first run (``reference``) where that
-    reaches further into the candidate's curve. A pair's arms see samples at their own speeds,
-    so a fast candidate's curve runs far past its arm's: a gap that shows only late is judged
-    as far as the candidate ran."""
+def with_gap(rerun: Rerun) -> Rerun:
+    """The rerun with its parity gap against its own reference arm, at equal samples seen, and
+    how the gap grew over the second half of those samples."""
     paired = rerun.paired
-    if paired is None or not paired.ok:
-        return rerun
-    c, r = paired.candidate, paired.reference
-    ref_losses, ref_batch = list(r.losses), r.batch_size
-    if reference is not None:
-        long = reference.finite_losses
-        if len(long) * reference.batch_size > len(ref_losses) * ref_batch:
-            ref_losses, ref_batch = long, reference.batch_size
-    rerun.gap = parity_gap(c.losses, c.batch_size, ref_losses, ref_batch)
-    rerun.growth = parity_growth(c.losses, c.batch_size, ref_losses, ref_batch)
+    if paired is not None and paired.ok:
+        c, r = paired.candidate, paired.reference
+        rerun.gap = parity_gap(c.losses, c.batch_size, r.losses, r.batch_size)
+        rerun.growth = parity_growth(c.losses, c.batch_size, r.losses, r.batch_size)
     return rerun
 
 

@@ -248,7 +248,7 @@ def _rerun(
         )
         return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
     paired = _pair(ctx, trial, reference, pair_share, seconds)
-    rerun = with_gap(Rerun(trial, paired, share=share, horizon=horizon), reference)
+    rerun = with_gap(Rerun(trial, paired, share=share, horizon=horizon))
     if kept and _would_pass(ctx, reference, rerun):
         left = share - (ctx.budget.elapsed() - started)
         rerun.endurance = _endure(ctx, trial, horizon, left, ran=len(paired.candidate.losses))
