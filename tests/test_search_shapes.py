@@ -115,3 +115,18 @@ def test_a_lasting_gap_that_shows_only_past_a_short_overlap_is_not_validated() -
         assert cfg.evidence.validated, cfg.evidence.validation_note
         assert truth_of(land, cfg).parity_gap <= 0.05, cfg.batch_size
         assert run.seconds <= 120.0
+
+
+@pytest.mark.parametrize("budget", ["12s", "15s"])
+def test_a_budget_too_short_for_ceilings_still_validates_the_safe_rule(budget: str) -> None:
+    """12-15 s, of which the worker's start and the reference take a third: no ceiling is
+    measured and the reference is not confirmed, so bf16 at the base batch (the rule a user
+    would apply) is measured and validated on every seed, inside the budget (before, every
+    seed fell back to fp32 with seconds unspent)."""
+    land = landscape()
+    for seed in range(3):
+        run = simulate(spec(budget), land, seed=seed)
+        cfg = run.config
+        assert cfg.evidence.validated, cfg.evidence.validation_note
+        assert (cfg.precision, cfg.batch_size) == ("bf16", 64)
+        assert run.seconds <= float(budget[:-1])

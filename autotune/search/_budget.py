@@ -15,6 +15,7 @@ from autotune.study import study_keys
 __all__ = [
     "CEILING_SHARE",
     "HARD_GRACE",
+    "SAFE_PLAN",
     "TRIAL_SHARE",
     "VALIDATION_SHARE",
     "WRITE_RESERVE",
@@ -32,6 +33,9 @@ VALIDATION_SHARE = 0.3
 WRITE_RESERVE = 0.5
 # Seconds the fp32 reference's first run gets at the least, however little is left.
 REFERENCE_FLOOR = 3.0
+# Seconds a short budget keeps, past the ceilings, for what the safe rule needs: the
+# reference's floor, a first trial of two modes at the base batch, one short validation.
+SAFE_PLAN = 4 * REFERENCE_FLOOR
 # A probe may overrun its soft limit by about one step; the hard limit adds this much.
 HARD_GRACE = 15.0
 # No ordinary trial may take more than this share of the budget.

@@ -23,10 +23,14 @@ from autotune.study.trials import TrialRecord, record
 __all__ = ["enqueue_base_trials", "enqueue_larger_batches"]
 
 
+_WAVE_ONE = ("bf16", "fp16", "tf32")
+
+
 def enqueue_base_trials(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
-    """Wave 1: each mode but fp32 (the reference itself) at the base batch."""
+    """Wave 1: each mode but fp32 (the reference itself) at the base batch; the safe rule's
+    picks first (bf16, then the AMP recipe), so a short budget measures them."""
     base = ctx.space.base_batch
-    for mode in modes:
+    for mode in sorted(modes, key=lambda m: _WAVE_ONE.index(m) if m in _WAVE_ONE else 9):
         if mode != "fp32":
             role = Role.AMP_RECIPE if mode == "fp16" else Role.at_base(mode)
             study.enqueue_trial(

@@ -27,7 +27,7 @@ from loguru import logger
 from autotune.enums import Outcome, Phase
 from autotune.measure.ceilings import Ceiling, CeilingTry, find_ceiling
 from autotune.measure.result import ProbeResult
-from autotune.search._budget import CEILING_SHARE, REFERENCE_FLOOR, WRITE_RESERVE
+from autotune.search._budget import CEILING_SHARE, SAFE_PLAN, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._events import CeilingFound, HardwareChecked, PhaseStarted
 from autotune.spec import ProbeSettings
@@ -69,9 +69,11 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
         logger.info("ceilings from the stored study: {}", ctx.ceilings)
         return
     ctx.runner.start()
-    # Never so long that the reference's floor and the config no longer fit in the budget.
+    # Never so long that what the safe rule needs (the reference, the base batch's first
+    # trials, one validation) and the config no longer fit: a short budget measures no
+    # ceiling, and its trials stay at the base batch.
     left = ctx.budget.left()
-    room = left - REFERENCE_FLOOR - WRITE_RESERVE - 1.0
+    room = left - SAFE_PLAN - WRITE_RESERVE - 1.0
     phase_end = ctx.budget.elapsed() + max(0.0, min(CEILING_SHARE * left, room))
     base = ctx.space.base_batch
     start = min(max(base, space.batch_size.min), space.batch_size.max)

@@ -33,7 +33,7 @@ from autotune import clock
 from autotune.enums import Phase
 from autotune.measure.parity import parity_gap
 from autotune.measure.result import ProbeResult
-from autotune.search._budget import REFERENCE_FLOOR
+from autotune.search._budget import REFERENCE_FLOOR, SAFE_PLAN
 from autotune.search._context import SearchContext
 from autotune.search._events import PhaseStarted
 from autotune.search._space import reference_factor
@@ -209,9 +209,9 @@ class ReferenceKeeper:
             len(result.losses),
         )
         self._save()
-        # Confirmed here, in the reference's phase, not inside the first trial; with no time
-        # left for one, the search ends with the reference as its config: nothing to confirm.
-        if ctx.budget.left() > REFERENCE_FLOOR:
+        # Confirmed here, not inside the first trial; a short budget keeps the time for the
+        # base batch's trials, whose validation measures the reference beside them anyway.
+        if ctx.budget.left() > SAFE_PLAN:
             self._settle()
         return self.record
 
@@ -234,8 +234,10 @@ class ReferenceKeeper:
         """Measure again until the last two measurements agree (a few times at most)."""
         assert self.record is not None
         ms = self.record.measurements
-        if len(ms) == 1:
-            self.measure()  # no measurement is trusted alone
+        if len(ms) == 1 and self.ctx.budget.left() > SAFE_PLAN:
+            # No measurement is trusted alone; a short budget's trials rank against the one
+            # there is (validation's pairs measure the reference again beside each candidate).
+            self.measure()
         for _ in range(_SETTLE_TRIES):
             if len(ms) < 2 or _agree(ms[-1], ms[-2]):
                 break

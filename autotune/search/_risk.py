@@ -1,4 +1,5 @@
-"""What one failure implies for the rest of the space, and how long an fp16 verdict must run."""
+"""What one failure implies for the rest of the space, how long an fp16 verdict must run, and
+what a compiled trial cannot be given."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.enums import Outcome
+from autotune.search._context import SearchContext
+from autotune.spec import Candidate
 from autotune.study.trials import DEFAULT_INIT_SCALE, record
 
 __all__ = [
     "RuledOut",
+    "cannot_compile",
     "carries_risk",
     "fp16_horizon",
     "overflow_step",
@@ -128,3 +132,15 @@ class RuledOut:
             modules == m and lr >= at_lr * (1 - 1e-9) and scale >= at_scale
             for m, at_lr, at_scale in self.fp16
         )
+
+
+def cannot_compile(ctx: SearchContext, cand: Candidate, left: float) -> str | None:
+    """Why a compiled candidate cannot be measured in ``left`` seconds: its compile mode took
+    longer here (cut while compiling, it would measure nothing); None when it can."""
+    seen = ctx.compile_seconds.get(cand.compile_mode) if cand.compile else None
+    if not seen or min(seen) < left:
+        return None
+    return (
+        f"compiling in mode {cand.compile_mode!r} took {min(seen):.0f}s here, more than the "
+        f"{left:.0f}s left for this trial"
+    )

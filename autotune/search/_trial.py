@@ -2,15 +2,12 @@
 
 1. The sampler proposes a candidate (enqueued baselines come first).
 2. The same parameters as a finished trial: its measurement is reused, at no cost.
-3. A mode the device cannot run, or a batch above the mode's ceiling: PRUNED at once.
-4. Otherwise the candidate is probed. Completed: the objective is its speedup over the fp32
-   reference measured close in time (or its time to the reference's loss), with a loss-parity
-   constraint: the gap may be the tolerance plus the reference's own seed-to-seed spread,
-   measured from its repeats (as validation allows). A speedup no device gives measures the
-   reference again before it is stored; the trial names the measurement it divided by.
-   Diverged, OOM, too slow, a failed compile: PRUNED with the reason (the sampler learns from
-   PRUNED). A crashed worker: FAIL, and the trial runs once more. Compiling happens in the
-   untimed warm-up: charged to the budget, recorded on the trial, never in its throughput.
+3. A mode cut on this device, a batch above the mode's ceiling, or compiling that took longer
+   here than the time left: PRUNED at once.
+4. Otherwise it is probed. Completed: the objective is its speedup over the fp32 reference
+   measured close in time (or its time to the reference's loss), under loss parity (the
+   tolerance plus the reference's seed spread); a speedup no device gives measures the
+   reference again first. Diverged, OOM, too slow, failed to compile: PRUNED; crashed: FAIL.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from autotune.search._context import SearchContext
 from autotune.search._events import Standing, TrialFinished, TrialStarted
 from autotune.search._hardware import lower_ceiling
 from autotune.search._reference import ReferenceKeeper
-from autotune.search._risk import carries_risk, overflow_step, unproven
+from autotune.search._risk import cannot_compile, carries_risk, overflow_step, unproven
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.study import study_keys
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
@@ -103,6 +100,9 @@ class TrialStep:
             return
         self.twins_in_row = 0
         if self._prune_if_unrunnable(trial, cand, modes, role):
+            return
+        if (why := cannot_compile(self.ctx, cand, left)) is not None:
+            self.prune(trial, Outcome.TOO_SLOW, why)
             return
         reference = self.refs.current()
         if self._is_reference(cand):

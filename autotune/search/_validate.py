@@ -419,7 +419,7 @@ def six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
     """Seconds a paired rerun of ``trial`` needs at the least to measure the pairs a 95%
     interval needs: each arm's set-up and warm-up (its warm-up steps, its first step, a
     settling step) and six pairs of one-step blocks, at the steps' times the search measured,
-    with a quarter to spare; 0 when they are unknown. Slow steps need more than a probe's time scaled."""
+    with 15% and half a second to spare; 0 when they are unknown. Slow steps need more than a probe's time scaled."""
     rec = record(trial)
     if not rec.throughput or not rec.reference_throughput:
         return 0.0
@@ -427,4 +427,4 @@ def six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
     ref_step = ctx.space.base_batch / rec.reference_throughput
     steps = ctx.spec.probe.warmup_steps + 2 + MIN_VALUES
     # Both arms are set up before their steps; the reference's set-up is taken as like its.
-    return 1.25 * (steps * (step + ref_step) + 2 * setup_seconds(trial)) + 1.0
+    return 1.15 * (steps * (step + ref_step) + 2 * setup_seconds(trial)) + 0.5
