@@ -30,7 +30,7 @@ import optuna
 from loguru import logger
 
 from autotune import clock
-from autotune.enums import Phase
+from autotune.enums import Outcome, Phase
 from autotune.measure.parity import parity_gap
 from autotune.measure.result import ProbeResult
 from autotune.search._budget import REFERENCE_FLOOR, SAFE_PLAN
@@ -179,14 +179,15 @@ class ReferenceKeeper:
         )
         settings = probe.model_copy(update={"steps": probe.steps * factor, "time_limit": limit})
         result = ctx.run_probe(cand, settings, floor=True)
-        if result.ok and result.truncated and not result.blocks:
-            # Cut inside its warm-up: on a busy machine a fresh worker's first-use costs alone
-            # can outlast the limit, leaving a curve of a step or two. Once more, warm.
-            logger.info(
-                "fp32 reference stopped inside its warm-up after {} steps: measuring it again",
-                len(result.losses),
-            )
-            result = ctx.run_probe(cand, settings, floor=True)
+        cold = result.ok and result.truncated and not result.blocks
+        if cold or (result.outcome == Outcome.CRASHED and not ctx.should_stop()):
+            # Cut inside its warm-up, or stopped at its hard limit: on a busy machine a fresh
+            # worker's first-use costs (or a neighbour's burst) can outlast the limit. Once more,
+            # warm; a retry that fails keeps the first run where that one completed.
+            logger.info("fp32 reference {}: measuring it again", "stopped inside its warm-up"
+                        if cold else result.reason)  # fmt: skip
+            again = ctx.run_probe(cand, settings, floor=True)
+            result = again if again.ok or not result.ok else result
         if not result.ok:
             raise ReferenceUnavailable(result)
         self.record = ReferenceRecord(
