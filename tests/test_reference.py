@@ -128,3 +128,31 @@ def test_a_candidate_clearly_beyond_tolerance_and_spread_is_still_dropped() -> N
     assert not any(_kept(t) for t in trials)
     checked = [t for t in trials if t.user_attrs["outcome"] == "infeasible"]
     assert checked and all("(tolerance 5% + seed noise" in t.user_attrs["reason"] for t in checked)
+
+
+def test_a_reference_whose_worker_dies_is_measured_again_not_a_failed_study(
+    tmp_path: Path,
+) -> None:
+    """A 15-second budget measures no ceiling, so the reference is a fresh worker's first
+    run; the worker dies under it (as one stopped at its hard limit by a neighbour's burst
+    does). The search measures it once more and ends with a config inside its budget,
+    instead of failing the study for want of a baseline."""
+    land = landscape()
+    runner = SimulatedRunner(land)
+
+    def on_event(event: object) -> None:
+        if isinstance(event, PhaseStarted) and event.phase == "reference":
+            runner.crash_at = frozenset({runner.probes + 1})
+
+    with clock.use(runner.clock):
+        result = run_search(
+            spec("15s"),
+            out_dir=tmp_path,
+            runner=runner,
+            budget=Budget(spec("15s").budget),
+            on_event=on_event,
+            storage=optuna.storages.InMemoryStorage(),
+        )
+    assert result.config is not None
+    assert result.reference is not None and result.reference.measurements
+    assert result.elapsed <= 15.0
