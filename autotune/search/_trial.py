@@ -125,11 +125,9 @@ class TrialStep:
             return True
         ceiling = self.ctx.ceilings.get(cand.precision, 0)
         if cand.batch_size > ceiling and role is None:
-            self.prune(
-                trial,
-                Outcome.ABOVE_CEILING,
-                f"batch_size={cand.batch_size} is above the {cand.precision} ceiling {ceiling}",
-            )
+            unmeasured = self.ctx.cut.get(f"{cand.precision} batch>{ceiling}")  # out of time
+            why = f"batch_size={cand.batch_size} is above the {cand.precision} ceiling {ceiling}"
+            self.prune(trial, Outcome.ABOVE_CEILING, f"{why} ({unmeasured})" if unmeasured else why)
             return True
         return False
 
