@@ -22,25 +22,36 @@ def spec(budget: str = "2m", **fields: Any) -> Any:
     return parse_spec({"name": "sim", "workload": WORKLOAD, "budget": budget, **fields})
 
 
-def _search_with_slow_reference(tmp_path: Path, land: Landscape, slowdowns: list[float]) -> Any:
-    """A search whose first reference probes run ``slowdowns`` times slower: the first is the
-    long curve run, as a neighbour's burst or a warm-up the reference alone suffers slows it."""
-    runner = SimulatedRunner(land)
+def _search_at_reference(
+    tmp_path: Path, runner: SimulatedRunner, budget: str, at_reference: Any
+) -> Any:
+    """A search on ``runner`` that calls ``at_reference(runner)`` as the reference's phase
+    starts (to slow or kill the probes to come)."""
 
     def on_event(event: object) -> None:
         if isinstance(event, PhaseStarted) and event.phase == "reference":
-            for i, factor in enumerate(slowdowns):
-                runner.slow_at[runner.probes + 1 + i] = factor
+            at_reference(runner)
 
     with clock.use(runner.clock):
         return run_search(
-            spec("2m"),
+            spec(budget),
             out_dir=tmp_path,
             runner=runner,
-            budget=Budget(spec("2m").budget),
+            budget=Budget(spec(budget).budget),
             on_event=on_event,
             storage=optuna.storages.InMemoryStorage(),
         )
+
+
+def _search_with_slow_reference(tmp_path: Path, land: Landscape, slowdowns: list[float]) -> Any:
+    """A search whose first reference probes run ``slowdowns`` times slower: the first is the
+    long curve run, as a neighbour's burst or a warm-up the reference alone suffers slows it."""
+
+    def slow(runner: SimulatedRunner) -> None:
+        for i, factor in enumerate(slowdowns):
+            runner.slow_at[runner.probes + 1 + i] = factor
+
+    return _search_at_reference(tmp_path, SimulatedRunner(land), "2m", slow)
 
 
 def _assert_speedups_true_and_named(result: Any, land: Landscape) -> None:
@@ -137,22 +148,11 @@ def test_a_reference_whose_worker_dies_is_measured_again_not_a_failed_study(
     run; the worker dies under it (as one stopped at its hard limit by a neighbour's burst
     does). The search measures it once more and ends with a config inside its budget,
     instead of failing the study for want of a baseline."""
-    land = landscape()
-    runner = SimulatedRunner(land)
 
-    def on_event(event: object) -> None:
-        if isinstance(event, PhaseStarted) and event.phase == "reference":
-            runner.crash_at = frozenset({runner.probes + 1})
+    def kill(runner: SimulatedRunner) -> None:
+        runner.crash_at = frozenset({runner.probes + 1})
 
-    with clock.use(runner.clock):
-        result = run_search(
-            spec("15s"),
-            out_dir=tmp_path,
-            runner=runner,
-            budget=Budget(spec("15s").budget),
-            on_event=on_event,
-            storage=optuna.storages.InMemoryStorage(),
-        )
+    result = _search_at_reference(tmp_path, SimulatedRunner(landscape()), "15s", kill)
     assert result.config is not None
     assert result.reference is not None and result.reference.measurements
     assert result.elapsed <= 15.0
