@@ -44,7 +44,8 @@ def _password_span(rest: str) -> tuple[int, int] | None:
 
 
 def _mask_one(url: str) -> str:
-    """A URL with its password (in the user part and in the query) replaced by ``***``."""
+    """A URL with its user part's password replaced by ``***`` (a ``password=`` in its query
+    is :data:`_PARAM`'s to mask)."""
     scheme = _SCHEME.match(url)
     if scheme is None:
         return url
@@ -97,7 +98,7 @@ def mask_url(text: str, *, url: str | None = None) -> str:
 
 
 def _parts(url: str) -> tuple[str, str]:
-    """(password, query) of a URL, split as :func:`mask_url` splits it (no password: None)."""
+    """(password, query) of a URL, split as :func:`mask_url` splits it ("" for either it lacks)."""
     scheme = _SCHEME.match(url)
     if scheme is None:
         return "", ""

@@ -210,10 +210,7 @@ class ReferenceKeeper:
             len(result.losses),
         )
         self._save()
-        # Confirmed here, not inside the first trial; a short budget keeps the time for the
-        # base batch's trials, whose validation measures the reference beside them anyway.
-        if ctx.budget.left() > SAFE_PLAN:
-            self._settle()
+        self._settle()  # confirmed here, not inside the first trial (a short budget: not at all)
         return self.record
 
     def refresh_after(self) -> float:
