@@ -118,15 +118,10 @@ def _stored_spec(study: str, storage: str | None, device: str | None) -> StudySp
     return parse_spec(data, source=f"stored spec of study {study!r}")
 
 
-# A study whose budget is spent without a config gets this share of its budget to finish
-# (validation of what it measured), at least the shortest budget a spec may have.
-_FINISH_SHARE = 0.1
-
-
 def _finishing_budget(budget: float) -> str:
-    from autotune.spec import MIN_BUDGET
+    from autotune.search import finishing_seconds
 
-    return f"{max(MIN_BUDGET, _FINISH_SHARE * budget):.0f}s"
+    return f"{finishing_seconds(budget):.0f}s"
 
 
 def _finish_spent(study: Any, spec: Any) -> bool:

@@ -29,7 +29,7 @@ from pathlib import Path
 import optuna
 
 from autotune.execution.worker import Runner
-from autotune.search._budget import Budget, SearchInterrupted, SearchStopped
+from autotune.search._budget import Budget, SearchInterrupted, SearchStopped, finishing_seconds
 from autotune.search._context import Gate
 from autotune.search._coordination import settle
 from autotune.search._events import (
@@ -62,6 +62,7 @@ __all__ = [
     "TrialFinished",
     "TrialStarted",
     "batch_ladder",
+    "finishing_seconds",
     "lr_for",
     "reference_factor",
     "run_search",

@@ -10,6 +10,7 @@ import optuna
 
 from autotune import clock
 from autotune.errors import AutotuneError
+from autotune.spec import MIN_BUDGET
 from autotune.study import study_keys
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "Budget",
     "SearchInterrupted",
     "SearchStopped",
+    "finishing_seconds",
     "open_window",
 ]
 
@@ -40,6 +42,9 @@ SAFE_PLAN = 4 * REFERENCE_FLOOR
 HARD_GRACE = 15.0
 # No ordinary trial may take more than this share of the budget.
 TRIAL_SHARE = 0.1
+# A study left without a config (its validator died, or every worker) gets this share of its
+# budget to validate what it measured, at least the shortest budget a spec may have.
+FINISH_SHARE = 0.1
 
 
 class SearchInterrupted(AutotuneError):
@@ -111,3 +116,9 @@ def window_id(study: optuna.Study) -> str:
     """The id of the study's open budget window (``"0"`` when none is open)."""
     window = study.user_attrs.get(study_keys.BUDGET_WINDOW)
     return str(window.get("started_at", 0)) if isinstance(window, dict) else "0"
+
+
+def finishing_seconds(total: float) -> float:
+    """Seconds a study of budget ``total`` gets to validate what it measured when the worker
+    that was to do it is gone (:data:`FINISH_SHARE` of it, at least the least budget)."""
+    return max(MIN_BUDGET, FINISH_SHARE * total)

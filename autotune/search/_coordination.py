@@ -1,8 +1,9 @@
 """Workers of one study: let the others' last trials finish, and claim once-per-window jobs.
 
 Optuna's storage is the only coordination: heartbeats mark a trial alive, a trial without one
-is failed as stale (and retried once), and a row in the ``autotune_claims`` table says who
-validates a budget window. What a search queued and never ran is failed when it ends (Optuna
+is failed as stale (and retried once), and a claim on a lease says who validates a budget
+window: a worker that finds it held waits for that config, and takes the job over when its
+owner dies. What a search queued and never ran is failed when it ends (Optuna
 cannot delete a trial), and queued again when a search resumes the study.
 """
 
@@ -16,19 +17,18 @@ from optuna.trial import TrialState
 
 from autotune import clock
 from autotune.enums import Outcome
+from autotune.study.claims import LEASE, done_by, owner_id, take
 from autotune.study.storage import (
     GRACE_PERIOD,
     HEARTBEAT_INTERVAL,
-    claim,
     fail_stale,
-    owner_id,
     retry_stale_trial,
 )
 from autotune.study.trials import TrialRecord, record, write_attrs
 
 __all__ = [
     "SETTLE_WAIT",
-    "claim_validation",
+    "await_validation",
     "fail_orphans",
     "fail_ownerless",
     "fail_waiting",
@@ -80,11 +80,44 @@ def settle(
         clock.sleep(min(poll, max(0.05, deadline - clock.now())))
 
 
-def claim_validation(study: optuna.Study, window: str) -> tuple[bool, str]:
-    """Claim the validation of a budget window: ``(won, owner)``."""
-    me = owner_id()
-    owner = claim(study, f"validation:{window}", me)
-    return owner == me, owner
+def validation_job(window: str) -> str:
+    """The claim's name for the validation of a budget window."""
+    return f"validation:{window}"
+
+
+def await_validation(
+    study: optuna.Study,
+    window: str,
+    *,
+    wait: float,
+    stop: Callable[[], bool] = lambda: False,
+    poll: float = 1.0,
+) -> tuple[bool, str, str]:
+    """Claim the validation of a budget window, or wait for the worker that holds it: until
+    it is done, its owner loses the claim (dead, or silent for
+    :data:`~autotune.study.claims.LEASE` seconds) and this worker takes it over, ``stop()``
+    says so, or ``wait`` seconds (and two leases) have passed. A done validation is never
+    claimed again.
+
+    Returns:
+        ``(won, owner, lost_by)``: won when this worker is to validate; the claim's owner; and
+        who lost it to this worker (``""`` when nobody held it or this worker did not win).
+    """
+    job, me = validation_job(window), owner_id()
+    deadline = clock.now() + wait + 2 * LEASE
+    seen = ""  # the other worker that held it, while this one waited
+    while True:
+        if (by := done_by(study, job)) is not None:
+            return False, by, ""
+        owner, taken_from = take(study, job, me)
+        if owner == me and (by := done_by(study, job)) is not None:  # done between two looks
+            return False, by, ""
+        if owner == me:
+            return True, me, taken_from or seen
+        if stop() or clock.now() >= deadline:
+            return False, owner, ""
+        seen = owner
+        clock.sleep(poll)
 
 
 def fail_orphans(study: optuna.Study) -> list[int]:

@@ -26,18 +26,20 @@ from autotune.search._budget import (
     Budget,
     SearchInterrupted,
     SearchStopped,
+    finishing_seconds,
     open_window,
     window_id,
 )
 from autotune.search._context import Gate, SearchContext
 from autotune.search._coordination import (
     SETTLE_WAIT,
-    claim_validation,
+    await_validation,
     fail_orphans,
     fail_ownerless,
     fail_waiting,
     requeue_not_run,
     settle,
+    validation_job,
 )
 from autotune.search._events import EventSink, PhaseStarted
 from autotune.search._first_trials import enqueue_base_trials, enqueue_larger_batches
@@ -55,6 +57,7 @@ from autotune.search._validate import Selection, measure_spread, validation_rese
 from autotune.search._validation_run import validate
 from autotune.spec import StudySpec
 from autotune.study import study_keys
+from autotune.study.claims import LEASE, holding, mark_done
 from autotune.study.crown import store_config, stored_config
 from autotune.study.reference import ReferenceRecord
 from autotune.study.storage import fail_stale, heartbeat, open_study
@@ -196,6 +199,8 @@ class _Outcome:
     rejected: list[Rejection] = field(default_factory=list)
     # When validation ended: writing the config is counted from here.
     validated_at: float = 0.0
+    # The claimed job this worker did (its validation), marked done once the config is stored.
+    job: str = ""
 
 
 def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.run_search)
@@ -409,17 +414,24 @@ def _validate_once(
     # Validation runs once per budget window, by whichever worker gets there first; the
     # window is read now, from the study: workers that started together may each have
     # opened one, and the last one written is the one they all share.
-    won, validated_by = claim_validation(study, window_id(study))
+    window = window_id(study)
+    won, validated_by, lost_by = await_validation(
+        study, window, wait=max(0.0, ctx.budget.left()), stop=ctx.should_stop
+    )
     outcome = _Outcome(ctx=ctx, reference=reference, validated_by=validated_by)
     if not won:
         logger.info("validation of study {!r} is done by {}", ctx.spec.name, validated_by)
         return outcome
-    wait = min(SETTLE_WAIT, max(0.0, ctx.budget.left() - 1.0))
-    settle(study, wait=wait, stop=ctx.should_stop)
-    ctx.emit(PhaseStarted(phase=Phase.VALIDATION))
-    diagnose_failures(ctx, study)
-    with ctx.clock(Phase.VALIDATION):
-        selection, ref_run, noise = validate(ctx, study, reference, end_at, hard_end=hard_end)
+    if lost_by:
+        end_at, hard_end = _take_over(ctx, lost_by)
+    outcome.job = validation_job(window)
+    with holding(study, outcome.job):
+        wait = min(SETTLE_WAIT, max(0.0, ctx.budget.left() - 1.0))
+        settle(study, wait=wait, stop=ctx.should_stop)
+        ctx.emit(PhaseStarted(phase=Phase.VALIDATION))
+        diagnose_failures(ctx, study)
+        with ctx.clock(Phase.VALIDATION):
+            selection, ref_run, noise = validate(ctx, study, reference, end_at, hard_end=hard_end)
     outcome.validated_at = clock.now()
     trials = study.get_trials(deepcopy=False)
     outcome.selection = selection
@@ -438,6 +450,25 @@ def _validate_once(
     return outcome
 
 
+def _take_over(ctx: SearchContext, lost_by: str) -> tuple[float, float]:
+    """This worker validates in place of one that died holding the claim: with what is left of
+    the budget, or a finishing share of it where less is left (the study's measurements are
+    not lost to one crash). Returns the new ``(end_at, hard_end)``."""
+    ctx.budget.total = max(
+        ctx.budget.total, ctx.budget.elapsed() + finishing_seconds(ctx.budget.total)
+    )
+    logger.warning(
+        "validation of study {!r}: {} held it and is gone (or silent past its {:.0f}s lease): this "
+        "worker validates, with {:.0f}s",
+        ctx.spec.name,
+        lost_by,
+        LEASE,
+        ctx.budget.left(),
+    )
+    end = ctx.budget.total - WRITE_RESERVE
+    return end, end
+
+
 def _write_up(study: optuna.Study, outcome: _Outcome, out: Path, budget: Budget) -> SearchResult:
     """Write the config this worker validated (or read the one stored), tidy the study, and
     say where the time went."""
@@ -447,6 +478,8 @@ def _write_up(study: optuna.Study, outcome: _Outcome, out: Path, budget: Budget)
         path = config.save(out / "best.json")
         study.set_user_attr(study_keys.BEST_CONFIG, str(path))
         store_config(study, config)
+        if outcome.job:
+            mark_done(study, outcome.job)
         logger.info(
             "wrote {} after {:.1f}s of a {:.0f}s budget", path, budget.elapsed(), budget.total
         )

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import socket
 import threading
 import time
 import warnings
@@ -16,17 +14,16 @@ from pathlib import Path
 from typing import Any, Final
 
 import optuna
-import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
-from autotune import clock
 from autotune.enums import Outcome
 from autotune.errors import StorageError
 from autotune.files import create_file, make_dirs
 from autotune.redact import mask_url, remember, userinfo_ats
 from autotune.spec import StudySpec
 from autotune.study import study_keys
-from autotune.study.guarded import GuardedStorage, database_error, engine_of
+from autotune.study.claims import claim, delete_claims, owner_alive, owner_id
+from autotune.study.guarded import GuardedStorage, database_error
 from autotune.study.trials import TrialRecord, record, write_attrs
 
 __all__ = [
@@ -61,55 +58,11 @@ _CREATION_RACE = (
     "database is locked",  # SQLite: another worker is writing the schema right now
 )
 
-_CLAIMS = sa.Table(
-    "autotune_claims",
-    sa.MetaData(),
-    sa.Column("study", sa.String(512), primary_key=True),
-    sa.Column("what", sa.String(128), primary_key=True),
-    sa.Column("owner", sa.String(512), nullable=False),
-    sa.Column("at", sa.Float, nullable=False),
-)
-
-
 # What a trial failed by the stale check records as its reason.
 STALE_REASON = (
     f"no heartbeat for {GRACE_PERIOD}s: the process running it died or could not write to the "
     "storage; failed as stale"
 )
-
-
-def owner_id() -> str:
-    """Who this process is, for claims and logs: ``host:pid``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def owner_alive(owner: str | None) -> bool | None:
-    """Whether the process an ``owner_id()`` names is alive.
-
-    Returns:
-        False when it is on this host and gone (or a zombie); True when it is this process or
-        a live autotune process here; None when it cannot tell (another host, or a live process
-        that may have reused the pid): only a heartbeat can tell then.
-    """
-    if not owner or ":" not in owner:
-        return None
-    host, _, pid_text = owner.rpartition(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return None
-    if int(pid_text) == os.getpid():
-        return True
-    try:
-        with open(f"/proc/{pid_text}/stat") as f:
-            # A zombie (killed, not yet reaped) holds nothing.
-            if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
-                return False
-        with open(f"/proc/{pid_text}/cmdline", "rb") as f:
-            # After a reboot or in a container the pid may be reused by something else.
-            return True if b"autotune" in f.read() else None
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return None
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
@@ -404,36 +357,6 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
         thread.join(5)
 
 
-def claim(study: optuna.Study, what: str, owner: str | None = None) -> str:
-    """Claim a once-per-study job (e.g. validation) in the study's database.
-
-    Returns:
-        The owner of the claim: ``owner`` when this call won it, else whoever holds it.
-    """
-    owner = owner or owner_id()
-    engine = engine_of(study._storage)
-    if engine is None:  # in-memory storage: one process, nothing to race
-        return owner
-    with contextlib.suppress(SQLAlchemyError):  # another worker may be creating it right now
-        _CLAIMS.create(engine, checkfirst=True)
-    try:
-        with engine.begin() as conn:
-            conn.execute(
-                _CLAIMS.insert().values(
-                    study=study.study_name, what=what, owner=owner, at=clock.wall()
-                )
-            )
-        return owner
-    except IntegrityError:
-        with engine.begin() as conn:
-            row = conn.execute(
-                sa.select(_CLAIMS.c.owner).where(
-                    (_CLAIMS.c.study == study.study_name) & (_CLAIMS.c.what == what)
-                )
-            ).first()
-        return row[0] if row else owner
-
-
 def delete_study(storage: optuna.storages.BaseStorage, name: str) -> None:
     """Delete the study ``name`` and its claims: a study created again under the name starts
     with no job claimed (a claim names the study, not one creation of it).
@@ -442,9 +365,4 @@ def delete_study(storage: optuna.storages.BaseStorage, name: str) -> None:
         KeyError: no study of that name.
     """
     optuna.delete_study(study_name=name, storage=storage)
-    engine = engine_of(storage)
-    # In-memory storage keeps no claims; a database where none was ever made has no table.
-    if engine is None or not sa.inspect(engine).has_table(_CLAIMS.name):
-        return
-    with engine.begin() as conn:
-        conn.execute(_CLAIMS.delete().where(_CLAIMS.c.study == name))
+    delete_claims(storage, name)
