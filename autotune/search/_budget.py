@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -106,16 +107,18 @@ def open_window(study: optuna.Study, budget: Budget) -> str:
         The window's id: validation runs once per window.
     """
     started_at = clock.wall() - budget.elapsed()
-    study.set_user_attr(
-        study_keys.BUDGET_WINDOW, {"started_at": started_at, "seconds": budget.total}
-    )
+    # Its own id: two windows opened at one (virtual) time are two windows all the same.
+    window = {"started_at": started_at, "seconds": budget.total, "id": uuid.uuid4().hex[:12]}
+    study.set_user_attr(study_keys.BUDGET_WINDOW, window)
     return window_id(study)
 
 
 def window_id(study: optuna.Study) -> str:
     """The id of the study's open budget window (``"0"`` when none is open)."""
     window = study.user_attrs.get(study_keys.BUDGET_WINDOW)
-    return str(window.get("started_at", 0)) if isinstance(window, dict) else "0"
+    if not isinstance(window, dict):
+        return "0"
+    return str(window.get("id") or window.get("started_at", 0))  # older studies: its start
 
 
 def finishing_seconds(total: float) -> float:

@@ -16,7 +16,7 @@ workload                       the workload the study tunes (its spec's ``worklo
 spec                           the study's spec, as JSON (the storage URL's password hidden)
 best_config                    where the search wrote ``best.json``
 tuned_config                   the tuned config itself, as JSON text (see ``crown.store_config``)
-budget_window                  ``{"started_at", "seconds"}``: the job's budget, shared by workers
+budget_window                  ``{"started_at", "seconds", "id"}``: the job's budget, shared by workers
 precision_choices              the precision modes the first worker offered the sampler
 fp16_diagnosis                 what diagnosing fp16's divergence found (its modules, its advice)
 ceilings:<host>:<device>       the batch ceiling of each mode on one device of one machine
