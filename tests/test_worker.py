@@ -53,6 +53,31 @@ def crashing_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
                 atexit.register(_mark)
                 return tiny_mlp()
 
+            def chatty():
+                # Prints 100 kB at every step, to stdout and to stderr.
+                import sys
+                wl = tiny_mlp()
+                inner = wl.loss
+
+                def loss(model, batch):
+                    sys.stdout.write("progress " + "." * 100_000 + "\\n")
+                    print("a warning of the workload's", file=sys.stderr)
+                    return inner(model, batch)
+
+                wl.loss = loss
+                return wl
+
+            def dies():
+                # What a native library says before it takes the process down.
+                wl = tiny_mlp()
+
+                def loss(model, batch):
+                    print("OpenBLAS error: Memory allocation still failed", flush=True)
+                    os._exit(1)
+
+                wl.loss = loss
+                return wl
+
             def crashes():
                 wl = tiny_mlp()
 
@@ -113,6 +138,32 @@ def test_failures_come_back_as_outcomes_and_the_worker_lives_on(
     if outcome == Outcome.CRASHED:
         assert r.reason == "ValueError: label 11 is out of range for 10 classes"
     assert worker.pid == pid
+
+
+def test_a_workloads_output_is_kept_with_its_probe_not_printed(
+    worker: ProbeWorker, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A workload printing every step filled the terminal and the service's log (1.6 GB in
+    30 s): its output is counted, its end kept with the probe, and none reaches the parent's."""
+    worker.run("tiny_mlp", cand(), SHORT, timeout=60)
+    capfd.readouterr()
+    r = worker.run("autotune_test_crashing_workload:chatty", cand(), SHORT, timeout=60)
+    assert r.outcome == Outcome.COMPLETED, r.reason
+    steps = SHORT.warmup_steps + SHORT.steps
+    assert r.output_bytes >= steps * 100_000
+    assert r.output.endswith("a warning of the workload's\n") and len(r.output) <= 2048
+    printed = capfd.readouterr()
+    assert "progress" not in printed.out + printed.err
+    # The next probe's output is its own.
+    assert worker.run("tiny_mlp", cand(), SHORT, timeout=60).output_bytes == 0
+
+
+def test_a_worker_that_dies_says_its_last_words_in_the_reason(worker: ProbeWorker) -> None:
+    r = worker.run("autotune_test_crashing_workload:dies", cand(), SHORT, timeout=60)
+    assert r.outcome == Outcome.CRASHED
+    assert "exit code 1" in r.reason
+    assert "its last output: OpenBLAS error: Memory allocation still failed" in r.reason
+    assert worker.run("tiny_mlp", cand(), SHORT, timeout=60).outcome == Outcome.COMPLETED
 
 
 @pytest.mark.parametrize(

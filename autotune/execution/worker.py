@@ -61,6 +61,7 @@ from autotune.execution.messages import (
     decode_reply,
     encode,
 )
+from autotune.execution.output import CapturedOutput, last_words
 from autotune.execution.runner import (
     RESTARTED,
     InProcessRunner,
@@ -109,6 +110,10 @@ def _serve(requests: Any, replies: Any, device: str, *, warm: bool = False) -> N
     here = re.compile(rf"\b{re.escape(device)}\b") if device != shown else None
 
     def send(message: BaseModel) -> None:
+        # What the workload printed goes out before its reply: it is that request's output.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
         text = encode(message)
         replies.write(here.sub(shown, text) if here else text)
         replies.flush()
@@ -177,6 +182,9 @@ class ProbeWorker(Runner):
         self.device = device
         self.warm = warm
         self._proc: subprocess.Popen | None = None
+        self._output: CapturedOutput | None = None
+        # What the workload wrote during the last request: its tail, and how many bytes.
+        self.output: tuple[str, int] = ("", 0)
         self._requests: Any = None
         self._replies: Any = None
         self.starts = 0
@@ -230,10 +238,15 @@ class ProbeWorker(Runner):
             + (["warm"] if self.warm else []),
             pass_fds=(req_r, rep_w),
             stdin=subprocess.DEVNULL,
+            # The workload's prints: kept per request, never copied whole (CapturedOutput).
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             env=env,
         )
         os.close(req_r)
         os.close(rep_w)
+        assert proc.stdout is not None
+        self._output = CapturedOutput(proc.stdout)
         self._proc = proc
         self._requests = os.fdopen(req_w, "w")
         self._replies = os.fdopen(rep_r, "r")
@@ -277,6 +290,8 @@ class ProbeWorker(Runner):
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait(5)
+        if self._output is not None:
+            self._output.join(2)  # its last words, read before anyone asks for them
         self._proc = self._requests = self._replies = None
         self._unready = False
         # A new worker holds nothing yet: the old one's report no longer says anything.
@@ -327,7 +342,7 @@ class ProbeWorker(Runner):
         )
         answer = self._ask(request, ResultReply, hard, doing="probe")
         if isinstance(answer, _Failure):
-            return crashed_result(
+            result = crashed_result(
                 workload,
                 candidate,
                 self.device,
@@ -335,7 +350,9 @@ class ProbeWorker(Runner):
                 answer.reason,
                 timed_out=answer.timed_out,
             )
-        return self._noted_result(answer.result)
+        else:
+            result = self._noted_result(answer.result)
+        return result.model_copy(update={"output": self.output[0], "output_bytes": self.output[1]})
 
     def compare(
         self,
@@ -361,9 +378,12 @@ class ProbeWorker(Runner):
             )
             return PairedResult(candidate=next(arms), reference=next(arms))
         paired = answer.paired
+        tail, written = self.output
         return paired.model_copy(
             update={
-                "candidate": self._noted_result(paired.candidate),
+                "candidate": self._noted_result(paired.candidate).model_copy(
+                    update={"output": tail, "output_bytes": written}
+                ),
                 "reference": self._noted_result(paired.reference),
             }
         )
@@ -397,6 +417,15 @@ class ProbeWorker(Runner):
     def _ask(
         self, request: Request, answer: type[_Answer], timeout: float, *, doing: str
     ) -> _Answer | _Failure:
+        """:meth:`_answer`, keeping what the workload wrote meanwhile in :attr:`output`."""
+        try:
+            return self._answer(request, answer, timeout, doing=doing)
+        finally:
+            self.output = self._output.take() if self._output is not None else ("", 0)
+
+    def _answer(
+        self, request: Request, answer: type[_Answer], timeout: float, *, doing: str
+    ) -> _Answer | _Failure:
         """Send one request (starting the worker if needed) and wait for its reply ``answer``:
         the one place that says what each way of failing means to the caller.
 
@@ -422,7 +451,8 @@ class ProbeWorker(Runner):
         except (EOFError, OSError, ValueError):
             how = _death(self._proc)
             self._stop(kill=True)
-            return _Failure(f"worker process died ({how}) during the {doing}")
+            words = last_words(self._output.peek()) if self._output is not None else ""
+            return _Failure(f"worker process died ({how}) during the {doing}{words}")
         if reply is None:
             self._stop(kill=True)
             return _Failure(

@@ -77,6 +77,10 @@ class ProbeResult(BaseModel):
     batch_size: int = 0
     # Samples seen when the parity check that stopped it early was made (off_parity only).
     parity_samples: int | None = None
+    # What the workload wrote to stdout and stderr meanwhile: the end of it, and how many bytes
+    # (a probe worker's; autotune.execution.output).
+    output: str = ""
+    output_bytes: int = 0
 
     @property
     def ok(self) -> bool:

@@ -290,6 +290,8 @@ class TrialStep:
             losses=_finite(result.losses),
             scales=[(s, v) for s, v in result.scales],
             seed=result.seed,
+            output=result.output or None,
+            output_bytes=result.output_bytes or None,
         ).write(trial)
 
     def _complete(

@@ -138,6 +138,9 @@ class TrialRecord(BaseModel):
     # Bulky series, stored last: optuna-dashboard lists a trial's attributes by name.
     losses: list[float | None] = _series("losses")
     scales: list[tuple[int, float]] = _series("scales")
+    # The end of what the workload printed during the trial, and how many bytes it printed.
+    output: str | None = None
+    output_bytes: int | None = None
     # Parity against the fp32 reference, and the samples seen where it was decided.
     loss: float | None = None
     ref_loss: float | None = None
