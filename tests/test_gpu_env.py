@@ -114,6 +114,9 @@ class _FakePopen:
         _FakePopen.started.append((args, env))
         os.write(pass_fds[1], encode(ReadyReply(pid=4242)).encode())
         self.pid = 4242
+        out, said = os.pipe()  # it prints nothing
+        os.close(said)
+        self.stdout = os.fdopen(out, "rb")
 
     def poll(self) -> int | None:
         return None
@@ -156,7 +159,19 @@ def test_a_cpu_worker_starts_as_before(
     assert {k: v for k, v in env.items() if k != "PYTHONPATH"} == {
         k: v for k, v in os.environ.items() if k != "PYTHONPATH"
     }
-    assert worker_env("cpu") == worker_env("auto") == {}
+    assert worker_env("cpu") == {}
+
+
+def test_an_auto_worker_sees_the_first_gpu_only_and_none_where_there_is_none(
+    fake_nvml: FakeNVML, fake_popen: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``device: auto`` (the spec's default) gave the worker every GPU: it sees the one it runs
+    on, as ``cuda:0`` does."""
+    with ProbeWorker("auto") as w:
+        w.start()
+    assert fake_popen[0][1]["CUDA_VISIBLE_DEVICES"] == "GPU-aaaa-0001"
+    monkeypatch.setattr(FakeNVML, "GPUS", [])
+    assert worker_env("auto", lambda: fake_nvml, {}) == {}
 
 
 def test_without_nvml_a_worker_sees_its_gpu_by_pci_index_and_a_debug_line_says_so() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -359,6 +360,50 @@ def test_the_worker_memory_limit_is_three_quarters_of_the_machine_or_the_variabl
     assert total is not None
     expected = int(total * 0.75) if limit == "default" else limit
     assert ProbeWorker(device).memory_limit == expected  # no process is started
+
+
+@pytest.mark.timeout(180)
+def test_an_auto_worker_without_a_gpu_runs_under_the_memory_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``device: auto``, the spec's default, started its worker with no limit at all: a leaking
+    workload reached 13.3 GB under a 3G setting. Where auto finds no GPU it is the CPU's."""
+    monkeypatch.setenv(MEMORY_ENV, "6G")
+    with ProbeWorker("auto") as w:
+        w.start()
+        with open(f"/proc/{w.pid}/limits") as f:
+            line = next(row for row in f if row.startswith("Max address space"))
+    limited = not torch.cuda.is_available()
+    assert line.split()[3] == (str(6 * 2**30) if limited else "unlimited")
+    assert w.memory_limit == (6 * 2**30 if limited else None)
+
+
+@pytest.mark.timeout(180)
+def test_a_memory_limit_too_small_to_start_torch_is_refused_with_the_figure_that_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AUTOTUNE_WORKER_MEMORY=3G failed with "OpenBLAS error" and a traceback; a limit the
+    worker cannot start under is one line naming the variable and a size that works."""
+    monkeypatch.setenv(MEMORY_ENV, "1G")
+    with ProbeWorker("cpu") as w, pytest.raises(SpecError) as info:
+        w.run("tiny_mlp", cand(), SHORT, timeout=60)
+    said = str(info.value)
+    assert said.startswith("AUTOTUNE_WORKER_MEMORY=1.0 GiB is too small for the probe worker")
+    enough = re.search(r"at least AUTOTUNE_WORKER_MEMORY=(\d+)G", said)
+    assert enough, said
+    monkeypatch.setenv(MEMORY_ENV, f"{enough[1]}G")  # and that figure does work
+    with ProbeWorker("cpu") as w:
+        assert w.run("tiny_mlp", cand(), SHORT, timeout=60).outcome == Outcome.COMPLETED
+    # The service, whose every study would fail, refuses it before it starts.
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    monkeypatch.setenv(MEMORY_ENV, "1G")
+    served = CliRunner().invoke(app, ["serve", "--devices", "cpu", "--storage", "sqlite://"])
+    assert served.exit_code == 2, served.output
+    assert "AUTOTUNE_WORKER_MEMORY=1.0 GiB is too small" in served.output
+    assert "Traceback" not in served.output
 
 
 @pytest.mark.parametrize("value", ["lots", "8X", "-1G"])

@@ -104,6 +104,7 @@ def serve(  # noqa: PLR0913 - a typer command: its parameters are its command-li
     """Run the tuning service: queue studies, run their probes where there is room, serve status
     and results over HTTP (API docs at /docs). SIGTERM or Ctrl-C drains it."""
     setup_logging(verbose)
+    from autotune.execution.limits import check_memory_limit
     from autotune.service import TuningService, check_bind, load_token, parse_devices
     from autotune.spec import parse_duration
     from autotune.study.storage import mask_url
@@ -120,6 +121,7 @@ def serve(  # noqa: PLR0913 - a typer command: its parameters are its command-li
                 "AUTOTUNE_TOKEN"
             )
         names = parse_devices(devices)
+        check_memory_limit(names)  # a worker that cannot start fails every study
         dirs = _workload_dirs(workload_dir or [])
         service = TuningService(
             storage, names, out_dir=out, workload_dirs=dirs, token=token, max_budget=longest

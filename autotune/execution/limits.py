@@ -7,7 +7,8 @@ probe, instead of taking the shared machine's memory.
 bytes) or ``0`` for none. The default is 75% of the machine's memory (``MemTotal``): room for
 any probe a CPU can run, and a quarter left for everyone else on the box.
 
-It is an address-space limit (``RLIMIT_AS``), and only for a worker whose device is the CPU:
+It is an address-space limit (``RLIMIT_AS``), and only for a worker whose device is the CPU
+(``auto``'s too, where its worker finds no GPU):
 CUDA reserves address space far beyond the memory it uses (a unified address space spanning
 the host's and every GPU's memory), so an address-space limit makes CUDA fail to initialise.
 ``RLIMIT_DATA`` is no way out: recent kernels count those private mappings in it too. A GPU
@@ -23,9 +24,12 @@ when the variable is unset.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import resource
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -41,6 +45,7 @@ __all__ = [
     "ORDER_ENV",
     "VISIBLE_ENV",
     "apply_memory_limit",
+    "check_memory_limit",
     "format_bytes",
     "gpu_handle",
     "limit_note",
@@ -48,6 +53,8 @@ __all__ = [
     "machine_memory",
     "parse_size",
     "pci_bus_order",
+    "startup_address_space",
+    "too_small",
     "visible_entries",
     "worker_device",
     "worker_env",
@@ -103,7 +110,8 @@ def worker_memory_limit(device: str) -> int | None:
     """The address-space limit in bytes for a worker on ``device``; None for no limit.
 
     Args:
-        device: the worker's device; only ``cpu`` gets a limit (see the module's note on CUDA).
+        device: the worker's device; only ``cpu`` gets a limit (see the module's note on CUDA),
+            and ``auto``, whose worker applies it where it finds no GPU.
 
     Raises:
         SpecError: ``AUTOTUNE_WORKER_MEMORY`` is not a size.
@@ -117,7 +125,7 @@ def worker_memory_limit(device: str) -> int | None:
     size = parse_size(text) if text else None
     # CPU only: CUDA maps far more address space than it uses, and RLIMIT_AS (or RLIMIT_DATA)
     # would make it fail to initialise; a GPU's memory is bounded by the device itself.
-    if not device.strip().lower().startswith("cpu"):
+    if not device.strip().lower().startswith(("cpu", "auto")):
         return None
     if size is not None:
         return size or None
@@ -150,6 +158,64 @@ def limit_note(limit: int) -> str:
         f"the worker may map at most {format_bytes(limit)} ({MEMORY_ENV}; raise it, or 0 for "
         "no limit)"
     )
+
+
+# Imports torch and runs what a first probe's start does (a matrix product starts the BLAS
+# threads and their buffers), then prints the address space it took at its peak.
+_STARTUP = (
+    "import torch; torch.ones(64, 64) @ torch.ones(64, 64); "
+    "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmPeak:')))"
+)
+
+
+def startup_address_space() -> int | None:
+    """Bytes of address space a worker here maps to start torch, measured in a fresh process
+    without a limit; None when it cannot be measured."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _STARTUP],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        )
+        return int(proc.stdout.split()[-1]) * 2**10 if proc.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def too_small(limit: int, how: str, need: int | None = None) -> str:
+    """The message for a limit a worker cannot start under: ``how`` it showed (its death and
+    last words, :func:`~autotune.execution.output.last_words`), and a limit that would work,
+    from ``need``, the bytes a worker here maps to start (measured when not given)."""
+    need = need or startup_address_space()
+    hint = ""
+    if need:
+        enough = math.ceil(need * 1.5 / 2**30)
+        hint = (
+            f"; a worker here maps {format_bytes(need)} just to start torch, so give it at least "
+            f"{MEMORY_ENV}={enough}G"
+        )
+    return (
+        f"{MEMORY_ENV}={format_bytes(limit)} is too small for the probe worker to start: "
+        f"{how}{hint} (or {MEMORY_ENV}=0 for no limit)"
+    )
+
+
+def check_memory_limit(devices: list[str]) -> None:
+    """Refuse, at start, a memory limit set too small for a CPU worker to start torch (measured
+    here, in a fresh process); nothing when none of ``devices`` runs under it.
+
+    Raises:
+        SpecError: naming the variable, the size a worker needs to start and one that works.
+    """
+    limits = [worker_memory_limit(d) for d in devices]
+    limit = min((x for x in limits if x), default=None)
+    if limit is None or not os.environ.get(MEMORY_ENV, "").strip():
+        return
+    need = startup_address_space()
+    if need and limit < need * 1.1:
+        raise SpecError(too_small(limit, "torch would not start under it", need))
 
 
 # ---- the one GPU a worker sees ---------------------------------------------------------------
@@ -304,7 +370,8 @@ def worker_env(
 ) -> dict[str, str]:
     """What a probe worker for ``device`` adds to its environment: for ``cuda`` and ``cuda:N``,
     ``CUDA_VISIBLE_DEVICES`` naming that one GPU by its UUID and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
-    (the worker then sees it as ``cuda:0``); nothing for ``cpu`` and ``auto``.
+    (the worker then sees it as ``cuda:0``); for ``auto``, the same for the first GPU where there
+    is one; nothing for ``cpu``.
 
     Without NVML the GPU is named by its index in PCI bus order (said in a debug line).
 
@@ -322,6 +389,11 @@ def worker_env(
         {}
     """
     name = device.strip().lower()
+    if name == "auto":  # auto runs on the first GPU where there is one: it sees that one only
+        try:
+            return worker_env("cuda:0", nvml, environ)
+        except DeviceError:
+            return {}
     if not name.startswith("cuda"):
         return {}
     environ = os.environ if environ is None else environ

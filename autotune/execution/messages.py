@@ -136,6 +136,8 @@ class ReadyReply(_Message):
 
     kind: Literal["ready"] = "ready"
     pid: int
+    # The address-space limit it runs under, in bytes (None: none).
+    memory_limit: int | None = None
 
 
 class ResultReply(_Message):

@@ -1,5 +1,5 @@
-"""What a probe worker's workload writes to stdout and stderr: read as it is written, the last
-:data:`TAIL_BYTES` of each request kept, the rest counted and dropped.
+"""What a probe worker says, and how it ended. Its workload's stdout and stderr are read as
+they are written: the last :data:`TAIL_BYTES` of each request kept, the rest counted and dropped.
 
 A workload that prints every step would otherwise fill the terminal, or the service's log, with
 gigabytes; the tail is kept with the trial, and a worker that dies says its last words.
@@ -11,12 +11,14 @@ import array
 import contextlib
 import fcntl
 import os
+import signal
+import subprocess
 import termios
 import threading
 import time
 from typing import IO
 
-__all__ = ["TAIL_BYTES", "CapturedOutput", "last_words"]
+__all__ = ["TAIL_BYTES", "CapturedOutput", "how_it_ended", "last_words"]
 
 # The most of one request's output kept (the end of it).
 TAIL_BYTES = 2048
@@ -99,3 +101,22 @@ def last_words(tail: str, limit: int = 300) -> str:
     if not text:
         return ""
     return "; its last output: " + (text if len(text) <= limit else "…" + text[-limit:])
+
+
+def how_it_ended(proc: subprocess.Popen | None) -> str:
+    """How a worker whose pipe just closed ended: ``exit code 1``, ``killed by SIGKILL``.
+
+    The pipe closes a moment before the process can be reaped: wait a little for its code.
+    """
+    if proc is None:
+        return "no process"
+    try:
+        code = proc.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        return "its pipe closed, the process still runs"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

@@ -31,12 +31,13 @@ from pydantic import BaseModel
 
 from autotune._leave import leave
 from autotune.enums import Outcome
-from autotune.errors import AutotuneError, WorkloadError
+from autotune.errors import AutotuneError, SpecError, WorkloadError
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.limits import (
     apply_memory_limit,
     limit_note,
     pci_bus_order,
+    too_small,
     worker_device,
     worker_env,
     worker_memory_limit,
@@ -61,7 +62,7 @@ from autotune.execution.messages import (
     decode_reply,
     encode,
 )
-from autotune.execution.output import CapturedOutput, last_words
+from autotune.execution.output import CapturedOutput, how_it_ended, last_words
 from autotune.execution.runner import (
     RESTARTED,
     InProcessRunner,
@@ -79,6 +80,8 @@ __all__ = ["InProcessRunner", "ProbeWorker", "Runner", "WorkerMemory", "poisons_
 _GRACE = 15.0
 # How a failed allocation reads in a reason, beside torch's own OOM messages.
 _NO_MEMORY = (*OOM_MESSAGES, "MemoryError", "Cannot allocate memory")
+# What a worker that could not map enough to start torch says as it dies.
+_CANNOT_START = (*_NO_MEMORY, "failed to map segment", "Memory allocation still failed")
 # The reply a request waits for.
 _Answer = TypeVar("_Answer", ResultReply, PairedReply, FactsReply, DiagnosisReply)
 
@@ -94,7 +97,9 @@ class _Failure:
     timed_out: bool = False
 
 
-def _serve(requests: Any, replies: Any, device: str, *, warm: bool = False) -> None:
+def _serve(
+    requests: Any, replies: Any, device: str, *, warm: bool = False, limit: int | None = None
+) -> None:
     """The worker's loop: read a request line, answer it, write the reply line.
 
     After an error that poisons the CUDA context it says so and returns: the process exits
@@ -128,7 +133,7 @@ def _serve(requests: Any, replies: Any, device: str, *, warm: bool = False) -> N
         import torch._dynamo  # noqa: F401
 
     cache: dict[str, Any] = {}
-    send(ReadyReply(pid=os.getpid()))
+    send(ReadyReply(pid=os.getpid(), memory_limit=limit))
     for line in requests:
         reply = answer(line, cache, device)
         send(reply)
@@ -136,22 +141,31 @@ def _serve(requests: Any, replies: Any, device: str, *, warm: bool = False) -> N
             return
 
 
+def _sees_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main() -> None:
     """Entry point of a worker process:
     ``python -m autotune.execution.worker DEVICE REQ_FD REPLY_FD [MEMORY_LIMIT_BYTES [warm]]``."""
     device, req_fd, reply_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    # First thing: what the probes allocate from here on counts against it
-    # (autotune.execution.limits); and GPUs numbered in PCI bus order (the parent set it; before
-    # CUDA starts, in any case).
-    apply_memory_limit(int(sys.argv[4]) if len(sys.argv) > 4 else None)
+    # First thing: GPUs numbered in PCI bus order (the parent set it; before CUDA starts, in any
+    # case), and what the probes allocate from here on counts against the memory limit
+    # (autotune.execution.limits): a CPU's worker's, ``auto``'s too where it finds no GPU.
     if not device.startswith("cpu"):
         pci_bus_order()
+    limit = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    limit = None if device == "auto" and _sees_cuda() else limit or None
+    apply_memory_limit(limit)
     # The parent logs every decision; the worker only says what goes wrong.
     logger.remove()
     logger.add(sys.stderr, level=os.environ.get("AUTOTUNE_WORKER_LOG_LEVEL", "WARNING"))
     try:
         with os.fdopen(req_fd, "r") as requests, os.fdopen(reply_fd, "w") as replies:
-            _serve(requests, replies, device, warm=len(sys.argv) > 5 and sys.argv[5] == "warm")
+            warm = len(sys.argv) > 5 and sys.argv[5] == "warm"
+            _serve(requests, replies, device, warm=warm, limit=limit)
     except (BrokenPipeError, KeyboardInterrupt):
         # The parent is gone (killed, or Ctrl-C): nobody is left to read a reply.
         pass
@@ -183,6 +197,7 @@ class ProbeWorker(Runner):
         self.warm = warm
         self._proc: subprocess.Popen | None = None
         self._output: CapturedOutput | None = None
+        self._served = 0
         # What the workload wrote during the last request: its tail, and how many bytes.
         self.output: tuple[str, int] = ("", 0)
         self._requests: Any = None
@@ -192,8 +207,9 @@ class ProbeWorker(Runner):
         self._unready = False
         # The device's memory as the worker last reported it (CUDA only; None until then).
         self.memory: WorkerMemory | None = None
-        # The worker's address-space limit in bytes (a CPU worker only; None: none).
-        self.memory_limit = worker_memory_limit(device)
+        # The address-space limit in bytes its worker runs under (CPU only; None: none), as set
+        # and as the worker reports it once started (auto on a GPU: none).
+        self.memory_limit = self._limit = worker_memory_limit(device)
 
     def interrupt(self) -> None:
         # Safe from a signal handler: only sends a signal; run() sees the pipe close.
@@ -234,7 +250,7 @@ class ProbeWorker(Runner):
         rep_r, rep_w = os.pipe()
         proc = subprocess.Popen(
             [sys.executable, "-m", "autotune.execution.worker", self.device, str(req_r), str(rep_w)]
-            + [str(self.memory_limit or 0)]
+            + [str(self._limit or 0)]
             + (["warm"] if self.warm else []),
             pass_fds=(req_r, rep_w),
             stdin=subprocess.DEVNULL,
@@ -248,6 +264,7 @@ class ProbeWorker(Runner):
         assert proc.stdout is not None
         self._output = CapturedOutput(proc.stdout)
         self._proc = proc
+        self._served = 0  # requests this process answered
         self._requests = os.fdopen(req_w, "w")
         self._replies = os.fdopen(rep_r, "r")
         self._unready = True
@@ -260,6 +277,7 @@ class ProbeWorker(Runner):
             raise RuntimeError("the probe worker did not start within 120 s")
         self._unready = False
         self.starts += 1
+        self.memory_limit = reply.memory_limit  # auto's: none where it runs on a GPU
         logger.debug("worker pid {} started for {}", self._proc.pid, self.device)
 
     def _recv(self, timeout: float) -> Reply | None:
@@ -449,10 +467,14 @@ class ProbeWorker(Runner):
             self._stop(kill=True)
             return _Failure(f"the probe worker's reply to the {doing} could not be read: {exc}")
         except (EOFError, OSError, ValueError):
-            how = _death(self._proc)
+            how, fresh = how_it_ended(self._proc), not self._served
             self._stop(kill=True)
-            words = last_words(self._output.peek()) if self._output is not None else ""
-            return _Failure(f"worker process died ({how}) during the {doing}{words}")
+            said = self._output.peek() if self._output is not None else ""
+            if fresh and self._limit and any(sign in said for sign in _CANNOT_START):
+                how = f"it died before its first answer{last_words(said, 120)}"
+                raise SpecError(too_small(self._limit, how)) from None
+            return _Failure(f"worker process died ({how}) during the {doing}{last_words(said)}")
+        self._served += reply is not None
         if reply is None:
             self._stop(kill=True)
             return _Failure(
@@ -488,25 +510,6 @@ class ProbeWorker(Runner):
             with contextlib.suppress(OSError, ValueError):
                 self._requests.close()
         self._stop()
-
-
-def _death(proc: subprocess.Popen | None) -> str:
-    """How a worker whose pipe just closed ended: ``exit code 1``, ``killed by SIGKILL``.
-
-    The pipe closes a moment before the process can be reaped: wait a little for its code.
-    """
-    if proc is None:
-        return "no process"
-    try:
-        code = proc.wait(timeout=2.0)
-    except subprocess.TimeoutExpired:
-        return "its pipe closed, the process still runs"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 if __name__ == "__main__":
