@@ -30,6 +30,7 @@ from pydantic import (
     field_validator,
 )
 
+from autotune.bounds import BOUNDS
 from autotune.errors import (
     ConfigError,
     EnvironmentMismatchWarning,
@@ -72,12 +73,12 @@ class _Model(BaseModel):
 
 # Bounds on what a config may hold: a hand-edited or corrupted file is refused at load time
 # with the field's name, not discovered as an allocation failure in the middle of training.
-# 2**31 - 1: the largest batch a tensor index takes; no device holds anything near it.
-MAX_BATCH_SIZE = 2**31 - 1
+# The candidate's own (autotune.bounds): a config holds what a search could have chosen.
+MAX_BATCH_SIZE = int(BOUNDS["candidate.batch_size"].high)
 # A learning rate of 100 is already absurd (a scaled SGD lr is a few units at most).
 MAX_LEARNING_RATE = 100.0
-# torch's GradScaler keeps its scale in fp32; past 2**64 fp16 training has long overflowed.
-MAX_INIT_SCALE = 2.0**64
+MAX_INIT_SCALE = BOUNDS["candidate.init_scale"].high
+MAX_GROWTH_INTERVAL = int(BOUNDS["candidate.growth_interval"].high)
 # An optimizer's constructor takes a handful of settings; a config holding more was not written
 # by a search.
 MAX_OPTIMIZER_KWARGS = 32
@@ -124,7 +125,7 @@ class GradScalerSettings(_Model):
     init_scale: float = Field(
         default=2.0**16, gt=0, le=MAX_INIT_SCALE, allow_inf_nan=False, strict=True
     )
-    growth_interval: StrictInt = Field(default=2000, gt=0, le=10**9)
+    growth_interval: StrictInt = Field(default=2000, gt=0, le=MAX_GROWTH_INTERVAL)
 
 
 class TrialCounts(_Model):

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import yaml
 
-from autotune.errors import AutotuneError, SpecError
+from autotune.errors import AutotuneError, SpecError, short_repr
 
 __all__ = [
     "MAX_DEPTH",
@@ -218,10 +218,19 @@ def _load_json(text: str, source: str, error: type[AutotuneError]) -> Any:
             raise _TooLong(len(digits.lstrip("-")))
         return int(digits)
 
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in pairs]
+        twice = next((k for k in keys if keys.count(k) > 1), None)
+        if twice is not None:
+            raise _Twice(twice)
+        return dict(pairs)
+
     try:
-        return json.loads(text, parse_int=bounded_int)
+        return json.loads(text, parse_int=bounded_int, object_pairs_hook=unique)
     except json.JSONDecodeError as exc:
         raise error(f"{source} is not valid JSON: {exc}") from None
+    except _Twice as exc:
+        raise error(f"{source}: {exc}") from None
     except _TooLong as exc:
         raise error(_too_long(source, exc.digits)) from None
     except RecursionError:
@@ -244,6 +253,16 @@ def _too_long(source: str, digits: int, where: str = "") -> str:
 
 class _Refused(yaml.YAMLError):
     """Raised while composing: the document passes a bound (message ready to show)."""
+
+
+class _Twice(ValueError):
+    """A key given twice in one mapping: the parser would keep the last one silently."""
+
+    def __init__(self, key: object, where: str = "") -> None:
+        super().__init__(
+            f"the key {short_repr(key)} is given twice in one mapping{where}; the last one would "
+            "silently win: keep one"
+        )
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -273,6 +292,16 @@ class _BoundedLoader(yaml.SafeLoader):
         node = super().compose_document()
         _expanded_size(node, {}, set(), self.max_nodes)
         return node
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[tuple[str, str]] = set()
+            for key, _ in node.value:  # as written: merged keys (<<) may be overridden
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if (key.tag, key.value) in seen:
+                        raise _Twice(key.value, f" ({_where(key.start_mark)})")
+                    seen.add((key.tag, key.value))
+        return super().construct_mapping(node, deep)
 
 
 def _where(mark: Any) -> str:
@@ -338,6 +367,8 @@ def _load_yaml(
         raise error(f"{source}: {exc}") from None
     except _TooLong as exc:
         raise error(_too_long(source, exc.digits, exc.where)) from None
+    except _Twice as exc:
+        raise error(f"{source}: {exc}") from None
     except Exception as exc:
         # Beside YAMLError, the safe constructors raise whatever their conversions raise on a
         # malformed scalar: ``2024-13-45`` "month must be in 1..12", ``!!int abc`` a

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from autotune.bounds import bounded, check_bound
 from autotune.errors import SpecError, format_validation_error, short_repr
 from autotune.inputs import check_shape, file_problem, load_text, read_text
 from autotune.workload_spec import workload_reference
@@ -159,11 +160,13 @@ class Candidate(_Model):
     """One point of the search space: what a probe trains with."""
 
     precision: PrecisionName
-    batch_size: int = Field(gt=0)
+    batch_size: Annotated[int, bounded("candidate.batch_size")]
     learning_rate: float = Field(gt=0, allow_inf_nan=False)
     # GradScaler's own defaults; only fp16 uses them.
-    init_scale: float = Field(default=2.0**16, gt=0, allow_inf_nan=False)
-    growth_interval: int = Field(default=2000, gt=0)
+    init_scale: Annotated[float, Field(allow_inf_nan=False), bounded("candidate.init_scale")] = (
+        2.0**16
+    )
+    growth_interval: Annotated[int, bounded("candidate.growth_interval")] = 2000
     # None: follow the workload's preference.
     channels_last: bool | None = None
     # torch.compile the model (its batch dimension marked dynamic), in this mode.
@@ -205,25 +208,29 @@ class ProbeSettings(_Model):
     """
 
     # Untimed steps first: cudnn autotune, allocator growth and scaler calibration happen here.
-    warmup_steps: int = Field(default=3, ge=0)
+    warmup_steps: Annotated[int, bounded("probe.warmup_steps")] = 3
     # Timed steps at least: the parity check needs that much of the loss curve.
-    steps: int = Field(default=20, gt=0)
+    steps: Annotated[int, bounded("probe.steps")] = 20
     # The most steps between two loss reads (one host sync each); a timed block is at most
     # this long, and shorter when its steps would take more than a tenth of min_time.
-    check_every: int = Field(default=10, gt=0)
+    check_every: Annotated[int, bounded("probe.check_every")] = 10
     # Seconds the timed phase lasts at least; None: 1s on a GPU, 2s on a CPU; 0: count steps.
-    min_time: OptionalDuration = None
+    min_time: Annotated[OptionalDuration, bounded("probe.min_time")] = None
     # Target relative half-width of the throughput's 95% interval (0.03: ±3%).
-    precision: float = Field(default=0.03, gt=0, le=1, allow_inf_nan=False)
+    precision: Annotated[float, Field(allow_inf_nan=False), bounded("probe.precision")] = 0.03
     # Let the search stop a probe early once it is clearly slower than the best candidate or
     # clearly off parity (multi-fidelity); false measures every probe to its end.
     early_stop: bool = True
     # A loss this many times above its first value is a blow-up, not noise.
-    loss_blowup_factor: float = Field(default=10.0, gt=1, allow_inf_nan=False)
+    loss_blowup_factor: Annotated[
+        float, Field(allow_inf_nan=False), bounded("probe.loss_blowup_factor")
+    ] = 10.0
     # Past warmup, GradScaler should rarely skip; more than this share of skips is divergence.
-    max_skip_rate: float = Field(default=0.25, ge=0, le=1, allow_inf_nan=False)
+    max_skip_rate: Annotated[float, Field(allow_inf_nan=False), bounded("probe.max_skip_rate")] = (
+        0.25
+    )
     # Soft limit: the probe stops and is scored on the steps it finished.
-    time_limit: Duration = 120.0
+    time_limit: Annotated[Duration, bounded("probe.time_limit")] = 120.0
     seed: Seed = 0
     # Share of a GPU's memory kept free while the probe runs (its allocator runs out there);
     # the search sets it from the spec's memory_margin. None: no cap.
@@ -260,8 +267,9 @@ class EarlyStop(_Model):
 class Range(_Model):
     """A closed interval ``[min, max]``."""
 
-    min: float = Field(gt=0, allow_inf_nan=False)
-    max: float = Field(gt=0, allow_inf_nan=False)
+    # Bounded where it is used (SearchSpace): a learning-rate multiplier is not a scale.
+    min: float = Field(allow_inf_nan=False)
+    max: float = Field(allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _ordered(self) -> Range:
@@ -276,8 +284,9 @@ class Range(_Model):
 class IntRange(_Model):
     """A closed integer interval ``[min, max]``."""
 
-    min: int = Field(gt=0)
-    max: int = Field(gt=0)
+    # Bounded where it is used (SearchSpace).
+    min: int
+    max: int
 
     @model_validator(mode="after")
     def _ordered(self) -> IntRange:
@@ -296,16 +305,18 @@ class SearchSpace(_Model):
     # Batch sizes are tried on a ladder of powers of two (and the workload's base size) inside this.
     batch_size: IntRange = Field(default_factory=lambda: IntRange(min=16, max=1024))
     # Explicit batch sizes instead of the ladder (still cut by the ceilings).
-    batch_sizes: list[Annotated[int, Field(gt=0)]] | None = Field(default=None, min_length=1)
+    batch_sizes: list[Annotated[int, bounded("space.batch_sizes[]")]] | None = Field(
+        default=None, min_length=1
+    )
     # Multiplier on the learning rate after the batch-size scaling rule; 1.0 is the rule itself,
     # and the default: a learning rate off the rule changes the final loss of a long run without
     # showing in the loss curve of a short one (benchmarks/parity_horizon.py), so the parity
     # check cannot vouch for it. Widen it (e.g. {min: 0.5, max: 2.0}) to tune the lr too.
     lr_multiplier: Range = Field(default_factory=lambda: Range(min=1.0, max=1.0))
     # Explicit multipliers instead of the continuous range.
-    lr_multipliers: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
-        default=None, min_length=1
-    )
+    lr_multipliers: (
+        list[Annotated[float, Field(allow_inf_nan=False), bounded("space.lr_multipliers[]")]] | None
+    ) = Field(default=None, min_length=1)
     # linear for SGD-like optimizers, sqrt for Adam-like; auto asks the workload.
     lr_scaling: Literal["auto", "linear", "sqrt", "none"] = "auto"
     # Powers of two in this range are tried for fp16's GradScaler; 2^16 is torch's default.
@@ -340,21 +351,30 @@ class SearchSpace(_Model):
     def _unique(cls, value: list | None) -> list | None:
         return None if value is None else list(dict.fromkeys(value))
 
+    @field_validator("batch_size", "lr_multiplier", "init_scale")
+    @classmethod
+    def _in_bounds(cls, value: Range | IntRange, info: Any) -> Range | IntRange:
+        for end in ("min", "max"):
+            check_bound(f"space.{info.field_name}.{end}", getattr(value, end))
+        return value
+
 
 class ValidationSettings(_Model):
     """How the best candidates are checked again before they become the config."""
 
     # The best few feasible candidates get a longer, fresh-seed rerun.
-    top_k: int = Field(default=2, ge=1)
+    top_k: Annotated[int, bounded("validation.top_k")] = 2
     # Longer than the search probes so the parity check sees more of the curve.
-    steps: int = Field(default=40, gt=0)
+    steps: Annotated[int, bounded("validation.steps")] = 40
     # A winner's validated speedup must have its *lower bound* at least this high: a few
     # percent is measurement noise, and then the reference itself is the config.
-    min_speedup: float = Field(default=1.05, ge=1.0, allow_inf_nan=False)
+    min_speedup: Annotated[float, Field(allow_inf_nan=False), bounded("validation.min_speedup")] = (
+        1.05
+    )
     # An fp16 candidate is validated over a run of at least this many steps (twice the
     # earliest overflow the study saw, where that is more): fp16's range often runs out only
     # after hundreds of steps, as activations grow, far past a probe's few dozen.
-    fp16_steps: int = Field(default=500, gt=0)
+    fp16_steps: Annotated[int, bounded("validation.fp16_steps")] = 500
 
 
 class StudySpec(_Model):
@@ -376,9 +396,11 @@ class StudySpec(_Model):
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     # Relative: the candidate's smoothed loss may be at most 5% above the fp32 reference's.
-    parity_tolerance: float = Field(default=0.05, ge=0, allow_inf_nan=False)
+    parity_tolerance: Annotated[float, Field(allow_inf_nan=False), bounded("parity_tolerance")] = (
+        0.05
+    )
     # Share of device memory a chosen batch must leave free: the box is shared.
-    memory_margin: float = Field(default=0.10, ge=0, lt=1, allow_inf_nan=False)
+    memory_margin: Annotated[float, Field(allow_inf_nan=False), bounded("memory_margin")] = 0.10
     # Default objective; time_to_loss estimates the wall time to reach the reference's loss.
     objective: Literal["throughput", "time_to_loss"] = "throughput"
     # SQLite beside the specs: embedded, no set-up. Use PostgreSQL for many workers.

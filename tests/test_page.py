@@ -117,7 +117,14 @@ def test_the_page_runs_only_its_own_script_and_loads_nothing(
 
 @pytest.mark.parametrize(
     ("owner", "needle"),
-    [("x" * 65, "owner: String should have at most 64 characters"), ("a\nb", "owner: String")],
+    [
+        ("x" * 65, "owner: String should have at most 64 characters"),
+        ("a\nb", "owner: String"),
+        # Shown as "ana\u202egnp.exe" it reads "anaexe.png": the name on the page is not the one sent.
+        ("ana\u202egnp.exe", "owner holds U+202E (RIGHT-TO-LEFT OVERRIDE) at position 4"),
+        ("bob\u200b", "owner holds U+200B (ZERO WIDTH SPACE)"),
+    ],
+    ids=["long", "newline", "bidi", "invisible"],
 )
 def test_an_owner_the_page_could_not_show_is_refused(
     client: tuple[TestClient, Any], owner: str, needle: str

@@ -14,6 +14,7 @@ from typing import Any
 import optuna
 
 import autotune
+from autotune.bounds import check_plain_text
 from autotune.enums import StudyState
 from autotune.errors import AutotuneError, SpecError, WorkloadError
 from autotune.inputs import Format, load_text
@@ -218,6 +219,10 @@ class TuningService:
                 "the service is draining (it is stopping); nothing was queued: submit again "
                 "once it has restarted",
             )
+        try:
+            check_plain_text(owner or "", "owner")
+        except SpecError as exc:  # U+202E would show another name than the one sent
+            raise RequestError(422, str(exc)) from None
         spec = self.parse(body, content_type)
         resumes = self._check_stored(spec)
         existing = self.queue.get(spec.name)
