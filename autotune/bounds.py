@@ -74,7 +74,9 @@ BOUNDS: dict[str, Bound] = {
     "validation.min_speedup": Bound(1, 100, "no precision mode trains 100x faster"),
     "validation.fp16_steps": _STEPS,
     "candidate.batch_size": _BATCH,
-    "candidate.init_scale": _SCALE,
+    # GradScaler keeps its scale in fp32: past 2^64 fp16 training has long overflowed (a test
+    # may ask for 2^60, to see every step skipped).
+    "candidate.init_scale": Bound(2**-24, 2**64, "GradScaler's scale, kept in fp32"),
     "candidate.growth_interval": Bound(1, 1_000_000, "steps between GradScaler's growths"),
 }
 

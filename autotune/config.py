@@ -73,9 +73,8 @@ class _Model(BaseModel):
 
 # Bounds on what a config may hold: a hand-edited or corrupted file is refused at load time
 # with the field's name, not discovered as an allocation failure in the middle of training.
-# The candidate's own (autotune.bounds): a config holds what a search could have chosen.
+# The candidate's own (autotune.bounds); a learning rate of 100 is already absurd.
 MAX_BATCH_SIZE = int(BOUNDS["candidate.batch_size"].high)
-# A learning rate of 100 is already absurd (a scaled SGD lr is a few units at most).
 MAX_LEARNING_RATE = 100.0
 MAX_INIT_SCALE = BOUNDS["candidate.init_scale"].high
 MAX_GROWTH_INTERVAL = int(BOUNDS["candidate.growth_interval"].high)

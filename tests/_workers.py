@@ -20,7 +20,7 @@ space:
   lr_multipliers: [0.5, 1.0, 2.0]
 probe: {{warmup_steps: 1, steps: {steps}, check_every: 2, min_time: 0, early_stop: false, time_limit: 20s}}
 validation: {{top_k: 1, steps: 2}}
-parity_tolerance: 10.0
+parity_tolerance: 0.5
 """
 
 

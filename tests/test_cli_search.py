@@ -95,7 +95,7 @@ def test_existing_study_with_another_space_is_refused_and_kept(tmp_path: Path) -
     ("args", "needle"),
     [
         (["--precision", "fp64"], "precision: Input should be 'fp32', 'tf32', 'fp16' or 'bf16'"),
-        (["--batch-size", "0", "--steps", "0"], "steps: Input should be greater than 0"),
+        (["--batch-size", "0", "--steps", "0"], "steps: must be from 1 to 100,000"),
         (["--device", "cuda:7"], "device 'cuda:7' does not exist"),
         (
             ["--workload", "autotune.testing.workloads:non_scalar_loss"],

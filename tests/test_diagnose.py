@@ -298,7 +298,7 @@ def test_cli_on_a_study_diagnoses_its_worst_diverged_fp16_trial(tmp_path: Path) 
         (["nostudy", "--storage", "STUDY"], "'nostudy' is neither a workload"),
         (["tiny_mlp", "--precision", "fp8"], "unknown precision 'fp8'"),
         (["tiny_mlp", "--steps", "0"], "--steps must be at least 1, got --steps 0"),
-        (["tiny_mlp", "--batch-size", "0"], "batch_size: Input should be greater than 0"),
+        (["tiny_mlp", "--batch-size", "0"], "batch_size: must be from 1 to 1,048,576"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:

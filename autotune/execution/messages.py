@@ -238,8 +238,8 @@ def encode(message: BaseModel) -> str:
     """A request or a reply as one JSON line, its newline included.
 
     Example:
-        >>> encode(ReadyReply(pid=42))
-        '{"kind":"ready","pid":42}\\n'
+        >>> encode(ReadyReply(pid=42, memory_limit=2**30))
+        '{"kind":"ready","pid":42,"memory_limit":1073741824}\\n'
     """
     return message.model_dump_json() + "\n"
 
@@ -261,7 +261,7 @@ def decode_reply(line: str) -> Reply:
 
     Example:
         >>> decode_reply('{"kind":"ready","pid":42}')
-        ReadyReply(kind='ready', pid=42)
+        ReadyReply(kind='ready', pid=42, memory_limit=None)
     """
     return _decode(_REPLIES, line, "reply")
 

@@ -11,6 +11,7 @@ import array
 import contextlib
 import fcntl
 import os
+import select
 import signal
 import subprocess
 import termios
@@ -49,8 +50,13 @@ class CapturedOutput:
 
     def _read(self) -> None:
         with contextlib.suppress(OSError, ValueError):
-            while chunk := os.read(self._fd, 1 << 16):
+            while True:
+                select.select([self._fd], [], [])
+                # Read under the lock: what has left the pipe is in the tail before a take.
                 with self._lock:
+                    chunk = os.read(self._fd, 1 << 16)
+                    if not chunk:
+                        break
                     self._tail += chunk
                     del self._tail[:-TAIL_BYTES]
                     self._written += len(chunk)
