@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,3 +119,55 @@ def test_a_stop_during_the_reference_never_fails_the_study(tmp_path: Path, stop:
     assert row.state == "done", row.error
     trials = optuna.load_study(study_name="ref", storage=db).get_trials()
     assert trials and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def _running(queue: StudyQueue, spec: Any, owner: str) -> None:
+    """Queue ``spec`` as taken and running by the service ``owner``."""
+    from autotune.service._queue import QUEUE_TABLE
+
+    queue.submit(spec.name, spec.model_dump(mode="json", exclude={"storage"}), 0)
+    with queue._db(write=True) as conn:
+        conn.execute(
+            QUEUE_TABLE.update()
+            .where(QUEUE_TABLE.c.name == spec.name)
+            .values(state="running", device="cpu", owner=owner)
+        )
+
+
+def test_services_sharing_a_queue_start_beside_each_other_and_adopt_a_dead_ones_study(
+    tmp_path: Path,
+) -> None:
+    """Two services on one SQLite file; kill -9 one while it runs a study. Restarting it exited
+    2 ("being run by another autotune serve") while the other was busy, and the other never
+    adopted the dead one's study. Now a service starts beside a live one, and the dead one's
+    study is queued again and run to its config by the one still serving."""
+    import socket
+    import subprocess
+    import sys
+
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    queue = StudyQueue(db)
+    host = socket.gethostname()
+    # A live autotune service elsewhere on this host, busy with a study of its own ...
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "autotune"])
+    service = TuningService(db, ["cpu"], out_dir=tmp_path / "out")
+
+    def spec(name: str, budget: str) -> Any:
+        return service.parse(json.dumps(sleepy(name, budget=budget)).encode(), "application/json")
+
+    try:
+        _running(queue, spec("theirs", "10s"), f"{host}:{other.pid}")
+        assert service.recover() == []  # it starts, and leaves the live one's study alone
+        service.start()
+        # ... then a third service dies (kill -9) in the middle of its study.
+        _running(queue, spec("orphan", "8s"), f"{host}:999999")
+        wait_for(
+            lambda: StudyQueue(db).get("orphan").state in ("done", "failed"), 120, "the adoption"
+        )
+    finally:
+        service.stop()
+        other.kill()
+        other.wait()
+    row = StudyQueue(db).get("orphan")
+    assert row.state == "done", row.error
+    assert StudyQueue(db).get("theirs").state == "running"  # the live one's, untouched

@@ -320,14 +320,21 @@ class StudyQueue:
                 .values(state=state, error=error, finished_at=clock.wall(), owner=None)
             )
 
-    def requeue(self, name: str) -> None:
-        """Put a running study back in the queue (the service is draining); it resumes later."""
+    def requeue(self, name: str, owner: str | None = None) -> bool:
+        """Put a running study back in the queue (the service is draining, or the one running
+        it is gone: then only while ``owner`` still holds it); it resumes later."""
+        held = QUEUE_TABLE.c.owner == owner if owner is not None else sa.true()
         with self._db(write=True) as conn:
-            conn.execute(
+            done = conn.execute(
                 QUEUE_TABLE.update()
-                .where((QUEUE_TABLE.c.name == name) & (QUEUE_TABLE.c.state == StudyState.RUNNING))
+                .where(
+                    (QUEUE_TABLE.c.name == name)
+                    & (QUEUE_TABLE.c.state == StudyState.RUNNING)
+                    & held
+                )
                 .values(state=StudyState.QUEUED, device=None, owner=None)
             )
+        return done.rowcount == 1
 
     def cancel_queued(self, name: str) -> bool:
         """Cancel a study that has not started; False when it is not queued (any more)."""
@@ -349,22 +356,32 @@ class StudyQueue:
             )
 
     def recover(self) -> list[str]:
-        """At start: studies left ``running`` by a service that died go back to the queue.
+        """At start: studies left ``running`` by a service that died go back to the queue; a
+        live service on this host sharing the queue keeps its own.
 
         Returns:
             The names put back.
-
-        Raises:
-            StorageError: another live service on this host runs studies from this queue.
         """
-        stuck = [r for r in self.rows() if r.state == StudyState.RUNNING]
-        for row in stuck:
-            if row.owner != owner_id() and owner_alive(row.owner) is True:
-                raise StorageError(
-                    f"study {row.name!r} in {mask_url(self.url)!r} is being run by another "
-                    f"autotune serve ({row.owner}); stop it first, or give this one its own "
-                    "--storage"
-                )
-        for row in stuck:
-            self.requeue(row.name)
-        return [r.name for r in stuck]
+        stuck = [
+            r
+            for r in self.rows()
+            if r.state == StudyState.RUNNING
+            and (r.owner == owner_id() or owner_alive(r.owner) is not True)
+        ]
+        return [r.name for r in stuck if self.requeue(r.name, r.owner)]
+
+    def adopt_orphans(self) -> list[str]:
+        """While serving: studies a service on this host left ``running`` when it died (kill -9)
+        go back to the queue, for whichever service sharing it takes them next.
+
+        Returns:
+            The names put back.
+        """
+        stuck = [
+            r
+            for r in self.rows()
+            if r.state == StudyState.RUNNING
+            and r.owner != owner_id()
+            and owner_alive(r.owner) is False
+        ]
+        return [r.name for r in stuck if self.requeue(r.name, r.owner)]

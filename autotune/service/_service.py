@@ -127,11 +127,8 @@ class TuningService:
     # ---- life ------------------------------------------------------------------------------
 
     def recover(self) -> list[str]:
-        """Put studies a dead service left running back in the queue (before :meth:`start`).
-
-        Raises:
-            StorageError: another live service runs studies from this queue.
-        """
+        """Put studies a dead service left running back in the queue (before :meth:`start`);
+        a live one sharing the queue keeps its own, and its studies are adopted should it die."""
         self._recovered = True
         return self.queue.recover()
 
