@@ -379,3 +379,25 @@ def test_a_cancel_between_taking_and_starting_a_study_is_not_lost(tmp_path: Path
     service.scheduler._run(row, "cpu")
     finished = service.queue.get("t")
     assert finished is not None and finished.state == "cancelled"
+
+
+def test_a_damaged_database_gets_its_own_message_and_health_says_so(tmp_path: Path) -> None:
+    """A corrupt SQLite file answered 503 with "free space on its disk" while /health said
+    "ok". Now both name the damage and what to do about it; the study data is not touched."""
+    from fastapi.testclient import TestClient
+
+    db = tmp_path / "s.db"
+    service = TuningService(f"sqlite:///{db}", ["cpu"], out_dir=tmp_path / "out")
+    http = TestClient(create_app(service, loopback_only=True), base_url="http://127.0.0.1:8765")
+    assert http.get("/health").json()["status"] == "ok"
+    service.queue.engine.dispose()  # nothing cached: every look reads the file
+    with db.open("r+b") as f:  # a header overwritten, as by a stray dd or a bad disk
+        f.write(b"\0" * 100)
+    r = http.post("/studies", content=b"name: x\nworkload: tiny_mlp\nbudget: 10s\n")
+    assert r.status_code == 503, r.text
+    said = r.json()["detail"]
+    assert "file is not a database" in said and "its file is damaged: restore it" in said
+    assert "free space" not in said
+    health = http.get("/health").json()
+    assert health["status"] == "storage_error", health
+    assert "its file is damaged" in health["storage_error"]

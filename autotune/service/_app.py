@@ -8,7 +8,7 @@ Endpoints (OpenAPI at ``/docs``)::
     GET  /studies/{name}/config its TunedConfig when done (404 unknown, 409 not done)
     POST /studies/{name}/cancel cancel a queued or running study                    token
     GET  /devices               free/total memory, what runs there, other processes, worker
-    GET  /health                up or draining, with counts
+    GET  /health                ok, draining or storage_error, with counts
     GET  /                      the page: devices, queue, running and finished studies, live
     GET  /page/live             the page's live part (HTML), which the page fetches again
     GET  /studies/{name}/report the study's HTML report, as it stands
@@ -295,7 +295,7 @@ def create_app(
         app.add_middleware(PrivateReads, token=service.token)
     # Added last, so it runs first: a cross-site request is refused before its body is read.
     app.add_middleware(_SameSite, loopback_only=loopback_only)
-    _handle_errors(app)
+    _handle_errors(app, service)
     require_token = _token_check(service)
     _route_health_and_submit(app, service, require_token, max_body=max_body)
     _route_studies(app, service, require_token)
@@ -319,7 +319,7 @@ def _lifespan(service: TuningService) -> Callable[[FastAPI], AbstractAsyncContex
     return lifespan
 
 
-def _handle_errors(app: FastAPI) -> None:
+def _handle_errors(app: FastAPI, service: TuningService) -> None:
     """Every refusal, and every failure, answers ``{"detail": ...}`` with its status."""
 
     @app.exception_handler(RequestError)
@@ -328,6 +328,7 @@ def _handle_errors(app: FastAPI) -> None:
 
     @app.exception_handler(StorageIOError)
     async def _storage(request: Request, exc: StorageIOError) -> JSONResponse:
+        service.queue.problem = str(exc)  # /health says so until the storage answers again
         return JSONResponse(
             {"detail": f"{exc}; nothing was changed, try again in a moment"},
             status_code=503,

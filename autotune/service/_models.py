@@ -142,7 +142,9 @@ class DeviceInfo(_Model):
 class Health(_Model):
     """Whether the service is up, and a one-look summary."""
 
-    status: Literal["ok", "draining"]
+    status: Literal["ok", "draining", "storage_error"]
+    # What is wrong with the storage, as its last read or write found it (None: nothing).
+    storage_error: str | None = None
     version: str
     devices: list[str]
     queued: int

@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from autotune import clock
 from autotune.enums import StudyState
 from autotune.errors import StorageError, StorageIOError
+from autotune.study.guarded import advice
 from autotune.study.storage import database_error, mask_url, owner_alive, owner_id
 
 __all__ = ["QUEUE_TABLE", "STATES", "QueueRow", "StudyQueue"]
@@ -115,6 +116,9 @@ class StudyQueue:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        # What the last look at the database found wrong (None: nothing), for /health.
+        self.problem: str | None = None
+        self._problem_in_write = False
         # Studies per state, kept in memory for /health (see counts()).
         self._counts: dict[str, int] = {}
         self._counts_lock = threading.Lock()
@@ -179,11 +183,15 @@ class StudyQueue:
         except IntegrityError:
             raise
         except SQLAlchemyError as exc:
-            verb = "written" if write else "read"
-            raise StorageIOError(
-                f"the service's storage {mask_url(self.url)!r} cannot be {verb} "
-                f"({database_error(exc)})"
-            ) from exc
+            verb, reason = "written" if write else "read", database_error(exc)
+            self.problem = (
+                f"the service's storage {mask_url(self.url)!r} cannot be {verb} ({reason}); "
+                f"{advice(reason)}"
+            )
+            self._problem_in_write = write
+            raise StorageIOError(self.problem) from exc
+        if write or not self._problem_in_write:  # a read says nothing of a refused write
+            self.problem = None
         if write:
             self._refresh_counts()
 

@@ -477,8 +477,11 @@ class TuningService:
         """Up or draining, with queue counts: from memory only (no database, no thread), so
         the API answers it on its event loop however busy the rest is."""
         counts = self.queue.counts()
+        problem = self.queue.problem
+        status = "draining" if self.scheduler.draining else "storage_error" if problem else "ok"
         return Health(
-            status="draining" if self.scheduler.draining else "ok",
+            status=status,
+            storage_error=problem,
             version=autotune.__version__,
             devices=list(self.monitor.devices),
             queued=counts.get(StudyState.QUEUED, 0),

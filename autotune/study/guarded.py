@@ -16,7 +16,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from autotune.errors import StorageIOError
 from autotune.redact import mask_url
 
-__all__ = ["GUARDED_PRIVATE", "GuardedStorage", "database_error", "engine_of"]
+__all__ = [
+    "GUARDED_PRIVATE",
+    "GuardedStorage",
+    "advice",
+    "damaged",
+    "database_error",
+    "engine_of",
+]
 
 
 def engine_of(storage: optuna.storages.BaseStorage) -> Any:
@@ -41,6 +48,30 @@ def database_error(exc: BaseException) -> str:
     cause = getattr(cause, "orig", None) or cause
     text = str(cause).strip()
     return (text.splitlines()[0][:200] if text else type(cause).__name__) or "unknown error"
+
+
+# What SQLite says of a file that is no longer a database it can read.
+_DAMAGED = ("malformed", "file is not a database", "database corruption", "file is encrypted")
+
+
+def damaged(reason: str) -> bool:
+    """Whether the database's words (:func:`database_error`) say its file is damaged."""
+    return any(sign in reason for sign in _DAMAGED)
+
+
+def advice(reason: str) -> str:
+    """What to do about a storage failure whose database said ``reason``.
+
+    Example:
+        >>> advice("database disk image is malformed")
+        'its file is damaged: restore it from a backup or give a new --storage (nothing autotune does repairs it)'
+    """
+    if damaged(reason):
+        return (
+            "its file is damaged: restore it from a backup or give a new --storage (nothing "
+            "autotune does repairs it)"
+        )
+    return "what it holds is kept: free space on its disk (or bring its server back), then resume"
 
 
 # Every database call of Optuna's storage: its public methods but those that touch no database,
@@ -112,9 +143,9 @@ def _guard(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return method(self, *args, **kwargs)
         except (optuna.exceptions.StorageInternalError, SQLAlchemyError) as exc:
+            reason = database_error(exc)
             raise StorageIOError(
-                f"storage {mask_url(self.url)!r} cannot be {verb} ({database_error(exc)}); what "
-                "it holds is kept: free space on its disk (or bring its server back), then resume"
+                f"storage {mask_url(self.url)!r} cannot be {verb} ({reason}); {advice(reason)}"
             ) from exc
 
     return guarded
