@@ -391,6 +391,9 @@ def test_a_config_naming_os_abort_is_refused_before_anything_is_called(tmp_path:
     ("workload", "needle"),
     [
         ("subprocess:run", "module 'subprocess' is part of Python itself"),
+        # A library's own zero-argument function: it ran (torch.cuda:init initialised CUDA).
+        ("torch.cuda:init", "module 'torch.cuda' belongs to torch, a library autotune runs on"),
+        ("yaml:warnings", "module 'yaml' belongs to PyYAML, a library autotune runs on"),
         ("autotune.cli:main", "autotune's workloads live in autotune.workloads"),
         ("autotune.workloads:load_workload", "has no workload 'load_workload'; it has resnet18"),
         ("trainpkg.train:abort", "'abort' is a builtin_function_or_method, not a function"),
@@ -403,6 +406,8 @@ def test_a_config_naming_os_abort_is_refused_before_anything_is_called(tmp_path:
     ],
     ids=[
         "stdlib",
+        "a-library",
+        "a-library-named-otherwise",
         "autotune-internals",
         "builtin-non-factory",
         "imported-builtin",

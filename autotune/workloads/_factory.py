@@ -7,18 +7,26 @@ Both use these rules:
 
 1. **Not the standard library.** No module of Python's own (``os:abort``, ``subprocess:run``)
    makes a workload, and calling one can do anything: refused by name, before any import.
-2. **autotune's own modules** offer only the factories :func:`builtin_factories` lists.
-3. **A user's package** offers a :class:`~autotune.workloads.Workload`, or a function defined
+2. **Not a library autotune runs on.** ``torch.cuda:init`` takes no argument and is a function
+   of its package, but torch is no workload: an installed requirement of autotune (its extras'
+   and theirs too) is refused by name, before any import (:func:`library_of`).
+3. **autotune's own modules** offer only the factories :func:`builtin_factories` lists.
+4. **A user's package** offers a :class:`~autotune.workloads.Workload`, or a function defined
    in that package (not imported into it from elsewhere) that takes no required argument and
    is not declared to return anything but a Workload.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
 import inspect
+import re
 import sys
 import typing
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from autotune.workloads._base import Workload
@@ -30,6 +38,7 @@ __all__ = [
     "builtin_factories",
     "factory_problem",
     "is_stdlib",
+    "library_of",
     "module_factories",
 ]
 
@@ -63,6 +72,56 @@ def is_stdlib(module: str) -> bool:
     """
     top = module.split(".")[0]
     return top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ())
+
+
+def library_of(module: str) -> str | None:
+    """The library autotune runs on (a requirement of it, an extra's or a requirement's, e.g.
+    ``torch``) that ``module`` belongs to, found without importing it; None for anything else,
+    e.g. the user's own package.
+
+    Example:
+        >>> library_of("torch.cuda"), library_of("mypkg.train")
+        ('torch', None)
+    """
+    top = module.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    origin = (spec.origin or "") if spec is not None else ""
+    places = [origin, *(spec.submodule_search_locations or [])] if spec is not None else []
+    if not any(
+        part in ("site-packages", "dist-packages") for p in places for part in Path(p).parts
+    ):
+        return None  # not installed: the user's own code (the path their project is on)
+    libraries = _libraries()
+    if _norm(top) in libraries:  # most are named as their module (torch, numpy, optuna)
+        return _norm(top)
+    # The rest (yaml is pyyaml's, PIL pillow's): every installed distribution's modules.
+    owners = metadata.packages_distributions().get(top, [])
+    return next((d for d in owners if _norm(d) in libraries), None)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@functools.lru_cache(maxsize=1)
+def _libraries() -> frozenset[str]:
+    """autotune's requirements, its extras' and theirs, all the way down (normalized names)."""
+    seen: set[str] = set()
+    todo = ["autotune"]
+    while todo:
+        try:
+            wanted = metadata.requires(todo.pop()) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in wanted:
+            name = _norm(re.split(r"[\s;<>=!~\[(]", line, maxsplit=1)[0])
+            if name and name not in seen:
+                seen.add(name)
+                todo.append(name)
+    return frozenset(seen)
 
 
 def _required(fn: Any) -> list[str]:

@@ -15,6 +15,7 @@ from autotune.workloads._factory import (
     builtin_factories,
     factory_problem,
     is_stdlib,
+    library_of,
 )
 from autotune.workloads._objects import import_user_module, resolve
 
@@ -119,6 +120,12 @@ def check_factory(reference: str) -> str:
             f"workload {reference!r}: module {module_name!r} is part of Python itself, not a "
             f"workload; name a function of your own package (e.g. mypkg.train:workload) or "
             f"{builtins}"
+        )
+    if (library := library_of(module_name)) is not None:
+        raise WorkloadError(
+            f"workload {reference!r}: module {module_name!r} belongs to {library}, a library "
+            f"autotune runs on, not a workload; name a function of your own package (e.g. "
+            f"mypkg.train:workload) or {builtins}"
         )
     if module_name.split(".")[0] == "autotune" and module_name not in BUILTIN_MODULES:
         raise WorkloadError(
