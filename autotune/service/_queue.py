@@ -14,6 +14,7 @@ The order is priority (higher first), then submission order.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +36,8 @@ __all__ = ["QUEUE_TABLE", "STATES", "QueueRow", "StudyQueue"]
 # What a row's state column holds (paused is shown, never stored).
 STATES = tuple(s for s in StudyState if s != StudyState.PAUSED)
 FINISHED = tuple(s for s in StudyState if s.finished)
+# Seconds between two looks for the studies of a dead service sharing the queue.
+ADOPT_EVERY = 5.0
 
 _META = sa.MetaData()
 QUEUE_TABLE = sa.Table(
@@ -122,6 +125,7 @@ class StudyQueue:
         # Studies per state, kept in memory for /health (see counts()).
         self._counts: dict[str, int] = {}
         self._counts_lock = threading.Lock()
+        self._next_adopt = -math.inf  # when adopt_orphans looks again
         kwargs: dict[str, Any] = {}
         if url.startswith("sqlite"):
             # Optuna's heartbeats and trial writes share the file: wait for a lock, don't fail.
@@ -379,12 +383,17 @@ class StudyQueue:
         return [r.name for r in stuck if self.requeue(r.name, r.owner)]
 
     def adopt_orphans(self) -> list[str]:
-        """While serving: studies a service on this host left ``running`` when it died (kill -9)
-        go back to the queue, for whichever service sharing it takes them next.
+        """While serving, every :data:`ADOPT_EVERY` seconds at most: studies a service on this
+        host left ``running`` when it died (kill -9) go back to the queue, for whichever
+        service sharing it takes them next (a restart of that one may never come).
 
         Returns:
             The names put back.
         """
+        with self._counts_lock:
+            if clock.now() < self._next_adopt:
+                return []
+            self._next_adopt = clock.now() + ADOPT_EVERY
         stuck = [
             r
             for r in self.rows()
@@ -392,4 +401,7 @@ class StudyQueue:
             and r.owner != owner_id()
             and owner_alive(r.owner) is False
         ]
-        return [r.name for r in stuck if self.requeue(r.name, r.owner)]
+        names = [r.name for r in stuck if self.requeue(r.name, r.owner)]
+        for name in names:
+            logger.warning("study {!r}: the service running it is gone; queued again", name)
+        return names

@@ -72,8 +72,6 @@ _STALE_WAIT = GRACE_PERIOD + HEARTBEAT_INTERVAL + 1.0
 _DRAIN_JOIN = 150.0
 # NVML's utilisation is sampled over up to a second: right after our own probe it is still ours.
 _UTIL_WINDOW = 1.5
-# Seconds between two looks for the studies of a service that died (sharing this queue).
-_ADOPT_EVERY = 5.0
 # Seconds between write attempts while the storage refuses writes (a full disk).
 _STORAGE_RETRY = 3.0
 # Seconds a "should a queued study of higher priority take this device?" answer is reused.
@@ -127,7 +125,6 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         # device → when our last probe there ended (monotonic seconds)
         self._probe_ended: dict[str, float] = {}
-        self._next_adopt = -math.inf  # when to look for a dead service's studies next
 
     # ---- control ---------------------------------------------------------------------------
 
@@ -227,7 +224,7 @@ class Scheduler:
                     continue
                 row = self.queue.take_next(device, lambda r: accepts(device, r.requested_device))
                 if row is None:
-                    self._adopt()
+                    self.queue.adopt_orphans()  # a dead service's studies: taken at the next look
                     self._idle()
                     continue
                 self._run(row, device)
@@ -239,17 +236,6 @@ class Scheduler:
             except Exception:  # a bug or a lost database: log it, keep the device thread alive
                 logger.exception("device {}: scheduler error; retrying in 5 s", device)
                 self._idle(5.0)
-
-    def _adopt(self) -> None:
-        """Every few seconds: put back in the queue what a service sharing it left running
-        when it died, so one of us runs it (a restart of that service may never come)."""
-        with self._runs_lock:
-            if clock.now() < self._next_adopt:
-                return
-            self._next_adopt = clock.now() + _ADOPT_EVERY
-        for name in self.queue.adopt_orphans():
-            logger.warning("study {!r}: the service running it is gone; queued again", name)
-            self.wake()
 
     # ---- one study -------------------------------------------------------------------------
 
