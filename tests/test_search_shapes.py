@@ -35,7 +35,10 @@ def test_fp16_that_overflows_after_the_probes_end_is_refused_for_the_safe_standb
         cfg = run.config
         assert cfg.evidence.validated, cfg.evidence.validation_note
         assert cfg.precision == "bf16"
+        # Safe over a long run: no divergence, and no lasting gap past the tolerance (bs=1024's
+        # is +6%: it used to be validated on its short pair's figure).
         assert not truth_of(land, cfg).diverges
+        assert truth_of(land, cfg).parity_gap <= 0.05, cfg.batch_size
         assert run.seconds <= 180.0
         # The config says why not fp16: its divergence at the step it came, or (fp16 at 16x
         # the batch is also +6% off parity here) its parity.

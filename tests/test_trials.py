@@ -321,7 +321,11 @@ def test_optuna_dashboard_shows_the_config_with_its_validated_figure_as_the_best
     dashboard_exe()
     storage = f"sqlite:///{tmp_path / 'studies.db'}"
     configs = {
-        "validated": search(storage, "validated", landscape(), "90s"),
+        # Large batches well within parity: validated on any seed (at the default's 0.004 per
+        # batch ratio, bs=1024 is 6% off, and a 90 s search may end at the reference).
+        "validated": search(
+            storage, "validated", landscape(**{"parity.gap_per_batch_ratio": 0.001}), "90s"
+        ),
         "fallback": search(storage, "fallback", nothing_beats_fp32(), "45s"),
     }
     assert configs["validated"].evidence.validated and not configs["fallback"].evidence.validated

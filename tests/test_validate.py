@@ -397,13 +397,13 @@ def test_the_seed_spread_rests_on_three_repeats_before_a_borderline_trial_is_jud
     )
 
     def remeasure() -> None:
-        reference.measurements.append(first.model_copy(update={"seed_gap": -0.03}))
+        reference.measurements.append(first.model_copy(update={"seed_gap": -0.045}))
 
     measure_spread(ctx, study, reference, remeasure, end_at)
     gaps = [m.seed_gap for m in reference.measurements if m.seed_gap is not None]
     assert len(gaps) == repeats
     if repeats == 3:
-        assert reference.seed_noise(0.05) > 0.04  # the band admits the trial now
+        assert 0.05 + reference.seed_noise(0.05) > 0.075  # the band admits the trial now
 
 
 def test_a_larger_batch_lagging_at_the_probes_horizon_is_validated_at_a_longer_one() -> None:

@@ -115,17 +115,19 @@ def _rank(trial: FrozenTrial) -> float:
     return cast(float, trial.value) if is_feasible(trial) else record(trial).speedup or 0.0
 
 
-def safe_standby(
+def safe_standby(  # noqa: PLR0913 - the standby's rules, keyword-only
     trials: Iterable[FrozenTrial],
     picked: list[FrozenTrial],
     *,
     min_speedup: float,
     ruled_out: Container[FrozenTrial] = (),
+    parity_tolerance: float | None = None,
 ) -> FrozenTrial | None:
     """The candidate validation falls to when every leader is refused: the fastest feasible
     trial that carries neither risk a short probe cannot rule out (fp16's late overflow, a
-    compile that must be paid again), when no leader is such a one already; None when there
-    is none, or no need.
+    compile that must be paid again) nor, with ``parity_tolerance``, a parity gap past half of
+    it (the fastest batches sit at the tolerance's edge, where validation's longer look may
+    tip them over), when no leader is such a one already; None when there is none, or no need.
 
     Example:
         >>> safe_standby([], [], min_speedup=1.05) is None
@@ -133,7 +135,9 @@ def safe_standby(
     """
 
     def safe(t: FrozenTrial) -> bool:
-        return not carries_risk(t.params)
+        gap = record(t).parity_gap
+        clear = parity_tolerance is None or (gap is not None and gap <= parity_tolerance / 2)
+        return not carries_risk(t.params) and clear
 
     if any(safe(t) for t in picked):
         return None
