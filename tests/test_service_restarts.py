@@ -171,3 +171,41 @@ def test_services_sharing_a_queue_start_beside_each_other_and_adopt_a_dead_ones_
     row = StudyQueue(db).get("orphan")
     assert row.state == "done", row.error
     assert StudyQueue(db).get("theirs").state == "running"  # the live one's, untouched
+
+
+@pytest.mark.parametrize("storage_url", ["sqlite", "postgresql"], indirect=True)
+def test_a_service_on_another_host_holds_its_study_while_it_beats_and_loses_it_when_silent(
+    storage_url: str, tmp_path: Path
+) -> None:
+    """Services on two boxes share a PostgreSQL queue: the other box's process cannot be seen
+    from here, so its hold on a study is its beat. A fresh beat keeps the study (a restart here
+    used to take it back into the queue at once); one silent past the lease loses it."""
+    from autotune import clock
+    from autotune.service._queue import LEASE, QUEUE_TABLE
+
+    queue = StudyQueue(storage_url)
+    service = TuningService(storage_url, ["cpu"], out_dir=tmp_path / "out")
+    spec = service.parse(json.dumps(sleepy("remote")).encode(), "application/json")
+    _running(queue, spec, "another-box:7")
+
+    def beat(ago: float) -> None:
+        with queue._db(write=True) as conn:
+            conn.execute(QUEUE_TABLE.update().values(beat_at=clock.wall() - ago))
+
+    beat(1.0)
+    assert StudyQueue(storage_url).recover() == []
+    assert StudyQueue(storage_url).adopt_orphans() == []
+    assert queue.get("remote").state == "running"
+    beat(LEASE + 5)
+    assert StudyQueue(storage_url).adopt_orphans() == ["remote"]
+    assert queue.get("remote").state == "queued"
+    # And a service beats for the studies it runs itself.
+    from autotune.study.storage import owner_id
+
+    _running(
+        queue, service.parse(json.dumps(sleepy("mine")).encode(), "application/json"), owner_id()
+    )
+    beat(LEASE + 5)
+    queue.beat()
+    assert clock.wall() - queue.get("mine").beat_at < LEASE
+    assert StudyQueue(storage_url).adopt_orphans() == []

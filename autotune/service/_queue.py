@@ -13,6 +13,7 @@ The order is priority (higher first), then submission order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -61,9 +62,15 @@ QUEUE_TABLE = sa.Table(
     sa.Column("runs", sa.Integer, nullable=False, default=0),
     # Who submitted it, as their client said (a label for people, not an identity).
     sa.Column("submitted_by", sa.String(64)),
+    # When the service running it last said it still does (wall time; see StudyQueue.beat).
+    sa.Column("beat_at", sa.Float),
 )
 # Columns later versions added, created in an older database when it is opened.
-_ADDED = {"submitted_by": "VARCHAR(64)"}
+_ADDED = {"submitted_by": "VARCHAR(64)", "beat_at": "FLOAT"}
+# A running study's service beats this often (seconds); one silent for LEASE has lost it (a
+# service on another host, whose process this one cannot see).
+BEAT_EVERY = 2.0
+LEASE = 16.0
 
 
 @dataclass
@@ -84,6 +91,7 @@ class QueueRow:
     probe_seconds: float = 0.0
     runs: int = 0
     submitted_by: str | None = None
+    beat_at: float | None = None
 
     @classmethod
     def from_db(cls, row: Any) -> QueueRow:
@@ -316,6 +324,7 @@ class StudyQueue:
                         device=device,
                         owner=service_owner(),
                         started_at=clock.wall(),
+                        beat_at=clock.wall(),
                         runs=QUEUE_TABLE.c.runs + 1,
                     )
                 )
@@ -377,8 +386,7 @@ class StudyQueue:
         stuck = [
             r
             for r in self.rows()
-            if r.state == StudyState.RUNNING
-            and (r.owner == owner_id() or owner_alive(r.owner) is not True)
+            if r.state == StudyState.RUNNING and (r.owner == owner_id() or _gone(r, unknown=True))
         ]
         return [r.name for r in stuck if self.requeue(r.name, r.owner)]
 
@@ -397,11 +405,44 @@ class StudyQueue:
         stuck = [
             r
             for r in self.rows()
-            if r.state == StudyState.RUNNING
-            and r.owner != owner_id()
-            and owner_alive(r.owner) is False
+            if r.state == StudyState.RUNNING and r.owner != owner_id() and _gone(r)
         ]
         names = [r.name for r in stuck if self.requeue(r.name, r.owner)]
         for name in names:
             logger.warning("study {!r}: the service running it is gone; queued again", name)
         return names
+
+    def beat(self) -> None:
+        """Say that this service still runs its running studies (every BEAT_EVERY seconds, on
+        a thread of its own: :meth:`start_beating`)."""
+        with self._db(write=True) as conn:
+            conn.execute(
+                QUEUE_TABLE.update()
+                .where(
+                    (QUEUE_TABLE.c.owner == owner_id())
+                    & (QUEUE_TABLE.c.state == StudyState.RUNNING)
+                )
+                .values(beat_at=clock.wall())
+            )
+
+    def start_beating(self, stop: threading.Event) -> None:
+        """Beat until ``stop`` is set; a beat the storage refuses is tried again next time."""
+
+        def beating() -> None:
+            while not stop.wait(BEAT_EVERY):
+                with contextlib.suppress(StorageIOError):
+                    self.beat()
+
+        threading.Thread(target=beating, name="queue-beat", daemon=True).start()
+
+
+def _gone(row: QueueRow, *, unknown: bool = False) -> bool:
+    """Whether the service running ``row`` is gone: dead on this host, or silent past the
+    lease (another host's); one that never beat (an older version) counts as gone when
+    ``unknown``."""
+    alive = owner_alive(row.owner)
+    if alive is not None:
+        return not alive
+    if row.beat_at is None:
+        return unknown
+    return clock.wall() - row.beat_at > LEASE

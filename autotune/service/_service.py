@@ -7,6 +7,7 @@ anything, so a refused request leaves the queue and the storage as they were; a 
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,7 @@ class TuningService:
         )
         self.standings = StandingCache(self.storage)
         self._recovered = False
+        self._beats = threading.Event()  # set: the queue's beats stop
 
     # ---- life ------------------------------------------------------------------------------
 
@@ -136,6 +138,7 @@ class TuningService:
         """Start the device threads (recovering the queue first, if not done yet)."""
         if not self._recovered:
             self.recover()
+        self.queue.start_beating(self._beats)  # the lease on the studies it runs
         self.scheduler.start()
 
     def stop(self) -> None:
@@ -144,6 +147,7 @@ class TuningService:
         Safe to call again (and from two threads): later calls wait for the first drain.
         """
         self.scheduler.drain()
+        self._beats.set()
 
     # ---- submit ----------------------------------------------------------------------------
 
