@@ -219,11 +219,12 @@ def _load_json(text: str, source: str, error: type[AutotuneError]) -> Any:
         return int(digits)
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [k for k, _ in pairs]
-        twice = next((k for k in keys if keys.count(k) > 1), None)
-        if twice is not None:
-            raise _Twice(twice)
-        return dict(pairs)
+        found: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in found:
+                raise _Twice(key)
+            found[key] = value
+        return found
 
     try:
         return json.loads(text, parse_int=bounded_int, object_pairs_hook=unique)

@@ -322,6 +322,11 @@ class ProbeWorker(Runner):
             return f"{reason}; {limit_note(self.memory_limit)}"
         return reason
 
+    def _with_output(self, result: ProbeResult) -> ProbeResult:
+        """``result`` with what the workload wrote during its request (:attr:`output`)."""
+        tail, written = self.output
+        return result.model_copy(update={"output": tail, "output_bytes": written})
+
     def _noted_result(self, result: ProbeResult) -> ProbeResult:
         if result.reason and (result.outcome in (Outcome.OOM, Outcome.CRASHED)):
             return result.model_copy(update={"reason": self._noted(result.reason)})
@@ -370,7 +375,7 @@ class ProbeWorker(Runner):
             )
         else:
             result = self._noted_result(answer.result)
-        return result.model_copy(update={"output": self.output[0], "output_bytes": self.output[1]})
+        return self._with_output(result)
 
     def compare(
         self,
@@ -396,12 +401,9 @@ class ProbeWorker(Runner):
             )
             return PairedResult(candidate=next(arms), reference=next(arms))
         paired = answer.paired
-        tail, written = self.output
         return paired.model_copy(
             update={
-                "candidate": self._noted_result(paired.candidate).model_copy(
-                    update={"output": tail, "output_bytes": written}
-                ),
+                "candidate": self._with_output(self._noted_result(paired.candidate)),
                 "reference": self._noted_result(paired.reference),
             }
         )
@@ -474,7 +476,6 @@ class ProbeWorker(Runner):
                 how = f"it died before its first answer{last_words(said, 120)}"
                 raise SpecError(too_small(self._limit, how)) from None
             return _Failure(f"worker process died ({how}) during the {doing}{last_words(said)}")
-        self._served += reply is not None
         if reply is None:
             self._stop(kill=True)
             return _Failure(
@@ -482,6 +483,7 @@ class ProbeWorker(Runner):
                 f"{time.perf_counter() - started:.0f}s",
                 timed_out=True,
             )
+        self._served += 1
         if isinstance(reply, ResultReply | FactsReply | DiagnosisReply):
             self.memory = reply.memory
         if isinstance(reply, answer):

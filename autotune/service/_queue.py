@@ -398,10 +398,9 @@ class StudyQueue:
         Returns:
             The names put back.
         """
-        with self._counts_lock:
-            if clock.now() < self._next_adopt:
-                return []
-            self._next_adopt = clock.now() + ADOPT_EVERY
+        if clock.now() < self._next_adopt:  # device threads racing here requeue each row once
+            return []
+        self._next_adopt = clock.now() + ADOPT_EVERY
         stuck = [
             r
             for r in self.rows()

@@ -122,22 +122,14 @@ def take(study: optuna.Study, what: str, owner: str | None = None) -> tuple[str,
         row = conn.execute(
             sa.select(_CLAIMS.c.owner, _CLAIMS.c.at).where(_key(study, what))
         ).first()
-        if row is not None and (row.owner == owner or not _lapsed(row.owner, row.at)):
-            return row.owner, ""
-        won = (
-            row is not None
-            and conn.execute(
-                # Taken over only if nobody else took it since it was read.
-                _CLAIMS.update()
-                .where(
-                    _key(study, what) & (_CLAIMS.c.owner == row.owner) & (_CLAIMS.c.at == row.at)
-                )
-                .values(owner=owner, at=clock.wall())
-            ).rowcount
-            == 1
-        )
-    if won:
-        return owner, row.owner
+        if row is not None:
+            if row.owner == owner or not _lapsed(row.owner, row.at):
+                return row.owner, ""
+            # Taken over only if nobody else took it since it was read.
+            held = _key(study, what) & (_CLAIMS.c.owner == row.owner) & (_CLAIMS.c.at == row.at)
+            won = conn.execute(_CLAIMS.update().where(held).values(owner=owner, at=clock.wall()))
+            if won.rowcount == 1:
+                return owner, row.owner
     return take(study, what, owner)  # given up or taken meanwhile: ask again
 
 
@@ -171,7 +163,6 @@ def holding(study: optuna.Study, what: str, owner: str | None = None) -> Iterato
     try:
         yield
     except BaseException:
-        stop.set()
         with contextlib.suppress(Exception), engine.begin() as conn:
             conn.execute(_CLAIMS.delete().where(_key(study, what) & (_CLAIMS.c.owner == owner)))
         raise
