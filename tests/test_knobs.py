@@ -4,6 +4,7 @@ tests that compile use the smallest models and the fewest steps."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -54,6 +55,46 @@ def test_a_compiled_probe_compiles_outside_its_timed_blocks() -> None:
     assert "compiled in" in r.summary()
     after = global_state()
     assert before["flags"] == after["flags"] and before["grad_enabled"] == after["grad_enabled"]
+
+
+def test_a_compiled_sequential_model_captures_a_graph_and_its_losses_are_copies() -> None:
+    """tiny_mlp is an nn.Sequential, of which model.compile() captured nothing on torch 2.11:
+    the engine's compiled step must add a graph to Dynamo's counters, on every torch. And the
+    losses it keeps are copies: a compiled graph's outputs live in memory the next replay may
+    overwrite (CUDA graphs), so what is read back must not point into it."""
+    from torch._dynamo.utils import counters
+
+    from autotune.measure.step import StepEngine
+    from autotune.workloads import cross_entropy_loss
+
+    returned: list[torch.Tensor] = []
+
+    def loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        returned.append(cross_entropy_loss(model, batch))
+        return returned[-1]
+
+    workload = dataclasses.replace(tiny_mlp(), loss=loss)
+    with StepEngine(workload, cand(batch_size=8, compile=True), torch.device("cpu")) as engine:
+        before = counters["stats"]["unique_graphs"]
+        assert engine.run(lambda e: (e.build(), e.run_steps(2))) is None
+        assert counters["stats"]["unique_graphs"] > before
+        assert isinstance(engine.model, nn.Sequential)  # the module keeps its type and keys
+        assert next(iter(engine.model.state_dict())) == "0.weight"
+        kept = engine.pending[-1]
+        assert kept.untyped_storage().data_ptr() != returned[-1].untyped_storage().data_ptr()
+        assert engine.read_losses() == pytest.approx([x.item() for x in returned])
+
+
+def test_a_compile_that_captures_nothing_is_refused_not_measured_as_compiled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch.compile that falls back to eager (what model.compile() did to an nn.Sequential on
+    torch 2.11) would measure eager speed as compiled: the candidate fails to compile."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    r = run_probe(tiny_mlp(), cand(batch_size=32, compile=True), "cpu", SHORT)
+    assert r.outcome == "compile_failed"
+    assert r.reason.startswith("torch.compile (mode=default) compiled nothing")
+    assert r.throughput == 0.0 and r.compile_seconds is None
 
 
 def test_an_eager_probe_records_no_compile_time() -> None:

@@ -70,7 +70,8 @@ class Elsewhere:
         cudnn_tf32: TF32 for cuDNN convolutions and RNNs (``torch.backends.cudnn.allow_tf32``).
         cudnn_benchmark: ``torch.backends.cudnn.benchmark``, which the probes measured with.
         channels_last: call ``model.to(memory_format=torch.channels_last)`` before training.
-        compile_mode: ``model.compile(mode=...)`` before training; None: not compiled.
+        compile_mode: the mode to compile the model's forward in before training; None: not
+            compiled.
         fp32_modules: the modules to keep in fp32 (``autotune.diagnose.keep_in_fp32``).
         optimizer_kwargs: the optimizer's other settings (momentum, betas, weight_decay, ...);
             None when the config does not record them.

@@ -7,8 +7,10 @@ training runs) and by a training loop's session (:meth:`autotune.session.AmpSess
    that leave a dtype's range *inside a module*; an overflow in functional code between modules
    (an op in ``forward`` outside any submodule, or the loss) is not in any module it could name.
 2. **channels_last**: the model's 4-d parameters and buffers, and 4-d batch tensors.
-3. **torch.compile**: ``model.compile(mode=...)`` in place (the module keeps its type and its
-   ``state_dict`` keys). The batch dimension of every batch tensor is marked dynamic
+3. **torch.compile**: the model's bound ``forward`` compiled in place (the module keeps its type
+   and its ``state_dict`` keys; ``model.compile()`` captures nothing of a torch.nn builtin such
+   as ``nn.Sequential`` on torch 2.11). A first step that captures no graph is a compile
+   failure (:class:`NothingCompiled`), never eager speed measured as compiled. The batch dimension of every batch tensor is marked dynamic
    (:func:`mark_batch_dynamic`), so one compiled graph serves every batch size instead of one
    compilation per size. Compiling happens at the first step, which callers keep out of any
    timed window; a failure to compile is :func:`is_compile_error`.
@@ -30,11 +32,18 @@ from autotune._lazy import lazy
 from autotune.spec import Candidate
 
 if TYPE_CHECKING:
-    from autotune.measure.model_knobs import apply_knobs, keep_in_fp32, mark_batch_dynamic
+    from autotune.measure.model_knobs import (
+        apply_knobs,
+        compiled_graphs,
+        keep_in_fp32,
+        mark_batch_dynamic,
+    )
 
 __all__ = [
+    "NothingCompiled",
     "apply_knobs",
     "break_even_steps",
+    "compiled_graphs",
     "compile_failure",
     "is_compile_error",
     "keep_in_fp32",
@@ -46,7 +55,12 @@ __all__ = [
 # Where torch's compiler stack raises from: dynamo, AOT autograd, inductor and FX.
 _COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "torch._functorch", "torch.fx")
 # Applied to a model, with torch: loaded on first use (autotune.measure.model_knobs).
-_ON_A_MODEL = frozenset({"apply_knobs", "keep_in_fp32", "mark_batch_dynamic"})
+_ON_A_MODEL = frozenset({"apply_knobs", "compiled_graphs", "keep_in_fp32", "mark_batch_dynamic"})
+
+
+class NothingCompiled(RuntimeError):
+    """A compiled model's first step captured no graph: torch.compile fell back to eager (a
+    module it skips, a recompile limit reached), so its speed would be eager speed."""
 
 
 __getattr__ = lazy(__name__, dict.fromkeys(_ON_A_MODEL, "autotune.measure.model_knobs"))
@@ -64,6 +78,8 @@ def is_compile_error(exc: BaseException) -> bool:
         False
     """
     # Without looking at torch._dynamo itself: importing it costs a second and a half.
+    if isinstance(exc, NothingCompiled):
+        return True
     dynamo = sys.modules.get("torch._dynamo.exc")
     if dynamo is not None and isinstance(exc, dynamo.TorchDynamoException):
         return True
@@ -142,6 +158,8 @@ def compile_failure(candidate: Candidate, exc: BaseException) -> str | None:
         # A CUDA error met while compiling (inductor runs kernels to pick the fastest): the
         # process's context is lost, which the caller handles; the candidate may well compile.
         return None
+    if isinstance(exc, NothingCompiled):
+        return f"torch.compile (mode={candidate.compile_mode}) compiled nothing: {exc}"
     # The compiler's own error is often on the line after its wrapper's ("backend raised:").
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = " ".join(lines[:2])[:300]
@@ -191,7 +209,8 @@ def knob_notes(fp32_modules: Iterable[str], compile_mode: str | None, library: s
     if compile_mode is not None:
         notes.append(
             f"tuned with torch.compile (mode={compile_mode!r}): {library} takes no compile "
-            f"setting; call model.compile(mode={compile_mode!r}) before training (the search "
+            f"setting; compile the model's forward before training, "
+            f"model.forward = torch.compile(model.forward, mode={compile_mode!r}) (the search "
             "marked the batch dimension dynamic; autotune.session(cfg).prepare_batch does too)"
         )
     return notes

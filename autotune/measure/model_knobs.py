@@ -18,7 +18,7 @@ from torch import nn
 from autotune.errors import SpecError
 from autotune.spec import Candidate
 
-__all__ = ["apply_knobs", "keep_in_fp32", "mark_batch_dynamic"]
+__all__ = ["apply_knobs", "compiled_graphs", "keep_in_fp32", "mark_batch_dynamic"]
 
 
 def _to_fp32(obj: Any) -> Any:
@@ -139,8 +139,24 @@ def apply_knobs(
     if candidate.compile:
         if fresh_compile:
             torch._dynamo.reset()
-        model.compile(mode=candidate.compile_mode)
+        # The bound forward, not model.compile(): on torch 2.11 model.compile() of a torch.nn
+        # builtin (nn.Sequential) captures nothing and runs eager. This captures on every
+        # supported torch, and the module keeps its type and its state_dict keys.
+        model.forward = torch.compile(model.forward, mode=candidate.compile_mode)
     return model
+
+
+def compiled_graphs() -> int:
+    """Graphs torch's compiler has captured in this process so far (it never counts down: a
+    compiled run's first step that adds none compiled nothing).
+
+    Example:
+        >>> compiled_graphs() >= 0
+        True
+    """
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def mark_batch_dynamic(batch: Any) -> Any:

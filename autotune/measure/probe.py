@@ -214,7 +214,11 @@ def _train(  # noqa: PLR0913 - run_probe's resolved inputs, passed on once
         # Outside the except block: its traceback would keep the half-built graphs alive.
         release_memory(dev)
         out.update(
-            outcome=Outcome.COMPILE_FAILED, reason=failed, throughput=0.0, autocast_dtype=dtype
+            outcome=Outcome.COMPILE_FAILED,
+            reason=failed,
+            throughput=0.0,
+            autocast_dtype=dtype,
+            compile_seconds=None,
         )
         return out
     if oom is not None:

@@ -42,7 +42,7 @@ from torch import nn
 
 from autotune.devices import prepare_batch
 from autotune.errors import WorkloadError
-from autotune.measure.knobs import apply_knobs, mark_batch_dynamic
+from autotune.measure.knobs import NothingCompiled, apply_knobs, compiled_graphs, mark_batch_dynamic
 from autotune.measure.memory import is_oom, oom_message, release_memory, sync
 from autotune.measure.precision import autocast, get_mode, make_scaler
 from autotune.spec import Candidate
@@ -176,7 +176,9 @@ class StepEngine:
                 channels_last=self.channels_last,
                 fresh_compile=True,
             )
-            self._compiled = self.candidate.compile
+        # Compiled here or by the session's prepare, the model is this engine's: close() frees
+        # its compiled code and CUDA-graph pools either way.
+        self._compiled = self.candidate.compile
         model.train()
         self.model = model
         self.optimizer = self.workload.build_optimizer(
@@ -202,14 +204,23 @@ class StepEngine:
         assert self.model is not None and self.optimizer is not None, "build() first"
         batch = self.next_batch() if batch is None else batch
         self.optimizer.zero_grad(set_to_none=True)
+        # Both ways of building compile afresh: the first step must capture a graph.
+        graphs = compiled_graphs() if self._compiled and self.steps == 0 else None
         with autocast(self.mode, self.device):
             loss = self.workload.loss(self.model, batch)
         if self.steps == 0:
             check_loss(loss, self.workload)
+            if graphs is not None and compiled_graphs() == graphs:
+                raise NothingCompiled(
+                    "its first step captured no graph (torch.compile ran the model eager), so it "
+                    "would be measured at eager speed"
+                )
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self._update_scaler()
-        loss = loss.detach()
+        # A copy, where the model is compiled: with CUDA graphs the loss lives in the graph's
+        # memory pool, which the next replay overwrites (torch 2.11 refuses to read it then).
+        loss = loss.detach().clone() if self._compiled else loss.detach()
         self.pending.append(loss)
         self.steps += 1
         return loss
