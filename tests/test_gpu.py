@@ -229,6 +229,56 @@ def test_a_fused_optimizers_skipped_steps_are_counted_on_cuda() -> None:
             assert engine.run_steps(3).skipped == 0 and engine.skipped == 0
 
 
+@pytest.mark.parametrize("name", ["resnet18", "tiny_gpt"])
+def test_a_built_in_fp16_step_reads_nothing_back_to_the_host(name: str) -> None:
+    # The built-in workloads' optimizers are fused on CUDA: GradScaler's inf check stays on the
+    # device (an unfused optimizer reads it back every step), and so does the skip count.
+    dev = device()
+    cand = Candidate(precision="fp16", batch_size=8, learning_rate=0.01)
+    with StepEngine(load_workload(name), cand, dev) as engine:
+        engine.build()
+        engine.step()  # first-use costs (cuDNN's search, the loss check) outside the check
+        engine.sync()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert len(engine.read_losses()) == 4
+
+
+def test_a_cuda_graphs_models_losses_read_back_after_later_replays() -> None:
+    # With CUDA graphs the loss a compiled step returns lives in the graph's pool, which the
+    # next replay overwrites: the engine keeps copies, and reads every step's own value.
+    dev = device()
+    cand = Candidate(
+        precision="bf16",
+        batch_size=64,
+        learning_rate=0.05,
+        compile=True,
+        compile_mode="reduce-overhead",
+    )
+    base = load_workload("tiny_mlp")
+
+    class WithLoss(torch.nn.Module):  # the loss inside the compiled forward, as in transformers
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = base.build_model()
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    wl = dataclasses.replace(base, build_model=WithLoss, loss=lambda model, batch: model(*batch))
+    with StepEngine(wl, cand, dev) as engine:
+        engine.build()
+        for _ in range(6):
+            engine.step()
+        losses = engine.read_losses()
+    assert len(losses) == 6 and all(x == x for x in losses)
+    assert len(set(losses)) > 1  # each step's own loss, not the last replay's six times
+
+
 def test_a_short_search_on_the_gpu_writes_a_validated_config(tmp_path: Path) -> None:
     spec = load_spec(STUDIES / "tiny.yaml").with_overrides(
         {"storage": f"sqlite:///{tmp_path / 's.db'}", "device": "cuda", "budget": "30s"}

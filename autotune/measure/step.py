@@ -24,9 +24,12 @@ divergence checks), a training run (the tuned config against a baseline) and a d
 The engine keeps no clock of its own beyond :meth:`run_steps`, reads nothing back from the
 device except in :meth:`read_losses`, :meth:`scale` and :attr:`skipped` (after a block's
 closing sync, or with the losses), and counts the steps skipped for non-finite gradients on the
-device, from GradScaler's scale: ``scaler.update()`` lowers it after a skipped step and only
-then. (An optimizer step hook would miscount: GradScaler calls a fused optimizer's ``step()``
-every step, and the fused kernel itself skips a step whose gradients are not finite.)
+device, from GradScaler's own inf check. (An optimizer step hook would miscount: GradScaler
+calls a fused optimizer's ``step()`` every step, and the fused kernel itself skips a step whose
+gradients are not finite.) Under fp16 GradScaler itself reads its inf check back to the host
+every step for an optimizer without a fused step (to decide whether to call it), as it does in
+any training loop; the built-in workloads build fused optimizers on CUDA, which take it on the
+device.
 """
 
 from __future__ import annotations
@@ -226,25 +229,26 @@ class StepEngine:
         return loss
 
     def _update_scaler(self) -> None:
-        """``scaler.update()``, counting the step as skipped when it lowered the scale.
+        """``scaler.update()``, adding the step's inf check to the skip count on the device.
 
-        GradScaler lowers its scale after a step whose gradients were not finite, and only
-        then: whether the optimizer skipped the step itself (the fused optimizers, which
-        GradScaler always calls) or GradScaler did not call it. The comparison stays on the
-        device.
+        GradScaler checks the gradients once a step (found_inf, one flag per device), for an
+        optimizer it skips itself and for a fused one that skips inside its kernel alike, and
+        update() forgets the flags: they are added up just before, one op a step, no sync.
         """
         scaler = self.scaler
-        # The scale tensor exists once scale() ran; update() changes it in place. GradScaler
-        # has no accessor for it that does not sync with the host.
-        scale = getattr(scaler, "_scale", None) if scaler.is_enabled() else None
-        if not isinstance(scale, torch.Tensor):
+        if not scaler.is_enabled():
             scaler.update()
             return
-        before = scale.clone()
+        # GradScaler has no accessor for the flags of the step under way.
+        states = getattr(scaler, "_per_optimizer_states", {})
+        found = [
+            f for state in states.values() for f in state.get("found_inf_per_device", {}).values()
+        ]
         scaler.update()
-        if self._skips is None:
-            self._skips = torch.zeros((), dtype=torch.int64, device=scale.device)
-        self._skips.add_(scale < before)
+        for flag in found:
+            if self._skips is None:
+                self._skips = torch.zeros(1, dtype=torch.float32, device=flag.device)
+            self._skips.add_(flag.to(self._skips.device, non_blocking=True))
 
     def run_steps(self, n: int) -> Block:
         """``n`` steps back to back between two device syncs: a timed block.
