@@ -11,7 +11,18 @@ SPEC ?= studies/resnet18.yaml
 TEST_JOBS ?= 3
 OUT ?= gpu-check-out
 
-.PHONY: search test lint format docs gpu-check clean
+# The GPU machine's torch: the tests that touch torch's version-sensitive APIs (compile,
+# GradScaler and fused optimizers, TF32 and fp32_precision, memory statistics and fractions,
+# RNG state, autocast) run on it too, in a venv of its own, so what breaks there breaks here
+# first. The oldest torch pyproject.toml admits; `make test` runs the newest.
+DEVICE_TORCH ?= 2.11.0
+DEVICE_VISION ?= 0.26.0
+VENV_DEVICE := .venv-torch$(DEVICE_TORCH)
+TORCH_TESTS := tests/test_knobs.py tests/test_precision.py tests/test_probe.py tests/test_step.py \
+	tests/test_paired.py tests/test_session.py tests/test_cuda_context.py tests/test_gpu.py \
+	tests/test_diagnose.py tests/test_ceilings.py tests/test_train_cli.py
+
+.PHONY: search test test-device-torch lint format docs gpu-check clean
 
 $(VENV)/.runtime: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +56,17 @@ test: $(VENV)/.dev
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15; tests=$$?; \
 	wait $$checker && exit $$tests
 
+# The version-sensitive tests on the GPU machine's torch (its PyPI build runs on a CPU too).
+$(VENV_DEVICE)/.dev: pyproject.toml
+	test -x $(VENV_DEVICE)/bin/python || $(PYTHON) -m venv $(VENV_DEVICE)
+	$(VENV_DEVICE)/bin/python -m pip install -q torch==$(DEVICE_TORCH) torchvision==$(DEVICE_VISION)
+	$(VENV_DEVICE)/bin/python -m pip install -q -e . pytest pytest-timeout pytest-xdist hypothesis
+	touch $@
+
+test-device-torch: $(VENV_DEVICE)/.dev
+	$(VENV_DEVICE)/bin/python -c 'import torch; assert torch.__version__.startswith("$(DEVICE_TORCH)"), torch.__version__'
+	$(VENV_DEVICE)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile $(TORCH_TESTS)
+
 # The documentation site, offline, into site/ (open site/index.html). --strict: a broken link,
 # anchor or API reference fails the build; the suite builds it the same way (tests/test_docs.py).
 # NO_MKDOCS_2_WARNING silences the theme's notice about a future MkDocs, which this build pins out.
@@ -64,4 +86,4 @@ gpu-check:
 	bash scripts/gpu-check.sh $(if $(CALL),$(CALL) $(OUT),--plan)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache site
+	rm -rf $(VENV) .venv-torch* build *.egg-info .pytest_cache .ruff_cache .mypy_cache site
