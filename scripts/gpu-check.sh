@@ -5,7 +5,7 @@
 #
 #   here, once:          PYTHON=.venv/bin/python bash scripts/gpu-wheels.sh   # wheels into .whl/
 #   here, any time:      bash scripts/gpu-check.sh --plan     # the calls, their caps and totals
-#   on the GPU machine:  bash scripts/gpu-check.sh CALL [OUT]  # .whl/ brought along
+#   on the GPU machine:  bash scripts/gpu-check.sh CALL [OUT]  # the call carries .whl
 #
 # CALL is one of tests-core, tests-integrations and bench (in that order, one right after
 # another on one machine), or all: every stage in one go, for a machine of your own. The plan
@@ -161,7 +161,12 @@ print_plan() {
             "third to spare, or no room to rerun the longest call ($biggest s) on a fresh machine" >&2
         exit 1
     fi
-    echo "  each call: bash scripts/gpu-check.sh CALL \"\$OUT\", with .whl/ brought along"
+    echo "  each call, through the device tool: command \"bash scripts/gpu-check.sh CALL \$OUT\"," \
+        "carry [\".whl\"] (the folder is ignored: it travels only when the call names it, and" \
+        "without it the setup exits 2 after a whole machine start), timeout_s as above"
+    echo "  the margin holds only when each call follows the last within the ~30 s the machine" \
+        "stays warm (a later call starts a fresh machine: $START_UP s more); rerun a failed call" \
+        "at once, then hand the machine back"
 }
 print_plan
 

@@ -38,5 +38,5 @@ rm -f .whl/*.whl
 # --no-deps: the list names every wheel; the test above checks that nothing is missing.
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp "${PLATFORMS[@]}" -d .whl "${PINS[@]}"
-echo "gpu-wheels: $(ls .whl/*.whl | wc -l) wheels, $(du -sh .whl | cut -f1) in .whl/; bring .whl/ along" \
-    "to the GPU machine (bash scripts/gpu-check.sh --plan says the calls to make there)"
+echo "gpu-wheels: $(ls .whl/*.whl | wc -l) wheels, $(du -sh .whl | cut -f1) in .whl/; name .whl in the" \
+    "carry of every call to the GPU machine (bash scripts/gpu-check.sh --plan says the calls)"

@@ -189,6 +189,22 @@ def test_a_ceiling_trys_peak_leaves_out_the_cudnn_algorithm_search() -> None:
     assert searched.peak_memory_reserved <= 1.1 * cached.peak_memory_reserved
 
 
+def test_a_training_runs_peak_leaves_out_the_cudnn_algorithm_search() -> None:
+    # As a ceiling try's: a training run's peak counts from after its first step, so a size
+    # whose first step searches cuDNN's algorithms has the peak of one whose search is cached.
+    from autotune.train import TrainSettings, train
+
+    dev = device()
+    wl = load_workload("resnet18")
+    cand = Candidate(
+        precision="bf16", batch_size=208, learning_rate=0.1
+    )  # a size no other test runs
+    settings = TrainSettings(steps=4, warmup_steps=2, check_every=2)
+    searched, cached = (train(wl, cand, dev, settings) for _ in range(2))
+    assert searched.peak_memory_bytes is not None and cached.peak_memory_bytes is not None
+    assert searched.peak_memory_bytes <= 1.1 * cached.peak_memory_bytes
+
+
 def test_a_compiled_probe_with_cuda_graphs_gives_their_memory_back() -> None:
     # CUDA graphs keep memory pools that outlive the model; a later eager probe in the same
     # worker would see them in its reserved peak and find a lower ceiling.

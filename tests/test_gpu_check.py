@@ -337,6 +337,12 @@ def test_a_dry_run_needs_no_python_gpu_or_wheels_and_runs_nothing(tmp_path: Path
         assert not (tmp_path / "out").exists()
 
 
+def test_the_plan_says_how_to_make_each_call_carry_the_wheels() -> None:
+    done = gpu_check("--plan", env={"PYTHON": "/nonexistent/python3"})
+    assert 'carry [".whl"]' in done.stdout
+    assert "timeout_s" in done.stdout and "hand the machine back" in done.stdout
+
+
 def test_an_unknown_call_is_one_line_naming_the_calls() -> None:
     done = gpu_check("gpu-check-out")
     assert done.returncode == 2
@@ -359,7 +365,10 @@ def test_the_gpu_check_says_so_where_no_gpu_is_visible(tmp_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible here")
-    done = gpu_check("tests-core", str(tmp_path / "out"), env={"PYTHON": sys.executable})
+    # No wheels: a checkout's own .whl/ holds the GPU machine's cp312 ones, not this Python's.
+    (tmp_path / "whl").mkdir()
+    env = {"PYTHON": sys.executable, "GPU_CHECK_WHEELS": str(tmp_path / "whl")}
+    done = gpu_check("tests-core", str(tmp_path / "out"), env=env)
     assert done.returncode == 2
     assert "no CUDA device is visible" in done.stderr
     assert done.stderr.count("\n") == 1

@@ -13,7 +13,7 @@ from loguru import logger
 from autotune.config import TunedConfig, warn_if_environment_differs
 from autotune.enums import Outcome
 from autotune.measure.knobs import compile_failure
-from autotune.measure.memory import PeakMemory, release_memory
+from autotune.measure.memory import PeakMemory, release_memory, restart_peak
 from autotune.measure.precision import apply_backend_flags, resolve_device
 from autotune.measure.step import StepEngine
 from autotune.session import AmpSession
@@ -205,6 +205,10 @@ class TrainRun:
         warmup = self.result.warmup_steps
         if warmup:
             first = self.engine.run_steps(1)
+            if self.peak is not None:
+                # The first step's one-off allocations (cuDNN's algorithm search, the compiler's
+                # autotuning) are no part of what the run needs, as in a probe.
+                restart_peak(self.amp.device)
             rest = self.engine.run_steps(warmup - 1) if warmup > 1 else None
             if self.amp.candidate.compile:
                 # Compiling happens in the first step: what it took beyond a warm step.
