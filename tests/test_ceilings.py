@@ -122,6 +122,21 @@ def test_crash_does_not_fit_and_divergence_does(outcome: str, fits: bool) -> Non
     assert ceiling.sizes_tried == ([16, 32, 64, 128] if fits else [16, 32, 64, 48, 40])
 
 
+def test_a_margin_held_by_other_processes_stops_the_ceiling_as_busy() -> None:
+    # A try that had no room at all says nothing about its size: no smaller size is tried.
+    from autotune.measure.oom import MARGIN_TAKEN
+
+    def try_batch(bs: int) -> ProbeResult:
+        cand = Candidate(precision="fp32", batch_size=bs, learning_rate=0.1)
+        reason = f"out of memory at batch_size={bs}, step 0: {MARGIN_TAKEN}: 1.0 GiB free"
+        return ProbeResult(
+            candidate=cand, workload="fake", device="cuda", outcome="oom", reason=reason
+        )
+
+    ceiling = find_ceiling(try_batch, "fp32", start=64, cap=1024)
+    assert (ceiling.sizes_tried, ceiling.limited_by) == ([64], "busy")
+
+
 @pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="CPU memory needs /proc/meminfo")
 def test_cpu_memory_budget_shrinks_with_the_margin() -> None:
     loose = memory_budget(torch.device("cpu"), 0.05)

@@ -173,6 +173,23 @@ def test_a_probe_runs_out_of_memory_at_the_margin_and_the_cap_is_lifted_after() 
         assert torch.cuda.max_memory_reserved(dev) <= CAPPED_BYTES + 64 * 2**20
 
 
+def test_a_margin_other_processes_hold_is_no_room_at_all_not_a_batch_that_failed() -> None:
+    # A margin of more than is free (as when neighbours hold it): the run does not start under a
+    # cap of 0, it says the margin is taken, and the process's limit is untouched.
+    from autotune.measure.oom import MARGIN_TAKEN
+
+    dev = device()
+    prior = torch.cuda.get_per_process_memory_fraction(dev)
+    free, total = torch.cuda.mem_get_info(dev)
+    small = Candidate(precision="fp32", batch_size=16, learning_rate=0.1)
+    with StepEngine(load_workload("tiny_mlp"), small, dev) as engine:
+        run = TimedRun(engine, SHORT, time.perf_counter())
+        run.memory_margin = min(0.999, free / total + 0.001)
+        oom = engine.run(lambda e: run.measure())
+    assert oom is not None and MARGIN_TAKEN in oom
+    assert torch.cuda.get_per_process_memory_fraction(dev) == pytest.approx(prior)
+
+
 def test_a_ceiling_trys_peak_leaves_out_the_cudnn_algorithm_search() -> None:
     # With cudnn.benchmark, cuDNN tries its algorithms in the first step of a new shape, with
     # as large a workspace as it can get. The try's peak counts from after that step: the

@@ -143,3 +143,36 @@ def test_a_ceiling_not_measured_for_lack_of_time_is_not_shown_as_a_limit() -> No
     above = [t for t in run.study.trials if t.user_attrs.get("outcome") == "above_ceiling"]
     assert above
     assert all("not measured" in t.user_attrs["reason"] for t in above)
+
+
+def test_a_memory_margin_held_by_neighbours_stores_no_ceiling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the ceilings are measured, other processes hold the memory margin: every try has
+    no room at all (before, the cap was 0, every size ran out of memory and the study kept
+    those ceilings for good). No ceiling is stored, the modes keep the base batch, and the
+    search still validates a config; a resumed search would measure them again."""
+    import contextlib
+    import inspect
+
+    from autotune.measure import timed
+    from autotune.measure.memory import check_margin_free
+    from autotune.study.study_keys import ceilings_key
+
+    tries = []
+
+    @contextlib.contextmanager
+    def neighbours_hold_it(device: Any, margin: float | None) -> Any:
+        if any(f.function == "find_ceilings" for f in inspect.stack()):
+            tries.append(margin)
+            check_margin_free(margin or 0.1, free=2**30, total=16 * 2**30)
+        yield None
+
+    monkeypatch.setattr(timed, "memory_cap", neighbours_hold_it)
+    run = simulate(spec("3m"), landscape(), seed=0)
+    assert tries  # the ceiling phase ran its tries
+    stored = ceilings_key("", "").split(":")[0], ceilings_key("", "", limits=True).split(":")[0]
+    assert not [k for k in run.study.user_attrs if k.startswith(stored)]
+    cfg = run.config
+    assert cfg.evidence.validated, cfg.evidence.validation_note
+    assert cfg.batch_size == 64 and cfg.precision != "fp32"

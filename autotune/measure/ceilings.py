@@ -18,6 +18,7 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.enums import Outcome
+from autotune.measure.oom import MARGIN_TAKEN
 from autotune.measure.result import ProbeResult
 
 if TYPE_CHECKING:
@@ -46,7 +47,9 @@ class Ceiling(BaseModel):
 
     precision: str
     batch_size: int = Field(ge=0, description="largest size that fit; 0 when none did")
-    limited_by: str = Field(description="cap, memory, margin or time")
+    limited_by: str = Field(
+        description="cap, memory, margin, time, or busy (other processes held the margin)"
+    )
     tries: list[CeilingTry] = Field(default_factory=list)
 
     @property
@@ -129,6 +132,10 @@ def find_ceiling(  # noqa: PLR0913 - public API: the try function, then keyword-
         if ok and budget_bytes is not None and peak is not None and peak > budget_bytes:
             ok = False
             note = f"peak {peak / 2**20:.0f} MiB leaves less than the margin free ({budget_bytes / 2**20:.0f} MiB allowed)"
+        if MARGIN_TAKEN in note:
+            # Other processes held the margin before the try began: no size would have fit,
+            # and this says nothing about the mode's ceiling.
+            stopped[0] = True
         tries.append(
             CeilingTry(batch_size=bs, fits=ok, outcome=result.outcome, peak_memory=peak, note=note)
         )
@@ -169,6 +176,8 @@ def _limited_by(tries: list[CeilingTry], *, hit_cap: bool, stopped: bool) -> str
     """What ended the search: the cap, the stop (time), or the last size that did not fit."""
     if hit_cap:
         return "cap"
+    if any(MARGIN_TAKEN in t.note for t in tries):
+        return "busy"
     if stopped:
         return "time"
     last_fail = next(t for t in reversed(tries) if not t.fits)

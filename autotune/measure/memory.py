@@ -26,13 +26,15 @@ from typing import Literal
 
 import torch
 
-from autotune.measure.oom import OOM_MESSAGES
+from autotune.measure.oom import MARGIN_TAKEN, OOM_MESSAGES
 
 __all__ = [
     "OOM_MESSAGES",
     "OOM_TYPES",
     "CpuPeakMemory",
+    "MarginTaken",
     "PeakMemory",
+    "check_margin_free",
     "clear_device_cache",
     "is_oom",
     "memory_cap",
@@ -273,6 +275,33 @@ def memory_fraction(
     return max(0.0, min(prior, allowed))
 
 
+class MarginTaken(torch.OutOfMemoryError):
+    """Before a run began, other processes already held the memory margin: it has no room at
+    all. An out-of-memory outcome whose reason starts with ``MARGIN_TAKEN``, which says nothing
+    about the run's batch size (no ceiling is stored from it)."""
+
+
+def check_margin_free(margin: float, free: int, total: int) -> None:
+    """Raise :class:`MarginTaken` when ``margin`` of the device is not free even now (a cap
+    would then be 0: every allocation of the run would fail, whatever its batch size).
+
+    Example:
+        >>> GiB = 2**30
+        >>> check_margin_free(0.1, free=60 * GiB, total=80 * GiB)
+        >>> check_margin_free(0.1, free=4 * GiB, total=80 * GiB)
+        Traceback (most recent call last):
+        ...
+        autotune.measure.memory.MarginTaken: other processes hold the memory margin: 4.0 GiB free of 80.0 GiB, and memory_margin=0.1 keeps 8.0 GiB free, so nothing is left for this run (wait for them to finish, or lower memory_margin)
+    """
+    if total > 0 and free <= margin * total:
+        gib = 2**30
+        raise MarginTaken(
+            f"{MARGIN_TAKEN}: {free / gib:.1f} GiB free of {total / gib:.1f} GiB, and "
+            f"memory_margin={margin:g} keeps {margin * total / gib:.1f} GiB free, so nothing is "
+            "left for this run (wait for them to finish, or lower memory_margin)"
+        )
+
+
 @contextlib.contextmanager
 def memory_cap(device: torch.device, margin: float | None) -> Iterator[float | None]:
     """Keep ``margin`` of a CUDA device free while the block runs: the process's allocator may
@@ -287,6 +316,10 @@ def memory_cap(device: torch.device, margin: float | None) -> Iterator[float | N
     Yields:
         The fraction set, or None when nothing was capped.
 
+    Raises:
+        MarginTaken: the margin is not free even now (other processes hold it), before any
+            limit is set.
+
     Example:
         >>> with memory_cap(torch.device("cpu"), 0.1) as fraction:
         ...     fraction is None
@@ -299,6 +332,7 @@ def memory_cap(device: torch.device, margin: float | None) -> Iterator[float | N
     index = torch.cuda.current_device() if device.index is None else device.index
     prior = torch.cuda.get_per_process_memory_fraction(index)
     free, total = torch.cuda.mem_get_info(index)
+    check_margin_free(margin, free, total)
     fraction = memory_fraction(margin, free, total, torch.cuda.memory_reserved(index), prior)
     torch.cuda.set_per_process_memory_fraction(fraction, index)
     try:

@@ -8,7 +8,11 @@ with them too (:class:`~autotune.execution.worker.ProbeWorker`).
 
 from __future__ import annotations
 
-__all__ = ["OOM_MESSAGES"]
+__all__ = ["MARGIN_TAKEN", "OOM_MESSAGES"]
+
+# How the reason of a run that had no room at all starts: before it began, other processes
+# already held the memory margin. It says nothing about the run's batch size.
+MARGIN_TAKEN = "other processes hold the memory margin"
 
 OOM_MESSAGES: tuple[str, ...] = (
     "CUDA out of memory",  # the caching allocator, as older torch versions raised it

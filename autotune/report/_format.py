@@ -149,6 +149,7 @@ _LIMITS = {
     "time": "a larger batch's try would not fit its time limit",
     "cap": "the space's cap, its largest batch size",
     "crash": "a larger batch crashed the worker",
+    "busy": "other processes held the memory margin, so it is not stored (measured again on resume)",
 }
 
 

@@ -101,8 +101,14 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
             vouched = vouched_size(ceiling, ctx.facts.memory_budget(ctx.spec.memory_margin))
         # A try cut short by the stop says nothing about memory: store no ceiling.
         ctx.stop_if_asked()
+        if ceiling.limited_by == "busy":
+            # Other processes held the margin: the mode keeps the base batch size this time,
+            # and no ceiling is stored, so a resumed search measures it again.
+            ceiling = ceiling.model_copy(update={"batch_size": max(ceiling.batch_size, start)})
         ctx.ceilings[mode], limits[mode] = ceiling.batch_size, ceiling.limited_by
         _note_ceiling(ctx, mode, ceiling, start=start)
+    if "busy" in limits.values():
+        return
     study.set_user_attr(key, dict(ctx.ceilings))
     study.set_user_attr(_key(ctx, limits=True), limits)
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from autotune.clock import VirtualClock
+from autotune.measure.memory import is_oom, oom_message
 from autotune.measure.precision import get_mode
 from autotune.measure.step import Block
 from autotune.sim._landscape import Landscape
@@ -233,9 +234,12 @@ class SimEngine:
         """Run ``policy(self)``; a simulated OOM comes back as its message, as a real one does."""
         try:
             policy(self)
-        except SimOOM as exc:
+        except Exception as exc:
+            # Its own, or one the real measurement's code raised (a margin others hold).
+            if not isinstance(exc, SimOOM) and not is_oom(exc):
+                raise
             self.close()
-            return str(exc)
+            return oom_message(exc) if not isinstance(exc, SimOOM) else str(exc)
         return None
 
     def close(self) -> None:
