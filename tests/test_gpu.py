@@ -190,6 +190,20 @@ def test_a_margin_other_processes_hold_is_no_room_at_all_not_a_batch_that_failed
     assert torch.cuda.get_per_process_memory_fraction(dev) == pytest.approx(prior)
 
 
+def test_a_training_run_keeps_the_memory_margin_free() -> None:
+    # As a probe does: a run that needs more than the margin leaves runs out of memory.
+    from autotune.train import TrainSettings, train
+
+    dev = device()
+    prior = torch.cuda.get_per_process_memory_fraction(dev)
+    settings = TrainSettings(
+        steps=2, warmup_steps=1, memory_margin=margin_leaving(dev, CAPPED_BYTES)
+    )
+    huge = Candidate(precision="fp32", batch_size=8192, learning_rate=0.1)
+    assert train(load_workload("resnet18"), huge, dev, settings).outcome == "oom"
+    assert torch.cuda.get_per_process_memory_fraction(dev) == pytest.approx(prior)
+
+
 def test_a_ceiling_trys_peak_leaves_out_the_cudnn_algorithm_search() -> None:
     # With cudnn.benchmark, cuDNN tries its algorithms in the first step of a new shape, with
     # as large a workspace as it can get. The try's peak counts from after that step: the

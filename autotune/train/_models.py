@@ -59,6 +59,9 @@ class TrainSettings(BaseModel):
     # Accuracy is measured on this many held-out samples, the same for every run; 0: not at all.
     eval_samples: int = Field(default=1024, ge=0)
     seed: int = 0
+    # The share of a CUDA device kept free for other processes, as the search keeps it (the
+    # spec's default): a run that needs more runs out of memory instead. None: no cap.
+    memory_margin: float | None = Field(default=0.10, ge=0, lt=1, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _one_length(self) -> TrainSettings:

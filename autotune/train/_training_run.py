@@ -13,7 +13,7 @@ from loguru import logger
 from autotune.config import TunedConfig, warn_if_environment_differs
 from autotune.enums import Outcome
 from autotune.measure.knobs import compile_failure
-from autotune.measure.memory import PeakMemory, release_memory, restart_peak
+from autotune.measure.memory import PeakMemory, memory_cap, release_memory, restart_peak
 from autotune.measure.precision import apply_backend_flags, resolve_device
 from autotune.measure.step import StepEngine
 from autotune.session import AmpSession
@@ -176,7 +176,7 @@ class TrainRun:
             apply_backend_flags(self.amp.mode)
             failed: str | None = None
             try:
-                oom = self.engine.run(lambda e: action())
+                oom = self.engine.run(lambda e: self._within_margin(action))
             except Exception as exc:
                 failed = compile_failure(self.amp.candidate, exc)
                 if failed is None:
@@ -195,6 +195,12 @@ class TrainRun:
             self.done = True
             return False
         return True
+
+    def _within_margin(self, action: Callable[[], None]) -> None:
+        """``action`` with the settings' memory margin kept free (an OOM past it, as in a
+        probe; the process's own limit is put back after)."""
+        with memory_cap(self.amp.device, self.settings.memory_margin):
+            action()
 
     def _start(self) -> None:
         torch.manual_seed(self.settings.seed)
