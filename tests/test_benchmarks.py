@@ -334,10 +334,10 @@ def test_search_sim_scores_an_unsafe_config_zero_and_charges_compile_time() -> N
     assert compiled.raw == pytest.approx(1.5 * plain.raw)
     assert compiled.effective == pytest.approx(3600 / (3600 / compiled.raw + 90))
     best = truth.optimum(land, spec, 3600)
-    assert best["optimum"] == pytest.approx(compiled.effective)
-    assert best["optimum_point"] == "fp16 bs=1024 compiled"
+    assert best["optimum"] >= compiled.effective and best["optimum_point"].endswith(" compiled")
+    point = best["optimum_point"].removesuffix(" compiled")
     # Over a short run the compile time is not won back: the uncompiled point is the optimum.
-    assert truth.optimum(land, spec, 300)["optimum_point"] == "fp16 bs=1024"
+    assert truth.optimum(land, spec, 300)["optimum_point"] == point
 
 
 def test_search_sim_grid_runs_fp16_at_the_default_scale_only() -> None:
@@ -445,3 +445,58 @@ def test_search_sim_family_runs_generated_landscapes(
     with pytest.raises(SystemExit):
         search_sim.main(["--family", "2", "--seeds", "1"])
     assert "no autotune.sim.family" in capsys.readouterr().err
+
+
+GPU_LANDSCAPES = ["a100", "h100", "h200", "rtx4090", "t4", "v100"]
+
+
+def _saved_per_sample(dtype: object) -> float:
+    """Bytes a sample of torchvision ResNet-18 at 3x32x32 saves for backward (parameters left
+    out), from the growth between two batches."""
+    import torch
+    from torchvision.models import resnet18
+
+    torch.manual_seed(0)
+    model = resnet18(num_classes=10)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def saved(bs: int) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        x, y = torch.randn(bs, 3, 32, 32), torch.randint(0, 10, (bs,))
+        with (
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            torch.autocast("cpu", torch.bfloat16, enabled=dtype is not None),
+        ):
+            torch.nn.functional.cross_entropy(model(x), y)
+        return sum(v for k, v in seen.items() if k not in params)
+
+    return (saved(24) - saved(8)) / 16
+
+
+def test_the_gpu_landscapes_are_the_step_models_and_hold_to_the_real_model() -> None:
+    """The six files are what benchmarks/gpu_landscapes.py writes; their memory per sample is
+    within 2x of what the real model saves for backward, measured here; bf16 is never slower
+    than fp16 (same tensor-core rate, fp16 pays the scaler); fp32 at small batches is
+    launch-bound, so autocast buys little there."""
+    import torch
+
+    from autotune.sim import load_landscape
+
+    assert load("gpu_landscapes").main(["--check"]) == 0
+    saved = {"fp32": _saved_per_sample(None), "amp": _saved_per_sample(torch.bfloat16)}
+    for key in GPU_LANDSCAPES:
+        land = load_landscape(f"{key}-resnet18")
+        for name, mode in land.modes.items():
+            real = saved["fp32" if name in ("fp32", "tf32") else "amp"]
+            assert real / 2 <= mode.memory_per_sample_bytes <= 2 * real, (key, name)
+        if "bf16" in land.modes:
+            bf16, fp16 = land.modes["bf16"].throughput, land.modes["fp16"].throughput
+            assert all(bf16[b] >= fp16[b] for b in fp16), key
+        fp32 = land.modes["fp32"].throughput
+        half = land.modes["bf16" if "bf16" in land.modes else "fp16"].throughput
+        assert half[16] / fp32[16] < 1.2 < half[2048] / fp32[2048], key
