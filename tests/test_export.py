@@ -610,7 +610,10 @@ def test_compile_goes_where_a_library_takes_it_and_fp32_modules_are_a_note_every
     lightning = quiet_export(cfg, "lightning")
     # Lightning's Trainer has no compile setting: it is a note, with the call to make.
     assert "compile" not in json.dumps(trainer_section(lightning))
-    assert any("model.compile(mode='max-autotune-no-cudagraphs')" in n for n in lightning.notes)
+    assert any(
+        "torch.compile(model.forward, mode='max-autotune-no-cudagraphs')" in n
+        for n in lightning.notes
+    )
     assert not any("takes no compile setting" in n for n in hf.notes + acc.notes)
     # No library has a per-module precision: every export says so, with the call that does it.
     for ex in (hf, acc, lightning):
