@@ -15,7 +15,7 @@ Example:
     >>> spec = parse_spec({"name": "sim", "workload": "resnet18", "budget": "10m"})
     >>> run = simulate(spec, "a100-resnet18", seed=1)
     >>> run.config.precision, run.config.batch_size, run.seconds <= 600
-    ('fp16', 1024, True)
+    ('bf16', 1024, True)
 """
 
 from __future__ import annotations
