@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import signal
+import sys
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -281,3 +283,20 @@ def test_an_answer_updates_the_devices_memory_and_is_returned() -> None:
     assert runner.diagnose("tiny_mlp", CAND, steps=5, seed=7) == {"verdict": "fine"}
     assert runner.memory == MEMORY
     assert decode_request(runner._requests.getvalue()) == REQUESTS[-1]
+
+
+def test_a_users_module_whose_library_is_missing_names_the_integrations_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's Lightning example after `make search` alone: the user's module is there, the
+    library it imports is not; the error names the extra that brings it, not the spelling."""
+    from autotune.workloads._objects import import_user_module
+
+    (tmp_path / "needs_lightning_xyz.py").write_text("import lightning\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "lightning", None)  # as where it is not installed
+    with pytest.raises(WorkloadError) as err:
+        import_user_module("lightning.module", "needs_lightning_xyz")
+    text = str(err.value)
+    assert "needs Lightning, which is not installed" in text
+    assert "'autotune[integrations]'" in text and "check the spelling" not in text

@@ -23,6 +23,17 @@ from autotune.workloads._factory import is_stdlib
 
 __all__ = ["build", "call", "import_user_module", "reference_for", "resolve"]
 
+# The libraries of autotune's integrations extra, by the module they import as.
+_INTEGRATIONS = {
+    "lightning": "Lightning",
+    "pytorch_lightning": "Lightning",
+    "lightning_fabric": "Lightning",
+    "transformers": "transformers",
+    "accelerate": "accelerate",
+    "jsonargparse": "jsonargparse",
+    "optuna_dashboard": "optuna-dashboard",
+}
+
 # Modules whose objects no other process can import by name.
 _UNREACHABLE = ("__main__", "__mp_main__", "builtins")
 
@@ -39,6 +50,15 @@ def import_user_module(what: str, module_name: str) -> Any:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing in _INTEGRATIONS and not module_name.startswith(missing):
+            # The user's module is there; the library its adapter needs is not.
+            raise WorkloadError(
+                f"{what}: module {module_name!r} needs {_INTEGRATIONS[missing]}, which is not "
+                "installed here: install autotune's integrations extra (pip install "
+                "'autotune[integrations]'; in autotune's folder, .venv/bin/pip install -e "
+                "'.[integrations]')"
+            ) from None
         raise WorkloadError(
             f"{what}: cannot import module {module_name!r} ({exc}); check the spelling and that "
             f"its package is in the folder autotune runs in ({os.getcwd()}), installed, or on "
