@@ -435,3 +435,21 @@ def test_a_users_own_package_in_the_working_directory_still_trains(user_package:
     code, out, err = run_cli("train", "--config", str(path), "--steps", "2", "--device", "cpu")
     assert code == 0, out + err
     assert "trainpkg.train:workload on cpu" in " ".join(out.split())
+
+
+def test_compare_charges_each_run_its_own_peak_not_the_process_s_first_costs() -> None:
+    """Two identical fp32 runs compared: whichever ran first was charged the process's
+    one-time growth (tiny_mlp: 163 MiB against 5 MiB, "30x the peak memory"); each run's own
+    peak is measured after both have paid them, so the two agree."""
+    cand = Candidate(precision="fp32", batch_size=64, learning_rate=0.05)
+    cmp = compare(
+        load_workload("tiny_mlp"),
+        cand,
+        "cpu",
+        TrainSettings(steps=4, eval_samples=0),
+        against="fp32",
+    )
+    tuned, base = cmp.tuned.peak_memory_bytes, cmp.baseline.peak_memory_bytes
+    if tuned is None or base is None or cmp.tuned.memory_source != "cpu_rss":
+        pytest.skip("this process's peak resident memory cannot be read here")
+    assert max(tuned, base) <= 2 * max(min(tuned, base), 8 * 2**20)

@@ -134,16 +134,21 @@ def _prime(
     settings: TrainSettings,
     cands: dict[str, Candidate | None],
 ) -> dict[str, TrainResult]:
-    """A few steps of each run first, one at a time: the process's one-time costs (allocator
-    and library set-up, first-use kernels) are paid, and each run's peak memory is its own."""
+    """A few steps of each run first, one at a time, twice: the first pass pays the process's
+    one-time costs (allocator and library set-up, thread pools, first-use kernels), which
+    would otherwise be charged to whichever run primed first; the second measures each run's
+    own peak memory."""
     prime = settings.model_copy(
         update={"steps": 3, "epochs": None, "samples": None, "eval_samples": 0, "warmup_steps": 1}
     )
-    return {
-        name: train(workload, cand, dev, prime, label="prime")
-        for name, cand in cands.items()
-        if cand is not None
-    }
+    peaks: dict[str, TrainResult] = {}
+    for _ in range(2):
+        peaks = {
+            name: train(workload, cand, dev, prime, label="prime")
+            for name, cand in cands.items()
+            if cand is not None
+        }
+    return peaks
 
 
 # A run's setup, its settings and its label.
