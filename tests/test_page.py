@@ -324,7 +324,10 @@ def test_the_page_shows_the_box_and_keeps_itself_live(
     b.open(b.js("document.querySelector('#finished a[href$=\"/report\"]').href"))
     assert b.js("location.pathname") == "/studies/quick/report"
     assert "quick" in _text(b, "h1")
-    assert b.js("document.querySelectorAll('svg.plot').length") >= 5
+    # Throughput, loss, history and the reference always; validation's where it validated (a
+    # busy machine's fallback has none, and too few trials no importance plot).
+    validated = "not validated" not in done
+    assert b.js("document.querySelectorAll('svg.plot').length") >= 4 + validated
     _shot(b, box, "report.png")
     r = httpx.get(f"{box.url}/studies/quick/best.json")
     assert r.headers["content-disposition"] == 'attachment; filename="quick-best.json"'
