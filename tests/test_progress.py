@@ -151,14 +151,15 @@ def test_live_view_shows_the_state_and_stops_cleanly_on_ctrl_c(messages: list[st
     assert "3 complete (1 infeasible) · 1 pruned (oom 1) · 1 failed · 1 reused" in last
     assert "fp32 ≤128 · fp16 · bf16 ≤64   cut: tf32" in last
     assert "best    bf16 bs=64 lr×1.2 at 1,500.0 samples/s, 1.50x the fp32 reference" in last
-    # 30 s were spent when the view opened; a slow machine may show a second more.
-    assert re.search(r"3[01]s of 1m00s", last)
+    # 30 s were spent when the view opened; a busy machine shows more by the last frame.
+    spent = re.search(r"(\d+)s of 1m00s", last)
+    assert spent and 30 <= int(spent.group(1)) < 60, last
     assert "\x1b[?25h" in out[-50:]
     # In live mode the per-result status lines stay off the log: the view shows them.
     assert not [m for m in messages if m.startswith("progress: ")]
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(200)
 def test_logging_during_a_live_view_does_not_deadlock() -> None:
     """Log lines print through the console the live view redraws from another thread: the
     progress lock must never be held while waiting for the console's."""
@@ -179,7 +180,8 @@ def test_logging_during_a_live_view_does_not_deadlock() -> None:
 
         worker = threading.Thread(target=run, daemon=True)
         worker.start()
-        assert done.wait(20), "the live view and the logger deadlocked"
+        # A deadlock never ends; a busy machine's 15 redraws can take many seconds.
+        assert done.wait(150), "the live view and the logger deadlocked"
     finally:
         logger.remove(handler)
     assert "new best: bf16 bs=64" in screen.getvalue()
