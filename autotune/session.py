@@ -226,8 +226,8 @@ class AmpSession:
         The knobs, as the search measured them: the config's ``fp32_modules`` run in fp32
         inside the autocast region (until :meth:`close`), channels_last when tuned so, and
         the model's ``forward`` compiled when tuned compiled (in place; it compiles at the first
-        step and stays compiled). The session set the flags when it opened; they are set again here
-        in case code in between (a library, ``torch.set_float32_matmul_precision``) changed
+        step and stays compiled). The session set the flags when it opened; they are set again
+        here in case code in between (a library, ``torch.set_float32_matmul_precision``) changed
         them. ``close()`` still restores what was there before the session.
 
         Args:

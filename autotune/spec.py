@@ -68,6 +68,9 @@ COMPILE_MODES: tuple[CompileMode, ...] = (
     "max-autotune",
     "max-autotune-no-cudagraphs",
 )
+# The modes whose compiled graphs replay as CUDA graphs: their outputs live in the graph's
+# memory pool, which the next replay overwrites.
+CUDA_GRAPH_MODES: frozenset[str] = frozenset({"reduce-overhead", "max-autotune"})
 
 _DURATION = re.compile(
     r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?$"

@@ -188,7 +188,7 @@ def header(gpu: Gpu) -> str:
         "# speedups stay near 1.0x below that. Memory: the saved activations, measured (header of\n"
         "# benchmarks/gpu_landscapes.py). What a real recording would most likely change: the\n"
         "# shares of peak (small convolutions: 8x8 feature maps down to 1x1), the launch cost of\n"
-        "# this host's CPU, and compile's gain, here one factor taken at the base batch.\n"
+        "# this host's CPU, and compile's gain, here one factor over the base batch and above.\n"
     )
 
 
@@ -202,7 +202,7 @@ def render(gpu: Gpu, current: str) -> str:
     rest = re.sub(
         r"  compile_speedup: [0-9.]+  #[^\n]*",
         f"  compile_speedup: {compile_speedup(gpu):.2f}  # modelled: {COMPILED_OPS} kernels a step"
-        f" instead of {OPS['amp']}, at the base batch (gpu_landscapes.py)",
+        f" instead of {OPS['amp']}, the mean gain over the base batch and above (gpu_landscapes.py)",
         rest,
     )
     if "id: gpu-landscapes-model" not in rest:

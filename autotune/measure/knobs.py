@@ -10,9 +10,9 @@ training runs) and by a training loop's session (:meth:`autotune.session.AmpSess
 3. **torch.compile**: the model's bound ``forward`` compiled in place (the module keeps its type
    and its ``state_dict`` keys; ``model.compile()`` captures nothing of a torch.nn builtin such
    as ``nn.Sequential`` on torch 2.11). A first step that captures no graph is a compile
-   failure (:class:`NothingCompiled`), never eager speed measured as compiled. The batch dimension of every batch tensor is marked dynamic
-   (:func:`mark_batch_dynamic`), so one compiled graph serves every batch size instead of one
-   compilation per size. Compiling happens at the first step, which callers keep out of any
+   failure (:class:`NothingCompiled`), never eager speed measured as compiled. The batch
+   dimension of every batch tensor is marked dynamic (:func:`mark_batch_dynamic`), so one
+   compiled graph serves every batch size instead of one compilation per size. Compiling happens at the first step, which callers keep out of any
    timed window; a failure to compile is :func:`is_compile_error`.
 
 What the knobs mean without a model lives here and imports no torch: which errors a compile or

@@ -48,7 +48,7 @@ from autotune.errors import WorkloadError
 from autotune.measure.knobs import NothingCompiled, apply_knobs, compiled_graphs, mark_batch_dynamic
 from autotune.measure.memory import is_oom, oom_message, release_memory, sync
 from autotune.measure.precision import autocast, get_mode, make_scaler
-from autotune.spec import Candidate
+from autotune.spec import CUDA_GRAPH_MODES, Candidate
 from autotune.workloads import Batch, Workload
 
 __all__ = ["Block", "StepEngine", "check_loss", "prepare_batch"]
@@ -157,6 +157,7 @@ class StepEngine:
         self._skips_read = 0
         self._steps_read = 0
         self._compiled = False  # the engine compiled the model: close() drops the compiled code
+        self._copy_losses = False  # ... into CUDA graphs: the losses it keeps are copies
         self._prepare = prepare
         self._knobs = contextlib.ExitStack()  # undoes the fp32 islands
 
@@ -182,6 +183,7 @@ class StepEngine:
         # Compiled here or by the session's prepare, the model is this engine's: close() frees
         # its compiled code and CUDA-graph pools either way.
         self._compiled = self.candidate.compile
+        self._copy_losses = self._compiled and self.candidate.compile_mode in CUDA_GRAPH_MODES
         model.train()
         self.model = model
         self.optimizer = self.workload.build_optimizer(
@@ -221,9 +223,9 @@ class StepEngine:
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self._update_scaler()
-        # A copy, where the model is compiled: with CUDA graphs the loss lives in the graph's
-        # memory pool, which the next replay overwrites (torch 2.11 refuses to read it then).
-        loss = loss.detach().clone() if self._compiled else loss.detach()
+        # A copy where the model replays as CUDA graphs: the loss lives in the graph's memory
+        # pool, which the next replay overwrites (torch 2.11 refuses to read it then).
+        loss = loss.detach().clone() if self._copy_losses else loss.detach()
         self.pending.append(loss)
         self.steps += 1
         return loss
