@@ -176,3 +176,32 @@ def test_a_memory_margin_held_by_neighbours_stores_no_ceiling(
     cfg = run.config
     assert cfg.evidence.validated, cfg.evidence.validation_note
     assert cfg.batch_size == 64 and cfg.precision != "fp32"
+
+
+def test_an_fp16_winners_run_to_its_horizon_is_kept_from_the_search() -> None:
+    """A device without bf16, 45 s: fp16 at the base batch is 2.25x, but its verdict needs a
+    run alone to 500 steps beside its pairs. The search stops in time for both, so on every
+    seed the config is fp16, validated (before, the run alone did not fit what validation was
+    left, and every seed shipped fp32 at a larger batch, 1.5-1.6x)."""
+    land = landscape()
+    for seed in range(4):
+        run = simulate(spec("45s", space={"precisions": ["fp32", "fp16"]}), land, seed=seed)
+        cfg = run.config
+        assert cfg.evidence.validated, cfg.evidence.validation_note
+        assert cfg.precision == "fp16"
+        assert not truth_of(land, cfg).diverges
+        assert run.seconds <= 45.0
+
+
+def test_the_time_kept_for_validation_follows_what_the_search_has_found() -> None:
+    """25 s on the test GPU: the time kept for validation is read again after every trial,
+    from the leaders the search has by then, so the search stops while their pairs still fit
+    and every seed ships a validated 16-bit config (before, the figure taken from the first
+    trials' times was kept, the search ran on past it, and every seed fell back to fp32)."""
+    land = landscape()
+    for seed in range(4):
+        run = simulate(spec("25s"), land, seed=seed)
+        cfg = run.config
+        assert cfg.evidence.validated, cfg.evidence.validation_note
+        assert cfg.precision in ("bf16", "fp16")
+        assert run.seconds <= 25.0

@@ -47,14 +47,15 @@ def outcomes(study: optuna.Study) -> dict[str, list[optuna.trial.FrozenTrial]]:
 def test_a_search_on_the_a100_ends_on_its_budget_with_the_optimum() -> None:
     """Two simulated minutes on the modelled A100: the budget is spent to within a few
     seconds (a pair stops a second before its share ends, and its last block may not fit; an
-    fp16 run alone may finish before the time kept for it), and the winner is fp16 at 8x the
-    base batch, whose true speedup lies in the claimed interval."""
+    fp16 run alone may finish before the time kept for it), and the winner is a 16-bit mode at
+    8x the base batch (bf16 8.06x, fp16 8.02x: the same tensor cores, fp16 paying its scaler),
+    whose true speedup lies in the claimed interval."""
     land = load_landscape("a100-resnet18")
     run = simulate(spec("2m", space={"precisions": ["fp32", "tf32", "fp16", "bf16"]}), land)
     assert 120.0 - WRITE_RESERVE - 4.0 <= run.seconds <= 120.0
     cfg = run.config
-    assert (cfg.precision, cfg.batch_size) == ("fp16", 1024)
-    truth = land.truth(Candidate(precision="fp16", batch_size=1024, learning_rate=0.8))
+    assert cfg.precision in ("fp16", "bf16") and cfg.batch_size == 1024
+    truth = land.truth(Candidate(precision=cfg.precision, batch_size=1024, learning_rate=0.8))
     ev = cfg.evidence
     assert ev.validated and ev.speedup_low <= truth.speedup <= ev.speedup_high
     assert cfg.environment.device == "NVIDIA A100-SXM4-80GB"
@@ -456,6 +457,20 @@ def test_on_a_cpu_fp32_vouches_for_the_autocast_modes_memory_where_half_of_it_is
     attrs = result.study.user_attrs
     ceilings = next(v for k, v in attrs.items() if k.startswith("ceilings:"))
     assert ceilings == {"fp32": 256, "fp16": 256, "bf16": 256}
+
+
+def test_a_short_budget_takes_the_cap_fp32_vouched_for_though_the_ceiling_phase_is_spent() -> None:
+    """18 s on the test GPU, batches up to 256: fp32's two tries take the ceiling phase's time
+    and reach the cap with half the memory free, so fp16 and bf16 take 256 without a try
+    (before, they were left at the base batch, "not measured: out of time", and their larger
+    batches were pruned as above a ceiling)."""
+    land = landscape()
+    space = {"batch_size": {"min": 16, "max": 256}}
+    run = simulate(spec("18s", space=space), land, seed=0)
+    attrs = run.study.user_attrs
+    ceilings = next(v for k, v in attrs.items() if k.startswith("ceilings:"))
+    assert ceilings == {"fp32": 256, "fp16": 256, "bf16": 256}
+    assert run.seconds <= 18.0
 
 
 def test_a_larger_batch_that_only_lags_early_is_validated_and_one_that_stays_behind_is_not() -> (

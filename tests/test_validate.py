@@ -180,6 +180,46 @@ def test_the_best_lower_bound_wins_not_the_best_point() -> None:
     assert chosen.winner is b and chosen.accepted == [a, b]
 
 
+def _blocked(rerun: Rerun, ratios: list[float]) -> Rerun:
+    """``rerun`` with timed blocks whose per-pair ratios are ``ratios`` (reference steady)."""
+    assert rerun.paired is not None
+    c, r = rerun.paired.candidate, rerun.paired.reference
+    ref_blocks = [(10, 10 * r.batch_size / 1000.0)] * len(ratios)
+    cand_blocks = [(10, 10 * c.batch_size / (1000.0 * x)) for x in ratios]
+    est = claimed(ratio_estimate([1000.0 * x for x in ratios], [1000.0] * len(ratios)))
+    paired = rerun.paired.model_copy(
+        update={
+            "candidate": c.model_copy(update={"blocks": cand_blocks}),
+            "reference": r.model_copy(update={"blocks": ref_blocks}),
+            "speedup": est.value,
+            "speedup_low": est.low,
+            "speedup_high": est.high,
+            "pairs": est.n,
+        }
+    )
+    return Rerun(rerun.trial, paired, gap=rerun.gap, growth=rerun.growth)
+
+
+def test_the_winner_of_several_is_claimed_with_an_interval_that_holds_for_all_at_once() -> None:
+    """Of three accepted candidates the best lower bound is the luckiest: the winner's claim
+    is its interval at 1 - 5%/3 (wider than its own 95% one), and a lone candidate keeps its
+    own."""
+    spread = [0.9, 1.1, 0.95, 1.05, 1.0, 0.92, 1.08, 0.97, 1.03, 1.0, 0.94, 1.06] * 2
+    reruns = [
+        _blocked(paired(trial(i, 2.0 + 0.1 * i), 2.0, 1.9, 2.1),
+                 [(2.0 + 0.1 * i) * x for x in spread])
+        for i in range(3)
+    ]  # fmt: skip
+    chosen = select(reruns, min_speedup=1.05, parity_tolerance=0.05)
+    assert chosen.winner is not None and chosen.winner.trial.number == 2
+    own = reruns[2].paired
+    assert own is not None and chosen.winner.paired is not None
+    assert chosen.winner.paired.speedup_low < own.speedup_low
+    assert chosen.winner.paired.speedup == own.speedup
+    alone = select(reruns[2:], min_speedup=1.05, parity_tolerance=0.05)
+    assert alone.winner is reruns[2]
+
+
 def test_a_rerun_that_loses_parity_is_rejected_with_the_gap_and_the_noise_allowed() -> None:
     bad = paired(trial(0, 2.0), 2.0, 1.9, 2.1, loss_scale=1.2)
     chosen = select([bad], min_speedup=1.05, parity_tolerance=0.05, seed_noise=0.01)

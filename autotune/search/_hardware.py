@@ -84,17 +84,17 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
     for i, mode in enumerate(sorted(modes, key=lambda m: m != "fp32")):
         ctx.emit(PhaseStarted(phase=Phase.CEILINGS, mode=mode))
         share = (phase_end - ctx.budget.elapsed()) / (len(modes) - i)
-        if share < 0.5:
+        if mode != "fp32" and vouched >= cap:
+            # fp32 ran the cap with half the memory free: nothing to try, so it costs no
+            # ceiling time (its first trial pays the mode's first-use costs).
+            logger.info("ceiling {} = {} (not tried: fp32 ran bs={} with half the memory "
+                        "budget free)", mode, cap, vouched)  # fmt: skip
+            ceiling = Ceiling(precision=mode, batch_size=cap, limited_by="cap")
+        elif share < 0.5:
             # Out of ceiling time: the mode keeps the base batch size, which the baselines run.
             ctx.ceilings[mode], limits[mode] = start, "time"
             _out_of_time(ctx, mode, start)
             continue
-        if mode != "fp32" and vouched >= cap:
-            # fp32 ran the cap with half the memory free: nothing to try (its first trial
-            # pays the mode's first-use costs).
-            logger.info("ceiling {} = {} (not tried: fp32 ran bs={} with half the memory "
-                        "budget free)", mode, cap, vouched)  # fmt: skip
-            ceiling = Ceiling(precision=mode, batch_size=cap, limited_by="cap")
         else:
             ceiling = _mode_ceiling(ctx, mode, share=share, start=start, cap=cap, vouched=vouched)
         if mode == "fp32":

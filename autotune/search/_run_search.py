@@ -117,15 +117,12 @@ def _search(
         True when it ended because the space was measured through (exhausted).
     """
     ctx.emit(PhaseStarted(phase=Phase.SEARCH))
-    reserve, reserved_at = validation_reserve(ctx, study, step.refs.record), 0
     wave_two = False
     while True:
         if not wave_two:
             wave_two = enqueue_larger_batches(ctx, study, modes, step.refs.record)
-        if len(ctx.trial_seconds) - reserved_at >= 5:
-            # Reading the whole study costs: the reserve is recomputed every few trials.
-            reserve = validation_reserve(ctx, study, step.refs.record)
-            reserved_at = len(ctx.trial_seconds)
+        # From what the search measured so far: a new leader's pair may need more.
+        reserve = validation_reserve(ctx, study, step.refs.record)
         left = end_at - reserve - ctx.budget.elapsed()
         if left < max(1.0, 0.25 * ctx.typical_probe()):
             logger.info("search phase over: {:.0f}s left for it", max(0.0, left))

@@ -21,14 +21,21 @@ the figure, not to punish the candidate for it.
 from __future__ import annotations
 
 from collections.abc import Callable, Container
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.parity import parity_gap, parity_gap_error, parity_growth
 from autotune.measure.result import PairedResult, ProbeResult
-from autotune.measure.stats import MIN_VALUES
+from autotune.measure.stats import (
+    CONFIDENCE,
+    MIN_VALUES,
+    claimed,
+    min_values,
+    paired_ratios,
+    serial_interval,
+)
 from autotune.search._budget import VALIDATION_SHARE
 from autotune.search._context import SearchContext
 from autotune.search._risk import fp16_horizon, overflow_step, steps_run
@@ -143,7 +150,10 @@ def select(
             else:
                 out.rejected.append(rejection)
     if out.accepted:
-        out.winner = max(out.accepted, key=_speedup_low)
+        # The best of several intervals is the luckiest: each is widened to cover all of them
+        # at once (95% together), and the winner is claimed with its widened one.
+        together = [for_choice(r, len(out.accepted)) for r in out.accepted]
+        out.winner = max(together, key=_speedup_low)
     else:
         # The fallback's reason: it would have been measured, given the time.
         out.notes.extend(too_few)
@@ -249,6 +259,29 @@ def _pairs(n: int) -> str:
     return f"{n} pair" if n == 1 else f"{n} pairs"
 
 
+def for_choice(rerun: Rerun, among: int) -> Rerun:
+    """``rerun`` with its speedup's interval at the confidence that holds for ``among``
+    intervals at once (each at ``1 - 5%/among``; itself where one, or where its pairs are
+    too few for that confidence)."""
+    paired = rerun.paired
+    if among <= 1 or paired is None or paired.speedup_low is None:
+        return rerun
+    confidence = 1 - (1 - CONFIDENCE) / among
+    rates = [_rates(paired.candidate), _rates(paired.reference)]
+    ratios = paired_ratios(*rates)
+    if len(ratios) < min_values(confidence):
+        return rerun
+    est = claimed(serial_interval(ratios, confidence))
+    wide = {"speedup_low": min(est.low, paired.speedup_low),
+            "speedup_high": max(est.high, paired.speedup_high or est.high)}  # fmt: skip
+    return replace(rerun, paired=paired.model_copy(update=wide))
+
+
+def _rates(run: ProbeResult) -> list[float]:
+    """A paired arm's block rates, samples/s, in the order they ran."""
+    return [steps * run.batch_size / seconds for steps, seconds in run.blocks if seconds > 0]
+
+
 def _speedup_low(rerun: Rerun) -> float:
     # Only a paired rerun whose lower bound cleared min_speedup is accepted.
     assert rerun.paired is not None and rerun.paired.speedup_low is not None
@@ -291,7 +324,10 @@ def validation_reserve(
     # Nothing worth validating yet: keep room for one short pair (a late winner still gets
     # validated), and give the rest to the search.
     need = sum(rerun_need(ctx, t, horizon) for t in picked) if picked else 0.5 * _per_pair(ctx)
-    return min(VALIDATION_SHARE * ctx.budget.total, need + 1.0)
+    # An fp16 leader's run to its overflow horizon comes on top of validation's share (its
+    # own share at most): pairs alone, without it, would prove nothing.
+    proof = max((endurance_seconds(ctx, t, horizon) for t in leaders), default=0.0)
+    return min(VALIDATION_SHARE * ctx.budget.total + proof, need + 1.0)
 
 
 def _per_pair(ctx: SearchContext) -> float:
