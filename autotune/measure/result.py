@@ -96,6 +96,10 @@ class ProbeResult(BaseModel):
             else self.peak_memory_allocated
         )
 
+    def rates(self) -> list[float]:
+        """Each timed block's throughput, samples/s, in the order they ran."""
+        return [steps * self.batch_size / seconds for steps, seconds in self.blocks if seconds > 0]
+
     def summary(self) -> str:
         """One line for logs: ``fp16 bs=128 lr=0.1 → completed 812.3 samples/s``."""
         c = self.candidate

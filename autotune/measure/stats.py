@@ -131,12 +131,16 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
         (10.0, 9.0, 12.0)
     """
     xs = sorted(values)
-    n = len(xs)
-    if n == 0:
+    if not xs:
         raise ValueError("median_interval needs at least one value, got none")
+    return _around_median(xs, _lower_rank(len(xs), 1 - confidence))
+
+
+def _around_median(xs: Sequence[float], lo: int) -> Estimate:
+    """The median of sorted ``xs`` with ``lo`` values left out of its interval on each side."""
+    n = len(xs)
     mid = n // 2
     median = float(xs[mid]) if n % 2 else (xs[mid - 1] + xs[mid]) / 2
-    lo = _lower_rank(n, 1 - confidence)
     return Estimate(median, float(xs[lo]), float(xs[n - 1 - lo]), n)
 
 
@@ -209,16 +213,15 @@ def serial_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
         >>> (e.low, e.high), (iid.low, iid.high)
         ((1.0, 1.2), (1.1, 1.1))
     """
-    est = median_interval(values, confidence)
     rho = _lag_one([math.log(v) for v in values if v > 0])
     if rho <= 0:
-        return est
-    n = len(values)
-    n_eff = n * (1 - rho) / (1 + rho)
-    excluded = _lower_rank(max(1, int(n_eff)), 1 - confidence) * n / n_eff
-    lo = min(_lower_rank(n, 1 - confidence), int(excluded))
+        return median_interval(values, confidence)
     xs = sorted(values)
-    return Estimate(est.value, float(xs[lo]), float(xs[n - 1 - lo]), n)
+    n = len(xs)
+    n_eff = n * (1 - rho) / (1 + rho)
+    excluded = int(_lower_rank(max(1, int(n_eff)), 1 - confidence) * n / n_eff)
+    # Never narrower than independent values would give.
+    return _around_median(xs, min(_lower_rank(n, 1 - confidence), excluded))
 
 
 def _lag_one(xs: Sequence[float]) -> float:

@@ -267,19 +267,13 @@ def for_choice(rerun: Rerun, among: int) -> Rerun:
     if among <= 1 or paired is None or paired.speedup_low is None:
         return rerun
     confidence = 1 - (1 - CONFIDENCE) / among
-    rates = [_rates(paired.candidate), _rates(paired.reference)]
-    ratios = paired_ratios(*rates)
+    ratios = paired_ratios(paired.candidate.rates(), paired.reference.rates())
     if len(ratios) < min_values(confidence):
         return rerun
     est = claimed(serial_interval(ratios, confidence))
     wide = {"speedup_low": min(est.low, paired.speedup_low),
-            "speedup_high": max(est.high, paired.speedup_high or est.high)}  # fmt: skip
+            "speedup_high": max(est.high, paired.speedup_high or 0.0)}  # fmt: skip
     return replace(rerun, paired=paired.model_copy(update=wide))
-
-
-def _rates(run: ProbeResult) -> list[float]:
-    """A paired arm's block rates, samples/s, in the order they ran."""
-    return [steps * run.batch_size / seconds for steps, seconds in run.blocks if seconds > 0]
 
 
 def _speedup_low(rerun: Rerun) -> float:
