@@ -14,7 +14,7 @@ from autotune.config import Evidence, GradScalerSettings, TrialCounts, TunedConf
 from autotune.measure.knobs import break_even_steps
 from autotune.measure.result import PairedResult
 from autotune.search._context import SearchContext
-from autotune.search._validate import Rerun, Selection
+from autotune.search._validate import Rerun, Selection, parity_terms
 from autotune.spec import Candidate, StudySpec
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import (
@@ -173,8 +173,9 @@ def _winner_note(spec: StudySpec, paired: PairedResult, seed_noise: float) -> st
     c = paired.candidate
     return (
         f"{paired.pairs} timed blocks interleaved with the fp32 reference's, seed "
-        f"{c.seed}, {c.timed_steps} steps (parity tolerance {spec.parity_tolerance:.0%} "
-        f"+ seed noise {seed_noise:.1%}); the winner has the best lower bound of those "
+        f"{c.seed}, {c.timed_steps} steps (parity: "
+        f"{parity_terms(spec.parity_tolerance, seed_noise)}); the winner has the best lower "
+        "bound of those "
         f"that cleared {spec.validation.min_speedup:.2f}x"
     )
 

@@ -18,8 +18,9 @@ A figure is divided by a reference measurement only once it is trusted:
   measurement) before the trial's speedup is stored, and the trial divides by the new one.
 
 Every measurement after the first runs with a fresh seed: its loss curve against the first run's
-is the reference's own seed-to-seed spread, which the parity check allows on top of the
-tolerance (:meth:`~autotune.study.reference.ReferenceRecord.seed_noise`), as validation does.
+is the reference's own seed-to-seed spread
+(:meth:`~autotune.study.reference.ReferenceRecord.seed_noise`): the search's parity screen allows
+it on top of the tolerance, validation counts it in a gap's upper bound.
 """
 
 from __future__ import annotations

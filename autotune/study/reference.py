@@ -13,7 +13,7 @@ divided by under ``reference_measurement`` (:func:`measurement_used`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -80,14 +80,14 @@ class ReferenceRecord(BaseModel):
     def latest(self) -> ReferenceMeasurement | None:
         return self.measurements[-1] if self.measurements else None
 
-    def seed_noise(self, cap: float) -> float:
+    def seed_noise(self, cap: float, also: Sequence[float] = ()) -> float:
         """How far a fresh seed alone may move a loss at a probe's horizon: the root mean
-        square of the reference's repeats' gaps to its first run (0 before any), at most ``cap``.
+        square of the reference's repeats' gaps to its first run (and of the seed gaps in
+        ``also``: validation's reference arms), 0 before any, at most ``cap``.
 
         A repeat's gap to the first run is a gap between two seeds, as a candidate's gap to the
-        first run is. It is allowed on top of the tolerance once: the tolerance is what a user
-        accepts, the spread what a seed moves by itself; validation already takes the gap's
-        upper bound (its step noise).
+        first run is: the search's screen allows it on top of the tolerance, validation counts
+        it in the gap's upper bound (a seed's draw can carry a lasting gap under the tolerance).
 
         Example:
             >>> m = [ReferenceMeasurement(at=0, throughput=1, low=1, high=1, seed_gap=g)
@@ -96,7 +96,7 @@ class ReferenceRecord(BaseModel):
             >>> round(rec.seed_noise(0.05), 4), rec.seed_noise(0.01)
             (0.0158, 0.01)
         """
-        gaps = [m.seed_gap for m in self.measurements if m.seed_gap is not None]
+        gaps = [m.seed_gap for m in self.measurements if m.seed_gap is not None] + list(also)
         if not gaps:
             return 0.0
         return min(cap, _BAND * math.sqrt(sum(g * g for g in gaps) / len(gaps)))
