@@ -258,9 +258,7 @@ def test_where_a_seed_moves_the_loss_past_the_tolerance_fp32_itself_still_passes
     assert "widened to 20.0%: a seed alone moves this loss by 5.0%" in refused.rejected[0].detail
 
 
-def test_a_pair_whose_reference_arm_is_cut_short_is_judged_against_the_longer_first_curve() -> (
-    None
-):
+def test_a_pair_whose_reference_arm_is_cut_short_is_judged_against_the_longer_first_curve() -> None:
     """A fast candidate's pair: its fp32 arm saw 1,600 samples (cut by the pair's time), where
     the candidate's gap is still hidden; the reference's first run saw 6,400, where it shows
     (+8%). The gap is read where the two curves overlap longest, and refused."""
