@@ -20,7 +20,7 @@ A figure is divided by a reference measurement only once it is trusted:
 Every measurement after the first runs with a fresh seed: its loss curve against the first run's
 is the reference's own seed-to-seed spread
 (:meth:`~autotune.study.reference.ReferenceRecord.seed_noise`): the search's parity screen allows
-it on top of the tolerance, validation counts it in a gap's upper bound.
+it on top of the tolerance; validation widens its bar by it only where it passes the tolerance.
 """
 
 from __future__ import annotations

@@ -346,18 +346,12 @@ def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise
     return again
 
 
-# A gap whose bound this many standard errors above it passes the tolerance rests on one
-# seed's draw: it is paired again at another seed, time allowing.
-_ONE_SEED = 3.0
-
-
 def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise: float) -> Rerun:
-    """A fast enough candidate whose parity rests on one seed's draw (within the tolerance by
-    its own curves' noise, past it at ``_ONE_SEED`` standard errors once the seed's spread is
-    counted) is paired once more at another seed, time allowing (up to the budget's end): its
-    gap is then the mean of two seeds' gaps, each its own draw of the seed's offset, and the
-    spread counts for less. One refused at one seed may pass at two; one a lucky draw carried
-    under the tolerance is caught by the second."""
+    """A fast enough candidate whose parity verdict one seed's draw could turn (its gap's bound
+    within a seed's spread of the bar, either side) is paired once more at another seed, time
+    allowing (up to the budget's end): its gap is then the mean of two seeds' gaps, each its
+    own draw of the seed's offset. One refused on an unlucky draw may pass; one a lucky draw
+    carried under the bar is caught by the second."""
     paired, tol = rerun.paired, ctx.spec.parity_tolerance
     if paired is None or not paired.ok or rerun.gap is None or rerun.seeds > 1:
         return rerun
@@ -365,7 +359,7 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
     if (
         not fast
         or paired.pairs < MIN_VALUES
-        or not gap_bound(rerun, 0.0) <= parity_bar(tol, noise) < gap_bound(rerun, noise, _ONE_SEED)
+        or abs(gap_bound(rerun) - parity_bar(tol, noise)) > noise
     ):
         return rerun
     trial, seconds = rerun.trial, compiling(rerun.trial)

@@ -86,8 +86,9 @@ class ReferenceRecord(BaseModel):
         ``also``: validation's reference arms), 0 before any, at most ``cap``.
 
         A repeat's gap to the first run is a gap between two seeds, as a candidate's gap to the
-        first run is: the search's screen allows it on top of the tolerance, validation counts
-        it in the gap's upper bound (a seed's draw can carry a lasting gap under the tolerance).
+        first run is: the search's screen allows it on top of the tolerance; validation widens
+        its bar by it only where a seed alone moves the loss past what the tolerance can tell
+        apart (allowed on top there, a seed's draw carried lasting gaps past the tolerance).
 
         Example:
             >>> m = [ReferenceMeasurement(at=0, throughput=1, low=1, high=1, seed_gap=g)
