@@ -4,7 +4,8 @@ otherwise.
 :class:`NotebookProgress` is the ``on_event`` callback :func:`autotune.tune` gives the search.
 The bar fills with the budget's seconds; its label says the phase, the trials so far and the
 best setting with its speedup over the fp32 reference. A line is printed for each phase and
-each new best, so the notebook keeps a record once the bar is gone. ``tqdm.auto`` draws the
+each new best, so the notebook keeps a record once the bar is gone; the closing line is the
+config the search wrote (or that it fell back, and why). ``tqdm.auto`` draws the
 widget in Jupyter and text elsewhere; no other dependency is needed for it.
 """
 
@@ -14,6 +15,7 @@ import sys
 from collections import Counter
 from typing import Any, TextIO
 
+from autotune.config import TunedConfig
 from autotune.enums import Outcome
 from autotune.search import Budget, Event, PhaseStarted, TrialFinished, TrialStarted
 from autotune.study.trials import label as params_label
@@ -59,6 +61,8 @@ class NotebookProgress:
         self.current = ""
         self._bar: Any = None
         self._want_bar = bar
+        # The config the search wrote, in words: the closing line's, in place of its best trial.
+        self.outcome = ""
 
     def __enter__(self) -> NotebookProgress:
         if self.title:
@@ -85,7 +89,23 @@ class NotebookProgress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        self._print(f"{how}: {self._trials()}" + (f"; best {self.best}" if self.best else ""))
+        tail = f"; {self.outcome}" if self.outcome else (f"; best {self.best}" if self.best else "")
+        self._print(f"{how}: {self._trials()}{tail}")
+
+    def config_written(self, config: TunedConfig) -> None:
+        """What the search ended with, for the closing line: the config and its validated
+        speedup, or that it fell back to the fp32 reference, and why (the search's best trial
+        is not the config when validation refused it)."""
+        ev = config.evidence
+        settings = f"{config.precision} bs={config.batch_size} lr={config.learning_rate:.3g}"
+        if ev.validated:
+            shown = f"{ev.speedup:.2f}x"
+            if ev.speedup_low is not None and ev.speedup_high is not None:
+                shown += f" ({ev.speedup_low:.2f}–{ev.speedup_high:.2f})"
+            self.outcome = f"config {settings}: {shown} the fp32 reference, validated"
+        else:
+            why = f": {ev.validation_note}" if ev.validation_note else ""
+            self.outcome = f"config {settings}: fell back to the fp32 reference{why}"
 
     # ---- events ---------------------------------------------------------------------------
 

@@ -336,6 +336,8 @@ def _run(study: StudySpec, out_dir: Path, *, progress: bool | None, verbose: boo
             result = run_search(
                 study, out_dir=out_dir, budget=clock, on_event=watcher, handle_sigint=True
             )
+            if result.config is not None:
+                watcher.config_written(result.config)
         _write_report(study, out_dir)
     if result.config is None:
         raise AutotuneError(

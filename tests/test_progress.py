@@ -204,3 +204,33 @@ def test_search_output_has_no_control_characters_when_not_a_terminal(tmp_path: P
     assert (out_dir / "best.json").is_file() and (out_dir / "report.html").is_file()
     log = (out_dir / "search.log").read_text()
     assert "| INFO    | autotune.search." in log and "phase search at" in log
+
+
+def test_a_notebooks_closing_line_is_the_config_and_says_when_it_fell_back() -> None:
+    """A search whose best trial (bf16, 1.82x) validation refused returns the fp32 reference: the
+    closing line says so and why, not "best bf16 ... 1.82x"; a validated config shows its
+    speedup with its interval."""
+    from _configs import make_config
+
+    from autotune.notebook import NotebookProgress
+    from autotune.search import Budget, Standing, TrialFinished
+
+    def closing(config: object) -> str:
+        out = io.StringIO()
+        with NotebookProgress(Budget(60.0), bar=False, out=out) as progress:
+            best = Standing(best_params={"precision": "bf16", "batch_size": 64}, best_speedup=1.82)
+            progress(TrialFinished(number=0, outcome="completed", standing=best))
+            progress.config_written(config)  # type: ignore[arg-type]
+        return out.getvalue().strip().splitlines()[-1]
+
+    fell_back = make_config("fp32", batch_size=32)
+    fell_back.evidence.validated = False
+    fell_back.evidence.validation_note = "bf16 bs=64: loss parity +7.0% (upper bound +8.1%)"
+    line = closing(fell_back)
+    assert line.startswith("done: 1 trials") and "1.82x" not in line
+    assert "config fp32 bs=32 lr=0.1: fell back to the fp32 reference: bf16 bs=64: loss" in line
+    validated = make_config("bf16", batch_size=64)
+    validated.evidence.speedup_low, validated.evidence.speedup_high = 1.9, 2.1
+    assert "config bf16 bs=64 lr=0.1: 2.00x (1.90–2.10) the fp32 reference, validated" in (
+        closing(validated)
+    )
