@@ -234,6 +234,19 @@ def test_an_fp32_module_the_model_lacks_is_named() -> None:
         amp.prepare(nn.Sequential(nn.Linear(4, 4)))
 
 
+def test_a_compiled_fp16_run_keeps_its_islands_backward_in_fp32() -> None:
+    """The island's backward runs in fp32 compiled as it does eagerly: torch traces a compiled
+    backward under the forward's autocast by default, so `amplify`'s 1e5-scale weights went to
+    fp16 there, every step overflowed and the run diverged (first seen on an H200; the same
+    on a CPU)."""
+    settings = ProbeSettings(warmup_steps=1, steps=12, check_every=12, min_time=0)
+    r = run_probe(
+        overflow(), cand("fp16", 64, 0.001, fp32_modules=["amplify"], compile=True), "cpu", settings
+    )
+    assert r.outcome == "completed", r.reason
+    assert r.skipped_steps == 0 and r.compile_seconds is not None
+
+
 @pytest.mark.gpu
 def test_compile_and_islands_on_the_gpu() -> None:
     """On CUDA: a compiled fp16 probe with the overflowing module in fp32 completes, compiles

@@ -319,6 +319,13 @@ def common_notes(
     """Notes every target shares; ``compiles``: the library takes the compile setting itself."""
     compile_mode = cfg.compile_mode if cfg.compile and not compiles else None
     notes = knob_notes(cfg.fp32_modules, compile_mode, LIBRARY[target])
+    if cfg.compile and compiles and cfg.precision in ("fp16", "bf16"):
+        notes.append(
+            f"{LIBRARY[target]} compiles the model itself: set "
+            "torch._functorch.config.backward_pass_autocast = 'off' before training, so the "
+            "compiled backward runs outside autocast as the search measured it (torch's default "
+            "traces it under the forward's autocast, where an fp32 module's backward overflows)"
+        )
     ex = elsewhere_of(cfg)
     if device == "cuda":
         tf32 = str(ex.cudnn_tf32)

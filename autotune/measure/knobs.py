@@ -211,6 +211,9 @@ def knob_notes(fp32_modules: Iterable[str], compile_mode: str | None, library: s
             f"tuned with torch.compile (mode={compile_mode!r}): {library} takes no compile "
             f"setting; compile the model's forward before training, "
             f"model.forward = torch.compile(model.forward, mode={compile_mode!r}) (the search "
-            "marked the batch dimension dynamic; autotune.session(cfg).prepare_batch does too)"
+            "marked the batch dimension dynamic; autotune.session(cfg).prepare_batch does too), "
+            "with torch._functorch.config.backward_pass_autocast = 'off' so the compiled "
+            "backward runs outside autocast as it was measured (torch's default traces it "
+            "under the forward's autocast)"
         )
     return notes

@@ -142,8 +142,28 @@ def apply_knobs(
         # The bound forward, not model.compile(): on torch 2.11 model.compile() of a torch.nn
         # builtin (nn.Sequential) captures nothing and runs eager. This captures on every
         # supported torch, and the module keeps its type and its state_dict keys.
-        model.forward = torch.compile(model.forward, mode=candidate.compile_mode)
+        model.forward = _backward_outside_autocast(
+            torch.compile(model.forward, mode=candidate.compile_mode)
+        )
     return model
+
+
+def _backward_outside_autocast(compiled: Any) -> Any:
+    """Trace a compiled forward with its backward outside autocast, as eager runs it.
+
+    torch's default for compiled regions (``backward_pass_autocast="same_as_forward"``) traces
+    the backward under the forward's autocast: an fp32 island's backward then ran in fp16, and
+    ResNet-scale weights (1e5) overflowed to inf in every compiled step of a run that trains
+    eagerly. The setting is read when a graph is traced, so every call carries it.
+    """
+    import torch._functorch.config as functorch_config
+
+    @functools.wraps(compiled)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with functorch_config.patch(backward_pass_autocast="off"):
+            return compiled(*args, **kwargs)
+
+    return forward
 
 
 def compiled_graphs() -> int:
