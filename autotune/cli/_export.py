@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from autotune.cli._app import app, err_console, fail
-from autotune.cli._train import autotune_warnings_as_lines, load_config_for_cli
+from autotune.cli._train import autotune_warnings_as_lines
 from autotune.errors import AutotuneError, SpecError
 
 
@@ -55,6 +56,7 @@ def export(
     ] = None,
 ) -> None:
     """Print the config as a trainer's config file or flags on stdout; notes go to stderr."""
+    from autotune.config import load_config
     from autotune.export import FORMATS
     from autotune.export import export as build
 
@@ -65,13 +67,19 @@ def export(
             )
         if (model or data) and to != "lightning":
             raise SpecError("--model and --data are for --to lightning; leave them out for " + to)
-        cfg = load_config_for_cli(config)
-        with autotune_warnings_as_lines():
+        # Warnings wait for the export: a refused one is its error line alone (a config tuned
+        # on another machine warned first, above the error, on every GPU machine).
+        with warnings.catch_warnings(record=True) as held:
+            warnings.simplefilter("default")
+            cfg = load_config(config)
             out = build(cfg, to, device=device, model=model, datamodule=data)
             text = out.render(format_)
     except AutotuneError as exc:
         fail(str(exc))
         return
+    with autotune_warnings_as_lines():
+        for w in held:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     # Plain print: stdout must stay exactly the JSON/YAML/flags, for pipes and $(...).
     typer.echo(text)
     for note in out.notes:
