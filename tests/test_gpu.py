@@ -87,8 +87,10 @@ def test_peak_memory_is_measured_and_grows_with_the_batch() -> None:
     small = run_probe(
         wl, Candidate(precision="bf16", batch_size=64, learning_rate=0.05), dev, SHORT
     )
+    # The same lr at both batches: the linear rule's 0.4 at bs=512 diverges by step 3 on an H200
+    # (no warm-up in a probe), and this test is about memory.
     large = run_probe(
-        wl, Candidate(precision="bf16", batch_size=512, learning_rate=0.4), dev, SHORT
+        wl, Candidate(precision="bf16", batch_size=512, learning_rate=0.05), dev, SHORT
     )
     assert small.ok and large.ok
     assert 0 < small.peak_memory_allocated < large.peak_memory_allocated

@@ -214,7 +214,38 @@ def test_every_stage_runs_in_all_within_its_timeout() -> None:
     assert found, done.stdout
     total, timeout = map(int, found.groups())
     assert sum(cap for cap, _ in stages.values()) <= total
+    # For a machine of your own: within one call's limit, no third to spare.
+    assert total <= timeout <= CALL_LIMIT
+
+
+def test_the_landscape_call_fits_the_rerun_room_and_records_what_the_simulator_loads() -> None:
+    """The fourth call, run when the three passed, records the device's landscape: its
+    arguments are the recorder's, and it fits the room kept for a rerun on the warm machine."""
+    _, time = plan()
+    done = gpu_check("--plan", env={"PYTHON": "/nonexistent/python3"})
+    found = re.search(
+        r"in the rerun's room on the warm machine: landscape: (\d+) s \(timeout_s (\d+)\)",
+        done.stdout,
+    )
+    assert found, done.stdout
+    total, timeout = map(int, found.groups())
+    assert total + time["per_call"] <= SESSION - time["planned"]
     assert 3 * total <= 2 * timeout <= 2 * CALL_LIMIT
+    stages = dry_run("landscape")
+    (command,) = [c for name, (_, c) in stages.items() if name == "landscape"]
+    args = command[[i for i, a in enumerate(command) if a.endswith("record_landscape.py")][0] + 1 :]
+    recorder = _benchmark("record_landscape")
+    seen = {}
+
+    def record(parsed, command):  # the first thing main does after parsing its arguments
+        seen["args"] = parsed
+        raise SystemExit(0)
+
+    recorder.record = record
+    with pytest.raises(SystemExit):
+        recorder.main(args)
+    assert seen["args"].device == "cuda" and seen["args"].compile
+    assert str(seen["args"].out).endswith("landscape/gpu-resnet18.yaml")
 
 
 def test_the_gpu_check_runs_every_file_with_gpu_tests() -> None:
