@@ -234,6 +234,29 @@ def test_an_fp32_module_the_model_lacks_is_named() -> None:
         amp.prepare(nn.Sequential(nn.Linear(4, 4)))
 
 
+def test_an_assert_in_compiled_code_is_a_failed_compile_not_a_crash(tmp_path: Any) -> None:
+    """A compiled graph's own assert (on an H200, inductor's stride check in a channels_last
+    ResNet-18's compiled backward) fails the compile: the candidate is not retried as a crash.
+    The same error raised by the model's code is the model's."""
+    generated = tmp_path / "torchinductor_root" / "c4" / "c4dxxdj47ix.py"
+    generated.parent.mkdir(parents=True)
+    source = "def call(args):\n    assert False, 'expected size 512==512, stride 9==1 at dim=1'\n"
+    generated.write_text(source)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, str(generated), "exec"), namespace)
+    compiled = cand(compile=True)
+    try:
+        namespace["call"]([])
+    except AssertionError as exc:
+        reason = compile_failure(compiled, exc)
+        assert reason is not None and "AssertionError: expected size 512==512" in reason
+        assert compile_failure(cand(), exc) is None  # an eager candidate compiled nothing
+    try:
+        raise AssertionError("the model's own check")
+    except AssertionError as exc:
+        assert compile_failure(compiled, exc) is None
+
+
 def test_a_compiled_fp16_run_keeps_its_islands_backward_in_fp32() -> None:
     """The island's backward runs in fp32 compiled as it does eagerly: torch traces a compiled
     backward under the forward's autocast by default, so `amplify`'s 1e5-scale weights went to

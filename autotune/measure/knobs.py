@@ -83,7 +83,22 @@ def is_compile_error(exc: BaseException) -> bool:
     dynamo = sys.modules.get("torch._dynamo.exc")
     if dynamo is not None and isinstance(exc, dynamo.TorchDynamoException):
         return True
-    return type(exc).__module__.startswith(_COMPILER_MODULES)
+    return type(exc).__module__.startswith(_COMPILER_MODULES) or _raised_in_compiled_code(exc)
+
+
+def _raised_in_compiled_code(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by the code torch's compiler generated (its asserts on the
+    strides it compiled for: a channels_last ResNet-18's compiled backward failed so on an
+    H200), not by the model's own code, which the compiled code calls back into."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    # Inductor writes each compiled graph to a module of its cache, named by its hash, and
+    # runs its ``call`` from there.
+    return "inductor" in code.co_filename and code.co_name == "call"
 
 
 # What leaves a CUDA context unusable ("sticky" errors): after one, every later CUDA call in the
