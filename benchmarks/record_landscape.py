@@ -1184,7 +1184,7 @@ def render(raw: dict[str, Any], f: dict[str, Any], raw_path: str) -> str:
         )
         add(
             f"  step_noise: {num(lf['step_noise'], 3)}  # measured: 1.4826 x MAD of the relative "
-            f"residuals (their plain std: {lf.get('step_noise_std', lf['step_noise']):.3g})"
+            f"residuals (their plain std: {lf['step_noise_std']:.3g})"
         )
     else:
         add("  # NOT measured: no reference curve long enough to fit; the model's defaults")
