@@ -78,7 +78,7 @@ def test_cancels_end_queued_and_running_studies_and_keep_their_trials() -> None:
 def test_a_worker_that_dies_mid_probe_fails_that_trial_and_the_study_goes_on(
     tmp_path: Path,
 ) -> None:
-    report = run_box([Arrival(0, "ada", "a", 120)], LAND, devices=1, crashes={0: frozenset({20})},
+    report = run_box([Arrival(0, "ada", "a", 120)], LAND, devices=1, crashes={0: frozenset({16})},
                      workdir=tmp_path)  # fmt: skip
     assert report.crashes == 1
     [a] = report.studies

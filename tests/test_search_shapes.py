@@ -229,3 +229,50 @@ def test_the_time_kept_for_validation_follows_what_the_search_has_found() -> Non
         assert cfg.evidence.validated, cfg.evidence.validation_note
         assert cfg.precision in ("bf16", "fp16")
         assert run.seconds <= 25.0
+
+
+def test_a_short_budget_with_slow_builds_starts_no_probe_it_cannot_measure() -> None:
+    """A device whose runs each pay 2.4 s before their first timed step, 24 s in all: the
+    reference is not confirmed (a confirmation, a trial and a pair would not fit), bf16 at the
+    base batch is measured and validated on every seed, and no trial was started with less time
+    than a build and a first step take (before, a second trial got 1.4 s, timed one step, read
+    0.01x, and left too little for bf16's pair: every seed fell back to fp32, 7 s unspent)."""
+    land = landscape(
+        **{
+            "timing.worker_start_seconds": 6.0,
+            "timing.build_seconds": 1.4,
+            "timing.first_step_seconds": 1.0,
+        }
+    )
+    for seed in range(3):
+        run = simulate(spec("24s"), land, seed=seed)
+        cfg = run.config
+        assert cfg.evidence.validated, cfg.evidence.validation_note
+        assert cfg.precision in ("bf16", "fp16")
+        assert run.seconds <= 24.0
+        for t in run.study.trials:
+            steps = t.user_attrs.get("timed_steps")
+            assert steps is None or steps > 1, (seed, t.number, t.params, steps)
+
+
+def test_the_fp16_diagnosis_takes_only_what_validation_leaves() -> None:
+    """fp16 diverges at step 30 in code no module list covers, on a device whose runs each pay
+    2.4 s of set-up, 50 s in all: bf16 is validated on every seed (before, the diagnosis of
+    why fp16 diverged ran first, took 4.4 s of the time kept for bf16's pairs, and one seed in
+    four fell back to fp32)."""
+    land = landscape(
+        schema_version=2,
+        **{
+            "fp16.diverges_at_step": 30,
+            "fp16.islands": [],
+            "timing.worker_start_seconds": 6.0,
+            "timing.build_seconds": 1.4,
+            "timing.first_step_seconds": 1.0,
+        },
+    )
+    for seed in range(4):
+        run = simulate(spec("50s"), land, seed=seed)
+        cfg = run.config
+        assert cfg.evidence.validated, (seed, cfg.evidence.validation_note)
+        assert cfg.precision == "bf16"
+        assert run.seconds <= 50.0

@@ -227,18 +227,22 @@ def test_a_rerun_that_loses_parity_is_rejected_with_the_gap_its_bound_and_the_se
     assert chosen.winner is None
     (why,) = chosen.rejected
     assert why.kind == "parity"
-    assert "+20.0% (upper bound +20.0%)" in why.detail
+    assert "+20.0% (upper bound +22.0%)" in why.detail
     assert "tolerance 5%; a seed alone moves this loss by 1.0%" in why.detail
 
 
 def test_a_seeds_spread_is_not_allowed_on_top_of_the_tolerance() -> None:
     """+5.5% on smooth curves where a seed alone moves the loss by 1%: refused (the spread
     used to be allowed on top of the tolerance, and lasting gaps of 5.0-6.2% were validated at
-    5%). The spread is not charged either: +4.5% passes."""
+    5%). One seed's gap carries its draw: +4.5% is refused too (its bound +6.5%: a lasting
+    gap of 5.3% measured so, one seed's draw below), +2.5% passes."""
     over = _curves(trial(0, 2.0), [1.055] * 80)
     chosen = select([over], min_speedup=1.05, parity_tolerance=0.05, seed_noise=0.01)
     assert chosen.winner is None and chosen.rejected[0].kind == "parity"
-    under = _curves(trial(1, 2.0), [1.045] * 80)
+    near = _curves(trial(1, 2.0), [1.045] * 80)
+    chosen = select([near], min_speedup=1.05, parity_tolerance=0.05, seed_noise=0.01)
+    assert chosen.winner is None and "(upper bound +6.5%)" in chosen.rejected[0].detail
+    under = _curves(trial(2, 2.0), [1.025] * 80)
     assert select([under], min_speedup=1.05, parity_tolerance=0.05, seed_noise=0.01).winner is under
 
 

@@ -67,6 +67,9 @@ class SearchContext:
     # and what each compiled probe spent compiling, by compile mode.
     probe_seconds: list[float] = field(default_factory=list)
     trial_seconds: list[float] = field(default_factory=list)
+    # Seconds each probe that timed steps after the spec's warm-up spent before them (a build,
+    # the warm-up, first-use costs; compiling apart): what a probe pays before it measures.
+    setup_seconds: list[float] = field(default_factory=list)
     compile_seconds: dict[str, list[float]] = field(default_factory=dict)
     # Where the job's time went, by phase (seconds); see :meth:`clock`.
     spent: dict[str, float] = field(default_factory=dict)
@@ -186,7 +189,21 @@ class SearchContext:
             self.workload, candidate, settings, timeout=hard, early_stop=early_stop
         )
         self._spent(candidate, t0, result.compile_seconds)
+        if (
+            result.timed_steps
+            and result.timed_seconds
+            and settings.warmup_steps >= (self.spec.probe.warmup_steps)
+        ):
+            before = result.wall_seconds - result.timed_seconds - (result.compile_seconds or 0.0)
+            self.setup_seconds.append(max(0.0, before))
         return result
+
+    def least_probe(self) -> float:
+        """Seconds the shortest probe worth starting takes: a typical set-up, then half the
+        device's timed phase (a probe cut before it has timed anything measures nothing)."""
+        recent = self.setup_seconds[-10:]
+        setup = statistics.median(recent) if recent else 0.0
+        return setup + 0.5 * self.default_min_time
 
     def run_compare(
         self,

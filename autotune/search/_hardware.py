@@ -4,20 +4,20 @@
 2. **Ceilings**: per mode, the largest batch that fits
    (:func:`autotune.measure.ceilings.find_ceiling`; each try one untimed step, which pays the mode's
    first-use costs, and one timed step), inside a share of the budget. A mode whose first try cannot
-   run is cut with the reason. The first try's peak memory and step time, scaled with the batch, say
-   how far the doubling may skip ahead (:func:`jump_size`): with memory to spare the next
-   try is the cap. The ceilings are stored with the study per machine and device, so a resumed run
+   run is cut with the reason. The first try's peak memory, scaled with the batch (an upper
+   bound), vouches for the sizes it keeps within half the budget without a try of their own
+   (:func:`jump_size`); the doubling goes on from there. The ceilings are stored with the study per machine and device, so a resumed run
    or another worker on the same machine does not measure them again; beside them, what limited each
    (memory, margin, time, the space's cap), for the report.
 
-   fp32 goes first, and a size it ran with half the memory budget free vouches for the
-   autocast modes (:func:`vouched_size`): where it vouches for the space's cap, they take it
-   without a try (their first trial pays their first-use costs); else, after its own first
-   try, a mode whose skip reaches the cap takes it without trying it.
+   fp32 goes first, and where it vouches for the space's cap with half the memory budget free,
+   the autocast modes take it without a try (:func:`vouched_size`; their first trial pays
+   their first-use costs).
 """
 
 from __future__ import annotations
 
+import math
 import socket
 from collections.abc import Callable
 
@@ -79,7 +79,7 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
     start = min(max(base, space.batch_size.min), space.batch_size.max)
     cap = max(space.batch_sizes) if space.batch_sizes else space.batch_size.max
     limits: dict[str, str] = {}
-    vouched = 0
+    vouched, try_seconds = 0, 0.0
     # fp32 first: what it runs vouches for the autocast modes' memory.
     for i, mode in enumerate(sorted(modes, key=lambda m: m != "fp32")):
         ctx.emit(PhaseStarted(phase=Phase.CEILINGS, mode=mode))
@@ -90,15 +90,18 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
             logger.info("ceiling {} = {} (not tried: fp32 ran bs={} with half the memory "
                         "budget free)", mode, cap, vouched)  # fmt: skip
             ceiling = Ceiling(precision=mode, batch_size=cap, limited_by="cap")
-        elif share < 0.5:
-            # Out of ceiling time: the mode keeps the base batch size, which the baselines run.
-            ctx.ceilings[mode], limits[mode] = start, "time"
-            _out_of_time(ctx, mode, start)
+        elif share < max(0.5, try_seconds):
+            # Out of ceiling time: the mode keeps the base batch size, which the baselines run,
+            # or the size fp32 vouched for, if larger.
+            ctx.ceilings[mode], limits[mode] = max(start, vouched), "time"
+            _out_of_time(ctx, mode, max(start, vouched))
             continue
         else:
-            ceiling = _mode_ceiling(ctx, mode, share=share, start=start, cap=cap, vouched=vouched)
+            ceiling = _mode_ceiling(ctx, mode, share=share, start=start, cap=cap)
         if mode == "fp32":
             vouched = vouched_size(ceiling, ctx.facts.memory_budget(ctx.spec.memory_margin))
+            # What one try took (a build and a first step): a share shorter has no room for one.
+            try_seconds = ctx.probe_seconds[-1] if ctx.probe_seconds else 0.0
         # A try cut short by the stop says nothing about memory: store no ceiling.
         ctx.stop_if_asked()
         if ceiling.limited_by == "busy":
@@ -125,10 +128,9 @@ def _out_of_time(ctx: SearchContext, mode: str, start: int) -> None:
 
 
 def _mode_ceiling(  # noqa: PLR0913 - one mode's bounds, keyword-only
-    ctx: SearchContext, mode: str, *, share: float, start: int, cap: int, vouched: int = 0
+    ctx: SearchContext, mode: str, *, share: float, start: int, cap: int
 ) -> Ceiling:
-    """One mode's ceiling, measured within ``share`` seconds; sizes up to ``vouched`` fit
-    (0: none is vouched for)."""
+    """One mode's ceiling, measured within ``share`` seconds."""
     # Per try: a slice of this mode's share; a try that runs out of it stops the doubling.
     # The first try pays the mode's first-use costs (on some CPUs seconds for bf16): it
     # gets half the share.
@@ -146,17 +148,23 @@ def _mode_ceiling(  # noqa: PLR0913 - one mode's bounds, keyword-only
     )
     first = settings.model_copy(update={"time_limit": first_limit})
     tried: list[int] = []
+    deadline = ctx.budget.elapsed() + share
+    took: list[float] = []
 
     def try_batch(bs: int) -> ProbeResult:
         use = settings if tried else first
         tried.append(bs)
-        return ctx.run_probe(ctx.space.candidate(mode, bs), use)
+        started = ctx.budget.elapsed()
+        result = ctx.run_probe(ctx.space.candidate(mode, bs), use)
+        took.append(ctx.budget.elapsed() - started)
+        return result
 
     def stop_when(r: ProbeResult) -> bool:
-        # Stop doubling once a try at twice this size would not fit in the limit. A first
-        # try cut short in its warm-up timed its first-use costs, not a step (its memory,
-        # after a whole step, still counts); a later one cut short stops the doubling.
-        if r.outcome == Outcome.CRASHED:
+        # Stop doubling once a try at twice this size would not fit in the limit, or a try
+        # as long as the last (its build and first step) would end past the mode's share. A
+        # first try cut short in its warm-up timed its first-use costs, not a step (its
+        # memory, after a whole step, still counts); a later one cut short stops the doubling.
+        if r.outcome == Outcome.CRASHED or ctx.budget.elapsed() + max(took, default=0.0) > deadline:
             return True
         if r.truncated and r.outcome == Outcome.COMPLETED:
             return len(tried) > 1
@@ -168,12 +176,8 @@ def _mode_ceiling(  # noqa: PLR0913 - one mode's bounds, keyword-only
         start=start,
         cap=cap,
         budget_bytes=ctx.facts.memory_budget(ctx.spec.memory_margin),
-        # The skipped-to size is tried for real (one that does not fit changes nothing), so
-        # it holds on any device; it halves a GPU's ceiling phase, which a short budget
-        # otherwise spends on one try per mode at the base batch.
         skip_limit=limit,
         stop_when=stop_when,
-        vouched=vouched,
     )
 
 
@@ -243,7 +247,12 @@ def vouched_size(fp32: Ceiling, budget_bytes: int | None) -> int:
     if budget_bytes is None:
         return 0
     room = _JUMP_MEMORY_SHARE * budget_bytes
-    sizes = [t.batch_size for t in fp32.tries if t.fits and t.peak_memory and t.peak_memory <= room]
+    ran = [t for t in fp32.tries if t.fits and t.peak_memory and t.peak_memory <= room]
+    sizes = [t.batch_size for t in ran]
+    # A ceiling taken without its try (a try's peak, scaled with the batch, left half the
+    # budget free there) vouches as far as a try would have.
+    if any((t.peak_memory or 0) * fp32.batch_size <= room * t.batch_size for t in ran):
+        sizes.append(fp32.batch_size)
     return max(sizes, default=0)
 
 
@@ -263,15 +272,10 @@ def _measure(  # noqa: PLR0913 - one mode's bounds, keyword-only, as find_ceilin
     budget_bytes: int | None,
     skip_limit: float | None,
     stop_when: Callable[[ProbeResult], bool],
-    vouched: int = 0,
 ) -> Ceiling:
-    """One mode's ceiling: the first try, then the doubling from the size it may skip to.
-
-    A skipped-to size that does not fit changes nothing: the doubling runs from ``start`` as
-    without the skip (each size is tried once; the tries already made are reused). The
-    skipped-to try must fit in ``skip_limit`` seconds; None never skips. A skip to ``cap``
-    that ``vouched`` covers is taken without its try.
-    """
+    """One mode's ceiling: the first try, then the doubling from the size its peak memory,
+    scaled with the batch, vouches for (the cap: no more tries); ``skip_limit`` None never
+    skips."""
     tried: dict[int, ProbeResult] = {}
 
     def once(bs: int) -> ProbeResult:
@@ -280,30 +284,57 @@ def _measure(  # noqa: PLR0913 - one mode's bounds, keyword-only, as find_ceilin
         return tried[bs]
 
     first = once(start)
-    jump = start
-    if skip_limit is not None and not stop_when(first):
-        jump = jump_size(first, start, cap, budget_bytes, skip_limit)
     own = CeilingTry(
         batch_size=start, fits=True, outcome=first.outcome, peak_memory=first.peak_memory
     )
-    if jump > start and jump >= cap and vouched >= cap and _fits(first, budget_bytes):
+    # Its peak scaled with the batch is an upper bound (weights, optimizer state and
+    # workspaces do not grow with it): what stays within half the budget needs no try of its
+    # own (an OOM in the search lowers the ceiling all the same).
+    reach = (
+        jump_size(first, start, cap, budget_bytes, math.inf) if _fits(first, budget_bytes) else 0
+    )
+    if reach >= cap > start:
         logger.info(
-            "ceiling {} = {} (limited by cap; not tried above bs={}: fp32 ran bs={} with half "
-            "the memory budget free)",
+            "ceiling {} = {} (limited by cap; not tried above bs={}: its peak memory there, "
+            "scaled with the batch, leaves half the memory budget free at bs={})",
             mode,
             cap,
             start,
-            vouched,
+            cap,
         )
         return Ceiling(precision=mode, batch_size=cap, limited_by="cap", tries=[own])
-    if jump > start and _fits(once(jump), budget_bytes):
-        logger.info("ceiling {} bs={} → fits; skipped to bs={}", mode, start, jump)
+    if reach > start and skip_limit is not None:
+        logger.info("ceiling {} bs={} → fits; bs={} fits by its peak scaled", mode, start, reach)
+        tried[reach] = _scaled(first, reach)
+        if stop_when(first):
+            # No time for a try above it: the size its peak vouches for is the ceiling.
+            scaled = CeilingTry(batch_size=reach, fits=True, outcome=first.outcome,
+                                peak_memory=tried[reach].peak_memory, note="its peak scaled")  # fmt: skip
+            logger.info("ceiling {} = {} (limited by time, 1 tries)", mode, reach)
+            return Ceiling(precision=mode, batch_size=reach, limited_by="time",
+                           tries=[own, scaled])  # fmt: skip
         ceiling = find_ceiling(
-            once, mode, start=jump, cap=cap, budget_bytes=budget_bytes, stop_when=stop_when
+            once, mode, start=reach, cap=cap, budget_bytes=budget_bytes, stop_when=stop_when
         )
         return ceiling.model_copy(update={"tries": [own, *ceiling.tries]})
     return find_ceiling(
         once, mode, start=start, cap=cap, budget_bytes=budget_bytes, stop_when=stop_when
+    )
+
+
+def _scaled(first: ProbeResult, size: int) -> ProbeResult:
+    """The first try's figures scaled to ``size`` (peak memory and step time in proportion):
+    what a try there is taken to show, without running it."""
+    scale = size / first.batch_size if first.batch_size else size / first.candidate.batch_size
+    peak, step = first.peak_memory, first.step_time
+    return first.model_copy(
+        update={
+            "candidate": first.candidate.model_copy(update={"batch_size": size}),
+            "batch_size": size,
+            "peak_memory_allocated": int(peak * scale) if peak else None,
+            "peak_memory_reserved": None,
+            "step_time": step * scale if step else None,
+        }
     )
 
 

@@ -55,6 +55,9 @@ _REFRESH_MAX = 120.0
 # A re-measurement is shorter than a probe: it needs a throughput, and a probe's steps of loss
 # curve (for the seed-to-seed gap), not the long curve.
 _REMEASURE_SHARE = 0.5
+# The first run is confirmed only where this many runs of its length are left: the
+# confirmation, a first trial and one validation pair (two arms).
+_CONFIRM_RUNS = 4
 # Two measurements of the same work more than this factor apart are no run-to-run noise: the
 # noisiest machine recorded (a laptop CPU, 12% from run to run) keeps about 98% of honest pairs
 # within it. One of them ran during a warm-up or a neighbour's burst.
@@ -144,6 +147,8 @@ class ReferenceKeeper:
         # Measurements (by time) a disagreeing trial challenged already, or that a challenge
         # confirmed: never challenged (again).
         self._vouched: set[float] = set()
+        # Seconds the first run took, set-up included: what a confirmation costs, about.
+        self._run_seconds = 0.0
 
     def _save(self) -> None:
         if self.record is not None:
@@ -191,6 +196,7 @@ class ReferenceKeeper:
             result = again if again.ok or not result.ok else result
         if not result.ok:
             raise ReferenceUnavailable(result)
+        self._run_seconds = result.wall_seconds
         self.record = ReferenceRecord(
             batch_size=cand.batch_size,
             learning_rate=cand.learning_rate,
@@ -233,9 +239,12 @@ class ReferenceKeeper:
         """Measure again until the last two measurements agree (a few times at most)."""
         assert self.record is not None
         ms = self.record.measurements
-        if len(ms) == 1 and self.ctx.budget.left() > SAFE_PLAN:
+        if len(ms) == 1 and self.ctx.budget.left() > max(
+            SAFE_PLAN, _CONFIRM_RUNS * self._run_seconds
+        ):
             # No measurement is trusted alone; a short budget's trials rank against the one
-            # there is (validation's pairs measure the reference again beside each candidate).
+            # there is (validation's pairs measure the reference again beside each candidate):
+            # where a confirmation, a first trial and one pair would not all fit.
             self.measure()
         for _ in range(_SETTLE_TRIES):
             if len(ms) < 2 or _agree(ms[-1], ms[-2]):

@@ -124,7 +124,7 @@ def _search(
         # From what the search measured so far: a new leader's pair may need more.
         reserve = validation_reserve(ctx, study, step.refs.record)
         left = end_at - reserve - ctx.budget.elapsed()
-        if left < max(1.0, 0.25 * ctx.typical_probe()):
+        if left < max(1.0, 0.25 * ctx.typical_probe(), ctx.least_probe()):
             logger.info("search phase over: {:.0f}s left for it", max(0.0, left))
             return False
         if step.twins_in_row >= EXHAUSTED:
@@ -426,9 +426,11 @@ def _validate_once(
         wait = min(SETTLE_WAIT, max(0.0, ctx.budget.left() - 1.0))
         settle(study, wait=wait, stop=ctx.should_stop)
         ctx.emit(PhaseStarted(phase=Phase.VALIDATION))
-        diagnose_failures(ctx, study)
         with ctx.clock(Phase.VALIDATION):
             selection, ref_run, noise = validate(ctx, study, reference, end_at, hard_end=hard_end)
+        # The config's word on why fp16 diverged, with what validation left over (before it,
+        # the diagnosis took the time validation's pairs were kept for).
+        diagnose_failures(ctx, study)
     outcome.validated_at = clock.now()
     trials = study.get_trials(deepcopy=False)
     outcome.selection = selection

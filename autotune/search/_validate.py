@@ -41,6 +41,7 @@ from autotune.search._budget import VALIDATION_SHARE
 from autotune.search._context import SearchContext
 from autotune.search._risk import fp16_horizon, overflow_step, steps_run
 from autotune.search._shortlist import eligible, safe_standby, shortlist
+from autotune.search._validation_time import endurance_seconds, least_pair, rerun_need
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import Rejection, is_feasible, label, record
 
@@ -212,11 +213,21 @@ _GROWING = 2.0
 _UPPER = 2.0
 
 
-def gap_bound(rerun: Rerun) -> float:
-    """The upper bound of ``rerun``'s gap: ``_UPPER`` standard errors of its curves' step
-    noise above it."""
+def gap_bound(rerun: Rerun, seed_noise: float = 0.0) -> float:
+    """The upper bound of ``rerun``'s gap: ``_UPPER`` standard errors above it, of its curves'
+    step noise and of the seed's draw (``seed_noise``: what a seed alone moves the loss by,
+    less for the mean of several seeds' gaps)."""
     assert rerun.gap is not None
-    return rerun.gap[0] + _UPPER * rerun.gap_error
+    error = math.hypot(rerun.gap_error, seed_noise / math.sqrt(rerun.seeds))
+    return rerun.gap[0] + _UPPER * error
+
+
+def charged(parity_tolerance: float, seed_noise: float) -> float:
+    """The seed's spread a gap's bound carries: all of it while the bar is the tolerance, less
+    as the bar widens for it (a bar ``_UPPER`` spreads wide has taken it in already)."""
+    if not seed_noise:
+        return 0.0
+    return seed_noise * min(1.0, max(0.0, parity_tolerance / (_UPPER * seed_noise) - 1.0))
 
 
 def parity_bar(parity_tolerance: float, seed_noise: float, seeds: int = 1) -> float:
@@ -253,10 +264,11 @@ def judge(
     paired, gap, grew = rerun.paired, rerun.gap, rerun.growth
     assert paired is not None
     bar = parity_bar(parity_tolerance, seed_noise, rerun.seeds)
-    if gap is None or gap_bound(rerun) > bar:
+    if gap is None or gap_bound(rerun, charged(parity_tolerance, seed_noise)) > bar:
         shown = "not comparable"
         if gap is not None:
-            shown = f"{gap[0]:+.1%} (upper bound {gap_bound(rerun):+.1%})"
+            spread = charged(parity_tolerance, seed_noise)
+            shown = f"{gap[0]:+.1%} (upper bound {gap_bound(rerun, spread):+.1%})"
         return _rejection(
             name,
             "parity",
@@ -331,17 +343,6 @@ def with_gap(rerun: Rerun, reference: ReferenceRecord | None = None) -> Rerun:
     return rerun
 
 
-# How many times longer than a pair of a feasible trial a pair of one judged off parity at the
-# probe's horizon measures (its share of validation's time, and so its horizon).
-LONGER = 4
-
-
-def weight(trial: FrozenTrial) -> int:
-    """A shortlisted trial's shares of validation's time: ``LONGER`` for one judged off parity
-    at the probe's horizon (a lag fades over its first steps), else one."""
-    return 1 if is_feasible(trial) else LONGER
-
-
 def validation_reserve(
     ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord | None = None
 ) -> float:
@@ -353,69 +354,14 @@ def validation_reserve(
     if not ctx.typical_probe(default=0.0):
         return VALIDATION_SHARE * ctx.budget.total
     horizon = fp16_horizon(ctx.spec.validation.fp16_steps, study.get_trials(deepcopy=False))
-    # Nothing worth validating yet: keep room for one short pair (a late winner still gets
-    # validated), and give the rest to the search.
-    need = sum(rerun_need(ctx, t, horizon) for t in picked) if picked else 0.5 * _per_pair(ctx)
+    # Nothing worth validating yet: keep room for the least pair a late winner needs (two
+    # arms' set-up and six short pairs), and give the rest to the search: without a trial,
+    # validation has nothing to measure.
+    need = sum(rerun_need(ctx, t, horizon) for t in picked) if picked else least_pair(ctx)
     # An fp16 leader's run to its overflow horizon comes on top of validation's share (its
     # own share at most): pairs alone, without it, would prove nothing.
     proof = max((endurance_seconds(ctx, t, horizon) for t in leaders), default=0.0)
     return min(VALIDATION_SHARE * ctx.budget.total + proof, need + 1.0)
-
-
-def _per_pair(ctx: SearchContext) -> float:
-    """Seconds a pair takes: both arms, each about as long as a probe scaled to validation's
-    longer horizon."""
-    val, probe = ctx.spec.validation, ctx.spec.probe
-    ratio = max(1.0, (probe.warmup_steps + val.steps) / (probe.warmup_steps + probe.steps))
-    return 2.5 * ratio * ctx.typical_probe(default=0.0) + 1.0
-
-
-def rerun_need(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
-    """Seconds a trial's validation needs: its pair (by its weight, and at least what six
-    pairs take at its measured step times), fp16's run alone to ``horizon`` steps, and a
-    compiled candidate's compiling again."""
-    pair = max(_per_pair(ctx), six_pairs(ctx, trial)) * weight(trial)
-    seconds = compiling(trial)
-    # A compiled one also needs a second to spare: its pair is measured only where its share
-    # covers compiling and six pairs (below that, the time goes to the next candidate).
-    proof = endurance_seconds(ctx, trial, horizon, capped=False)
-    return pair + (seconds + 1.0 if seconds else 0.0) + proof
-
-
-def compiling(trial: FrozenTrial) -> float:
-    """Seconds a compiled trial's compiling took in the search (0 for one not compiled)."""
-    return (record(trial).compile_seconds or 0.0) if trial.params.get("compile") else 0.0
-
-
-# An fp16 run alone to its overflow horizon takes at most this share of the budget (one that
-# needs more is not validated: its verdict would fall short of the horizon).
-ENDURANCE_SHARE = 0.2
-
-
-def endurance_seconds(
-    ctx: SearchContext, trial: FrozenTrial, horizon: int, *, capped: bool = True
-) -> float:
-    """Seconds an fp16 trial's run alone to ``horizon`` steps takes, from its measured
-    throughput, at most :data:`ENDURANCE_SHARE` of the budget unless not ``capped`` (0 for
-    another mode, or one that ran that long already)."""
-    rec = record(trial)
-    if trial.params.get("precision") != "fp16" or steps_run(trial) >= horizon:
-        return 0.0
-    if not rec.throughput:
-        return 0.0
-    step = trial.params.get("batch_size", 1) / rec.throughput
-    seconds = 1.2 * horizon * step + setup_seconds(trial) + 1.0
-    return min(seconds, ENDURANCE_SHARE * ctx.budget.total) if capped else seconds
-
-
-def setup_seconds(trial: FrozenTrial) -> float:
-    """Seconds a run of ``trial``'s settings spends before its steps (building the model and
-    its data, a first step's first-use costs; compiling apart), from its probe in the search."""
-    rec = record(trial)
-    if not rec.throughput or rec.probe_seconds is None:
-        return 0.0
-    steps = steps_run(trial) * trial.params.get("batch_size", 1) / rec.throughput
-    return max(0.0, rec.probe_seconds - steps - compiling(trial))
 
 
 def _shortlist(
@@ -489,18 +435,3 @@ def measure_spread(
         if len(gaps) >= SPREAD_REPEATS or left < ctx.typical_probe():
             return
         remeasure()
-
-
-def six_pairs(ctx: SearchContext, trial: FrozenTrial) -> float:
-    """Seconds a paired rerun of ``trial`` needs at the least to measure the pairs a 95%
-    interval needs: each arm's set-up and warm-up (its warm-up steps, its first step, a
-    settling step) and six pairs of one-step blocks, at the steps' times the search measured,
-    with 15% and half a second to spare; 0 when they are unknown. Slow steps need more than a probe's time scaled."""
-    rec = record(trial)
-    if not rec.throughput or not rec.reference_throughput:
-        return 0.0
-    step = trial.params.get("batch_size", ctx.space.base_batch) / rec.throughput
-    ref_step = ctx.space.base_batch / rec.reference_throughput
-    steps = ctx.spec.probe.warmup_steps + 2 + MIN_VALUES
-    # Both arms are set up before their steps; the reference's set-up is taken as like its.
-    return 1.15 * (steps * (step + ref_step) + 2 * setup_seconds(trial)) + 0.5

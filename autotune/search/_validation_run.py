@@ -27,21 +27,24 @@ from autotune.search._budget import WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._risk import RuledOut, fp16_horizon, steps_run
 from autotune.search._validate import (
-    ENDURANCE_SHARE,
-    LONGER,
     Rerun,
     Selection,
     candidates,
-    compiling,
-    endurance_seconds,
+    charged,
     gap_bound,
     judge,
     parity_bar,
-    rerun_need,
     select,
+    with_gap,
+)
+from autotune.search._validation_time import (
+    ENDURANCE_SHARE,
+    LONGER,
+    compiling,
+    endurance_seconds,
+    rerun_need,
     setup_seconds,
     six_pairs,
-    with_gap,
 )
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import candidate, record
@@ -81,10 +84,8 @@ def validate(
         fresh = _round(ctx, study, reference, (leaders, standby), end, reruns, noise, ruled)
         reruns += fresh
         ref_run, noise = _reference_run(reruns, reference, tol)
-        reruns = [
-            _reseed(ctx, reference, _recheck(ctx, reference, r, noise), noise) if r in fresh else r
-            for r in reruns
-        ]
+        reruns = [_recheck(ctx, reference, r, noise) if r in fresh else r for r in reruns]
+        reruns = _reseed_all(ctx, reference, reruns, [r.trial for r in fresh], noise)
         selection = select(reruns, min_speedup=min_speedup, parity_tolerance=tol, seed_noise=noise)
         measured = [r for r in fresh if r.paired is not None or r.endurance is not None]
         if selection.winner is not None or not measured:
@@ -303,6 +304,10 @@ def _pair(  # noqa: PLR0913 - one pair's settings, from validation alone
     return paired
 
 
+# How far past the bar a verdict a second seed could turn may lie, in the seed spreads its
+# bound carries (the bound's own multiple: the mean of two draws takes most of it back).
+_UPPER_SEEDS = 2.0
+
 # A parity horizon shorter than this share of the candidate's own curve is short.
 _SHORT = 4
 
@@ -356,10 +361,12 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
     if paired is None or not paired.ok or rerun.gap is None or rerun.seeds > 1:
         return rerun
     fast = paired.speedup_low is not None and paired.speedup_low >= ctx.spec.validation.min_speedup
+    # The seed's spread its bound carries: a second seed's draw halves its variance.
+    spread = charged(tol, noise)
     if (
         not fast
         or paired.pairs < MIN_VALUES
-        or abs(gap_bound(rerun) - parity_bar(tol, noise)) > noise
+        or abs(gap_bound(rerun, spread) - parity_bar(tol, noise)) > noise + _UPPER_SEEDS * spread
     ):
         return rerun
     trial, seconds = rerun.trial, compiling(rerun.trial)
@@ -385,6 +392,30 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
         ran = len(paired.candidate.losses)
         merged.endurance = _endure(ctx, trial, merged.horizon, left, ran=ran)
     return merged
+
+
+def _reseed_all(
+    ctx: SearchContext,
+    reference: ReferenceRecord,
+    reruns: list[Rerun],
+    fresh: list[FrozenTrial],
+    noise: float,
+) -> list[Rerun]:
+    """:func:`_reseed` for this round's reruns, those the bar passes first: a verdict that
+    would ship is confirmed before time goes to turning a refusal."""
+    tol = ctx.spec.parity_tolerance
+    bar = parity_bar(tol, noise)
+
+    def passing(r: Rerun) -> bool:
+        return r.gap is not None and gap_bound(r, charged(tol, noise)) <= bar
+
+    out = list(reruns)
+    order = sorted(
+        (i for i, r in enumerate(reruns) if r.trial in fresh), key=lambda i: not passing(reruns[i])
+    )
+    for i in order:
+        out[i] = _reseed(ctx, reference, reruns[i], noise)
+    return out
 
 
 def _shared_samples(paired: PairedResult | None) -> int:
