@@ -276,3 +276,26 @@ def test_the_fp16_diagnosis_takes_only_what_validation_leaves() -> None:
         assert cfg.evidence.validated, (seed, cfg.evidence.validation_note)
         assert cfg.precision == "bf16"
         assert run.seconds <= 50.0
+
+
+def test_without_bf16_the_amp_recipe_is_validated_on_a_short_budget() -> None:
+    """fp16 and fp32 only, 35 s on a device whose runs each pay 2.4 s of set-up: the AMP recipe
+    runs to fp16's overflow horizon in the search (500 steps), fp16 takes the size fp32's
+    first try vouched for without a try of its own, and its pair alone validates it on every
+    seed (before, the ceiling phase's tries and a 500-step run alone, a second build, did not
+    fit beside its pair: every seed fell back to fp32 with 10 s unspent)."""
+    land = landscape(
+        **{
+            "timing.worker_start_seconds": 5.0,
+            "timing.build_seconds": 1.4,
+            "timing.first_step_seconds": 1.0,
+        }
+    )
+    for seed in range(4):
+        run = simulate(spec("35s", space={"precisions": ["fp32", "fp16"]}), land, seed=seed)
+        cfg = run.config
+        assert cfg.evidence.validated, (seed, cfg.evidence.validation_note)
+        assert cfg.precision == "fp16"
+        assert run.seconds <= 35.0
+        fp16_tries = [t for t in run.study.trials if t.params.get("precision") == "fp16"]
+        assert fp16_tries and fp16_tries[0].user_attrs.get("timed_steps", 0) >= 497 - 3

@@ -35,6 +35,10 @@ from autotune.study.study_keys import ceilings_key
 
 __all__ = ["check_hardware", "find_ceilings", "jump_size", "lower_ceiling", "vouched_size"]
 
+# An autocast mode fp32 vouched for past the base batch tries on only where its share holds
+# this many tries (its own first one, then doubling past fp32's size).
+_TRIES_WORTH = 4
+
 # A skipped-to size's peak memory, scaled from the first try, may use this share of the budget:
 # the margin for what does not scale with the batch (workspaces, allocator rounding).
 _JUMP_MEMORY_SHARE = 0.5
@@ -90,9 +94,12 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
             logger.info("ceiling {} = {} (not tried: fp32 ran bs={} with half the memory "
                         "budget free)", mode, cap, vouched)  # fmt: skip
             ceiling = Ceiling(precision=mode, batch_size=cap, limited_by="cap")
-        elif share < max(0.5, try_seconds):
-            # Out of ceiling time: the mode keeps the base batch size, which the baselines run,
-            # or the size fp32 vouched for, if larger.
+        elif share < max(0.5, try_seconds) or (
+            mode != "fp32" and vouched > start and share < _TRIES_WORTH * try_seconds
+        ):
+            # Out of ceiling time (or short of the tries that would take it past what fp32
+            # vouched for): the mode keeps the base batch size, which the baselines run, or
+            # the size fp32 vouched for, if larger.
             ctx.ceilings[mode], limits[mode] = max(start, vouched), "time"
             _out_of_time(ctx, mode, max(start, vouched))
             continue

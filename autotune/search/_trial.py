@@ -23,12 +23,18 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.enums import Outcome
 from autotune.measure.parity import clearly_off, parity_gap, time_to_loss
 from autotune.measure.result import ProbeResult
-from autotune.search._budget import TRIAL_SHARE, SearchStopped
+from autotune.search._budget import SearchStopped
 from autotune.search._context import SearchContext
 from autotune.search._events import Standing, TrialFinished, TrialStarted
 from autotune.search._hardware import lower_ceiling
+from autotune.search._probe_settings import trial_settings
 from autotune.search._reference import ReferenceKeeper
-from autotune.search._risk import cannot_compile, carries_risk, overflow_step, unproven
+from autotune.search._risk import (
+    cannot_compile,
+    carries_risk,
+    overflow_step,
+    unproven,
+)
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.study import study_keys
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
@@ -109,7 +115,7 @@ class TrialStep:
             # The reference itself, listed as a candidate: its measurement is the reference's.
             self._complete_as_reference(trial, reference)
             return
-        result = self._probe(cand, left, reference)
+        result = self._probe(cand, left, reference, role)
         logger.info("trial {}: {}", trial.number, result.summary())
         self._record_result(trial, result)
         self._tell(trial, cand, result, reference)
@@ -131,14 +137,20 @@ class TrialStep:
             return True
         return False
 
-    def _probe(self, cand: Candidate, left: float, reference: ReferenceMeasurement) -> ProbeResult:
+    def _probe(
+        self,
+        cand: Candidate,
+        left: float,
+        reference: ReferenceMeasurement,
+        role: str | None = None,
+    ) -> ProbeResult:
         """Probe the candidate within what is left of the budget.
 
         Raises:
             SearchStopped: the probe crashed because the search was asked to stop.
         """
         ctx = self.ctx
-        settings = self._settings(left, cand)
+        settings = trial_settings(ctx, self.study.get_trials(deepcopy=False), left, cand, role)
         result = ctx.run_probe(
             cand,
             settings,
@@ -207,27 +219,6 @@ class TrialStep:
             and self._same_work(cand)
             and math.isclose(cand.learning_rate, ref.learning_rate, rel_tol=1e-9)
         )
-
-    def _settings(self, left: float, cand: Candidate | None = None) -> ProbeSettings:
-        """Probe settings for a trial: the spec's, with a time limit that fits the budget; an
-        fp16 candidate runs past the step where fp16 has been seen to overflow (a shorter
-        run would call it safe before it could know)."""
-        ctx = self.ctx
-        probe = ctx.spec.probe
-        overflow = overflow_step(self.study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)))
-        if cand is not None and cand.precision == "fp16" and overflow is not None:
-            need = math.ceil(1.25 * overflow) + 1 - probe.warmup_steps
-            probe = probe.model_copy(update={"steps": max(probe.steps, need)})
-        limit = max(1.0, min(probe.time_limit, left))
-        # A mode far slower than the rest (fp16 on many CPUs) shows it in a few steps; a short
-        # budget should not spend a large slice of itself proving it.
-        limit = max(1.0, min(limit, max(3.0, TRIAL_SHARE * ctx.budget.total)))
-        if len(ctx.trial_seconds) >= 3:
-            # Once typical trials are known, one far slower than them is cut at a few times
-            # their length: its throughput is measured by then.
-            typical = statistics.median(ctx.trial_seconds)
-            limit = max(1.0, min(limit, max(2.0, 4 * typical)))
-        return probe.model_copy(update={"time_limit": limit})
 
     def _early_stop(
         self, cand: Candidate, settings: ProbeSettings, reference: ReferenceMeasurement

@@ -41,7 +41,12 @@ from autotune.search._budget import VALIDATION_SHARE
 from autotune.search._context import SearchContext
 from autotune.search._risk import fp16_horizon, overflow_step, steps_run
 from autotune.search._shortlist import eligible, safe_standby, shortlist
-from autotune.search._validation_time import endurance_seconds, least_pair, rerun_need
+from autotune.search._validation_time import (
+    endurance_seconds,
+    least_pair,
+    proof_seconds,
+    rerun_need,
+)
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import Rejection, is_feasible, label, record
 
@@ -360,7 +365,10 @@ def validation_reserve(
     need = sum(rerun_need(ctx, t, horizon) for t in picked) if picked else least_pair(ctx)
     # An fp16 leader's run to its overflow horizon comes on top of validation's share (its
     # own share at most): pairs alone, without it, would prove nothing.
-    proof = max((endurance_seconds(ctx, t, horizon) for t in leaders), default=0.0)
+    proof = max(
+        (min(endurance_seconds(ctx, t, horizon), proof_seconds(ctx, t, horizon)) for t in leaders),
+        default=0.0,
+    )
     return min(VALIDATION_SHARE * ctx.budget.total + proof, need + 1.0)
 
 

@@ -31,6 +31,7 @@ from autotune.search._validate import (
     Selection,
     candidates,
     charged,
+    covered,
     gap_bound,
     judge,
     parity_bar,
@@ -42,6 +43,7 @@ from autotune.search._validation_time import (
     LONGER,
     compiling,
     endurance_seconds,
+    in_pair_seconds,
     rerun_need,
     setup_seconds,
     six_pairs,
@@ -237,6 +239,12 @@ def _rerun(
     seconds = compiling(trial)
     least = seconds + six_pairs(ctx, trial)
     kept = endurance_seconds(ctx, trial, horizon, capped=False) if horizon else 0.0
+    along = in_pair_seconds(ctx, trial, horizon) if kept else 0.0
+    steps = 0
+    if along and along <= kept and least + along <= share:
+        # Cheaper than a run alone (its build and first step): the pair's arms run to the
+        # horizon, and fp16's verdict comes from the pair itself.
+        kept, steps = 0.0, horizon
     if kept and kept > min(ENDURANCE_SHARE * ctx.budget.total, share - least):
         # fp16 cannot be run to its horizon beside its pair in this share: a verdict short of
         # it would be refused, so the time goes to the next candidate.
@@ -254,9 +262,9 @@ def _rerun(
             f"{MIN_VALUES} pairs where {MIN_VALUES} are needed; give the search more time"
         )
         return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
-    paired = _pair(ctx, trial, reference, pair_share, seconds)
+    paired = _pair(ctx, trial, reference, pair_share, seconds, steps=steps)
     rerun = with_gap(Rerun(trial, paired, share=share, horizon=horizon), reference)
-    if kept and _would_pass(ctx, reference, rerun):
+    if horizon and covered(rerun) < horizon and _would_pass(ctx, reference, rerun):
         left = share - (ctx.budget.elapsed() - started)
         rerun.endurance = _endure(ctx, trial, horizon, left, ran=len(paired.candidate.losses))
     return rerun
@@ -278,13 +286,13 @@ def _would_pass(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) ->
 
 def _pair(  # noqa: PLR0913 - one pair's settings, from validation alone
     ctx: SearchContext, trial: FrozenTrial, reference: ReferenceRecord, share: float,
-    seconds: float, seed: int = 1,
+    seconds: float, seed: int = 1, steps: int = 0,
 ) -> PairedResult:  # fmt: skip
     """The paired run itself, in ``share`` seconds, ``seconds`` of them compiling, at the
-    probe's seed plus ``seed``."""
+    probe's seed plus ``seed``, its arms running ``steps`` steps at least."""
     probe = ctx.spec.probe
     settings = probe.model_copy(
-        update={"steps": ctx.spec.validation.steps, "seed": probe.seed + seed}
+        update={"steps": max(ctx.spec.validation.steps, steps), "seed": probe.seed + seed}
     )
     # The pair measures for most of its share (each arm about a third of it; warm-ups and
     # the reference's catch-up to the horizon fit in the rest): the budget kept for

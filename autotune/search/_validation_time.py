@@ -15,8 +15,10 @@ __all__ = [
     "LONGER",
     "compiling",
     "endurance_seconds",
+    "in_pair_seconds",
     "least_pair",
     "per_pair",
+    "proof_seconds",
     "rerun_need",
     "setup_seconds",
     "six_pairs",
@@ -56,7 +58,7 @@ def rerun_need(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
     seconds = compiling(trial)
     # A compiled one also needs a second to spare: its pair is measured only where its share
     # covers compiling and six pairs (below that, the time goes to the next candidate).
-    proof = endurance_seconds(ctx, trial, horizon, capped=False)
+    proof = proof_seconds(ctx, trial, horizon)
     return pair + (seconds + 1.0 if seconds else 0.0) + proof
 
 
@@ -84,6 +86,26 @@ def endurance_seconds(
     step = trial.params.get("batch_size", 1) / rec.throughput
     seconds = 1.2 * horizon * step + setup_seconds(trial) + 1.0
     return min(seconds, ENDURANCE_SHARE * ctx.budget.total) if capped else seconds
+
+
+def in_pair_seconds(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
+    """Seconds a pair of an fp16 trial takes beyond its least when both its arms run to
+    ``horizon`` steps: fp16's verdict from the pair itself, without a run alone (whose build and
+    first step come on top); 0 where none is needed or the steps' times are unknown."""
+    rec = record(trial)
+    if not endurance_seconds(ctx, trial, horizon) or not rec.reference_throughput:
+        return 0.0
+    step = trial.params.get("batch_size", 1) / rec.throughput
+    ref_step = ctx.space.base_batch / rec.reference_throughput
+    return 1.15 * horizon * (step + ref_step)
+
+
+def proof_seconds(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
+    """Seconds fp16's verdict to ``horizon`` steps adds to a trial's pair: its arms run that far,
+    or a run alone after it, whichever is shorter (0 for another mode)."""
+    alone = endurance_seconds(ctx, trial, horizon, capped=False)
+    along = in_pair_seconds(ctx, trial, horizon)
+    return min(alone, along) if along else alone
 
 
 def setup_seconds(trial: FrozenTrial) -> float:
