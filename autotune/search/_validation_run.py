@@ -371,10 +371,14 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
     fast = paired.speedup_low is not None and paired.speedup_low >= ctx.spec.validation.min_speedup
     # The seed's spread its bound carries: a second seed's draw halves its variance.
     spread = charged(tol, noise)
+    off = gap_bound(rerun, spread) - parity_bar(tol, noise)
+    # A passing verdict is paired again only where its bound carries the seed's draw: where
+    # the bar has widened for it instead, a second seed narrows the bar more than the bound.
     if (
         not fast
         or paired.pairs < MIN_VALUES
-        or abs(gap_bound(rerun, spread) - parity_bar(tol, noise)) > noise + _UPPER_SEEDS * spread
+        or abs(off) > noise + _UPPER_SEEDS * spread
+        or (off <= 0 and not spread)
     ):
         return rerun
     trial, seconds = rerun.trial, compiling(rerun.trial)
