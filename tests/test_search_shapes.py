@@ -231,28 +231,35 @@ def test_the_time_kept_for_validation_follows_what_the_search_has_found() -> Non
         assert run.seconds <= 25.0
 
 
+def slow_builds(start: float = 6.0, **changes: Any) -> Landscape:
+    """The test GPU whose runs each pay 2.4 s before their first timed step (a build and a
+    first step), its worker starting in ``start`` seconds."""
+    timing = {"timing.build_seconds": 1.4, "timing.first_step_seconds": 1.0}
+    return landscape(**{"timing.worker_start_seconds": start, **timing, **changes})
+
+
+def validated_on_every_seed(study_spec: Any, land: Landscape, seeds: int) -> list[Any]:
+    """The simulated runs of ``seeds`` seeds, each validated inside its budget."""
+    runs = []
+    for seed in range(seeds):
+        run = simulate(study_spec, land, seed=seed)
+        assert run.config.evidence.validated, (seed, run.config.evidence.validation_note)
+        assert run.seconds <= study_spec.budget
+        runs.append(run)
+    return runs
+
+
 def test_a_short_budget_with_slow_builds_starts_no_probe_it_cannot_measure() -> None:
     """A device whose runs each pay 2.4 s before their first timed step, 24 s in all: the
     reference is not confirmed (a confirmation, a trial and a pair would not fit), bf16 at the
     base batch is measured and validated on every seed, and no trial was started with less time
     than a build and a first step take (before, a second trial got 1.4 s, timed one step, read
     0.01x, and left too little for bf16's pair: every seed fell back to fp32, 7 s unspent)."""
-    land = landscape(
-        **{
-            "timing.worker_start_seconds": 6.0,
-            "timing.build_seconds": 1.4,
-            "timing.first_step_seconds": 1.0,
-        }
-    )
-    for seed in range(3):
-        run = simulate(spec("24s"), land, seed=seed)
-        cfg = run.config
-        assert cfg.evidence.validated, cfg.evidence.validation_note
-        assert cfg.precision in ("bf16", "fp16")
-        assert run.seconds <= 24.0
+    for run in validated_on_every_seed(spec("24s"), slow_builds(), 3):
+        assert run.config.precision in ("bf16", "fp16")
         for t in run.study.trials:
             steps = t.user_attrs.get("timed_steps")
-            assert steps is None or steps > 1, (seed, t.number, t.params, steps)
+            assert steps is None or steps > 1, (t.number, t.params, steps)
 
 
 def test_the_fp16_diagnosis_takes_only_what_validation_leaves() -> None:
@@ -260,22 +267,9 @@ def test_the_fp16_diagnosis_takes_only_what_validation_leaves() -> None:
     2.4 s of set-up, 50 s in all: bf16 is validated on every seed (before, the diagnosis of
     why fp16 diverged ran first, took 4.4 s of the time kept for bf16's pairs, and one seed in
     four fell back to fp32)."""
-    land = landscape(
-        schema_version=2,
-        **{
-            "fp16.diverges_at_step": 30,
-            "fp16.islands": [],
-            "timing.worker_start_seconds": 6.0,
-            "timing.build_seconds": 1.4,
-            "timing.first_step_seconds": 1.0,
-        },
-    )
-    for seed in range(4):
-        run = simulate(spec("50s"), land, seed=seed)
-        cfg = run.config
-        assert cfg.evidence.validated, (seed, cfg.evidence.validation_note)
-        assert cfg.precision == "bf16"
-        assert run.seconds <= 50.0
+    land = slow_builds(schema_version=2, **{"fp16.diverges_at_step": 30, "fp16.islands": []})
+    for run in validated_on_every_seed(spec("50s"), land, 4):
+        assert run.config.precision == "bf16"
 
 
 def test_without_bf16_the_amp_recipe_is_validated_on_a_short_budget() -> None:
@@ -284,18 +278,8 @@ def test_without_bf16_the_amp_recipe_is_validated_on_a_short_budget() -> None:
     first try vouched for without a try of its own, and its pair alone validates it on every
     seed (before, the ceiling phase's tries and a 500-step run alone, a second build, did not
     fit beside its pair: every seed fell back to fp32 with 10 s unspent)."""
-    land = landscape(
-        **{
-            "timing.worker_start_seconds": 5.0,
-            "timing.build_seconds": 1.4,
-            "timing.first_step_seconds": 1.0,
-        }
-    )
-    for seed in range(4):
-        run = simulate(spec("35s", space={"precisions": ["fp32", "fp16"]}), land, seed=seed)
-        cfg = run.config
-        assert cfg.evidence.validated, (seed, cfg.evidence.validation_note)
-        assert cfg.precision == "fp16"
-        assert run.seconds <= 35.0
+    fp16_only = spec("35s", space={"precisions": ["fp32", "fp16"]})
+    for run in validated_on_every_seed(fp16_only, slow_builds(start=5.0), 4):
+        assert run.config.precision == "fp16"
         fp16_tries = [t for t in run.study.trials if t.params.get("precision") == "fp16"]
         assert fp16_tries and fp16_tries[0].user_attrs.get("timed_steps", 0) >= 497 - 3

@@ -28,6 +28,7 @@ from autotune.search._validate import (
     validation_reserve,
     with_gap,
 )
+from autotune.search._validation_run import _reseed
 from autotune.sim import SimulatedRunner, simulate
 from autotune.spec import Candidate, parse_spec
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
@@ -522,17 +523,20 @@ def test_a_larger_batch_lagging_at_the_probes_horizon_is_validated_at_a_longer_o
     assert [t.number for t in picked] == [3, 0, 5]
 
 
+def _reseeding() -> tuple[Any, ReferenceRecord]:
+    """An hour-long search's context on the test device, and a reference at bs=64."""
+    spec = parse_spec({"name": "reseed", "workload": WORKLOAD, "budget": "1h"})
+    ctx, _ = _hour_long(spec)
+    return ctx, ReferenceRecord(batch_size=64, learning_rate=0.1)
+
+
 def test_a_verdict_one_seeds_spread_could_turn_is_paired_again_at_another_seed() -> None:
     """bf16 at 4x the batch measured +5.5% on smooth curves, where a seed alone moves the loss
     by 1%: refused by less than a seed's spread. It is paired once more at another seed on the
     device (its lasting gap there is 1.2%), judged on the mean of both seeds' gaps, and
     accepted. A verdict far from the bar is not paired again."""
-    from autotune.search._validation_run import _reseed
-
-    spec = parse_spec({"name": "reseed", "workload": WORKLOAD, "budget": "1h"})
-    ctx, _ = _hour_long(spec)
+    ctx, reference = _reseeding()
     t = trial(0, 1.6, batch_size=256, learning_rate=0.4)
-    reference = ReferenceRecord(batch_size=64, learning_rate=0.1)
     first = _curves(t, [1.055] * 80)
     first.share = 30.0
     assert select([first], min_speedup=1.05, parity_tolerance=0.05, seed_noise=0.01).winner is None
@@ -551,13 +555,8 @@ def test_a_passing_verdict_under_a_bar_widened_for_the_seed_is_not_paired_again(
     already, and +6% on smooth curves passes. It is not paired at a second seed: the mean of
     two would face a bar of 7.1% while its bound barely moves (the README's 45 s search on
     tiny refused a safe bf16 at 2.1x so, and fell back to fp32)."""
-    from autotune.search._validation_run import _reseed
-
-    spec = parse_spec({"name": "reseed", "workload": WORKLOAD, "budget": "1h"})
-    ctx, _ = _hour_long(spec)
-    t = trial(0, 1.6, batch_size=128, learning_rate=0.2)
-    reference = ReferenceRecord(batch_size=64, learning_rate=0.1)
-    passing = _curves(t, [1.06] * 80)
+    ctx, reference = _reseeding()
+    passing = _curves(trial(0, 1.6, batch_size=128, learning_rate=0.2), [1.06] * 80)
     passing.share = 30.0
     assert select([passing], min_speedup=1.05, parity_tolerance=0.05, seed_noise=0.05).winner
     assert _reseed(ctx, reference, passing, noise=0.05) is passing
