@@ -796,7 +796,7 @@ def test_no_sentence_starts_lower_case_after_a_full_stop(handmade: SimpleNamespa
             TrialState.PRUNED,
             {**BASE, "precision": "bf16", "batch_size": 128},
             outcome="slower",
-            reason="slower: upper bound 1,100 < best 1,700 samples/s after 6 blocks",
+            reason="upper bound 1,100 < best 1,700 samples/s after 6 blocks",
             duplicate_of=4,
         )
     )
@@ -812,7 +812,7 @@ def test_no_sentence_starts_lower_case_after_a_full_stop(handmade: SimpleNamespa
     )
     write_config(out / "best.json", cfg.model_copy(update={"study": "hand", "evidence": ev}))
     text = _text_of(render_html(collect(study, out_dir=out, storage=handmade.storage)))
-    assert "Same parameters as trial 4: measurement reused. Slower: upper bound 1,100" in text
+    assert "Same parameters as trial 4: measurement reused. Upper bound 1,100" in text
     assert "No feasible candidate" in text
     # "e.g." is no full stop.
     assert not re.findall(r"(?<!e\.g)(?<!i\.e)\. [a-z]\w*", text)

@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 import pytest
 from _sim import WORKLOAD, landscape  # noqa: E402
+from loguru import logger
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
@@ -563,3 +564,19 @@ def test_a_probe_is_stopped_off_parity_by_a_gap_past_its_curves_step_noise_not_b
     )
     assert _stopped_off_parity(smooth, 0.0, range(1, 6)) == 0
     assert _stopped_off_parity(smooth, 0.5, range(1, 6)) == 5
+
+
+def test_an_early_stopped_trials_line_names_its_outcome_once() -> None:
+    """fp16 on the recorded CPU stops early as slower, and larger batches at the rule's lr as
+    off parity: each trial's line reads "→ slower: upper bound ..." and "→ off_parity: loss
+    ...", not "slower: slower: ..." (the reason used to repeat its outcome)."""
+    land = load_landscape("cpu-tiny_convnet")
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
+    try:
+        simulate(parse_spec({"name": "sim", "workload": land.workload, "budget": "1m"}), land)
+    finally:
+        logger.remove(sink)
+    stopped = [line for line in lines if "→ slower" in line or "→ off_parity" in line]
+    assert any("→ slower: upper bound" in line for line in stopped), lines
+    assert not [line for line in lines if "slower: slower" in line or "parity: off parity" in line]

@@ -303,7 +303,7 @@ class TimedRun:
             if est.high < rule.below:
                 self.outcome = Outcome.SLOWER
                 self.reason = (
-                    f"slower: upper bound {est.high:,.0f} < best {rule.below:,.0f} samples/s "
+                    f"upper bound {est.high:,.0f} < best {rule.below:,.0f} samples/s "
                     f"after {len(self.blocks)} blocks"
                 )
                 return True
@@ -323,7 +323,7 @@ class TimedRun:
                 self.outcome = Outcome.OFF_PARITY
                 self.parity_samples = samples
                 self.reason = (
-                    f"off parity: loss {found[0]:+.1%} vs the fp32 reference's at {samples:,} "
+                    f"loss {found[0]:+.1%} vs the fp32 reference's at {samples:,} "
                     f"samples seen (stops above {rule.parity_gap:+.0%}"
                     + (f" + {noise:.0%} for the curves' step noise)" if noise >= 0.005 else ")")
                 )
