@@ -283,3 +283,20 @@ def test_without_bf16_the_amp_recipe_is_validated_on_a_short_budget() -> None:
         assert run.config.precision == "fp16"
         fp16_tries = [t for t in run.study.trials if t.params.get("precision") == "fp16"]
         assert fp16_tries and fp16_tries[0].user_attrs.get("timed_steps", 0) >= 497 - 3
+
+
+def test_on_a_cpu_whose_fp16_is_far_slower_the_amp_recipe_takes_no_more_than_a_trial() -> None:
+    """The recorded CPU, fp32 and fp16 only, 3 minutes: the AMP recipe runs toward fp16's
+    500-step horizon only as long as twice fp32's steps would take, so it takes no more than an
+    ordinary trial's tenth of the budget (it took 48 s of 180, running all 500 slow steps)."""
+    from autotune.sim import load_landscape
+
+    land = load_landscape("cpu-tiny_convnet")
+    fp16_only = parse_spec(
+        {"name": "cpu", "workload": land.workload, "budget": "3m",
+         "space": {"precisions": ["fp32", "fp16"]}}
+    )  # fmt: skip
+    run = simulate(fp16_only, land, seed=0)
+    amp = next(t for t in run.study.trials if t.params.get("precision") == "fp16")
+    assert amp.user_attrs["probe_seconds"] <= 0.1 * 180 + 1.0
+    assert run.seconds <= 180.0

@@ -150,7 +150,10 @@ class TrialStep:
             SearchStopped: the probe crashed because the search was asked to stop.
         """
         ctx = self.ctx
-        settings = trial_settings(ctx, self.study.get_trials(deepcopy=False), left, cand, role)
+        ref = self.refs.record
+        step = ref.batch_size / reference.throughput if ref and reference.throughput else 0.0
+        trials = self.study.get_trials(deepcopy=False)
+        settings = trial_settings(ctx, trials, left, cand, role, reference_step=step)
         result = ctx.run_probe(
             cand,
             settings,
