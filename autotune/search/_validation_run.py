@@ -44,6 +44,7 @@ from autotune.search._validation_time import (
     compiling,
     endurance_seconds,
     in_pair_seconds,
+    proof_seconds,
     rerun_need,
     setup_seconds,
     six_pairs,
@@ -146,9 +147,8 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
             t for t in order[i + 1 :] if t not in ruled and not (accepted and t is standby)
         ]
         needs = [rerun_need(ctx, t, horizon) for t in rest]
-        # What the one after it must keep: the standby's least, else the next one's.
-        after = standby if standby in rest[1:] else (rest[1] if len(rest) > 1 else None)
-        keep = 1.5 * _least(ctx, after) if after is not None else 0.0
+        # What the ones after it must keep: each its least, fp16's horizon included.
+        keep = sum(1.5 * _least(ctx, t) + proof_seconds(ctx, t, horizon) for t in rest[1:])
         room = max(left - keep, min(left, _least(ctx, trial)))
         # At most twice its need: what it leaves goes to the next round, should it fail.
         share = min(max(left * needs[0] / sum(needs), needs[0]), room, 2 * needs[0])
