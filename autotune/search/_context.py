@@ -189,11 +189,9 @@ class SearchContext:
             self.workload, candidate, settings, timeout=hard, early_stop=early_stop
         )
         self._spent(candidate, t0, result.compile_seconds)
-        if (
-            result.timed_steps
-            and result.timed_seconds
-            and settings.warmup_steps >= (self.spec.probe.warmup_steps)
-        ):
+        # A ceiling's try (one warm-up step) pays less before its steps than a probe does.
+        full = settings.warmup_steps >= self.spec.probe.warmup_steps
+        if full and result.timed_steps and result.timed_seconds:
             before = result.wall_seconds - result.timed_seconds - (result.compile_seconds or 0.0)
             self.setup_seconds.append(max(0.0, before))
         return result

@@ -183,7 +183,6 @@ def _mode_ceiling(  # noqa: PLR0913 - one mode's bounds, keyword-only
         start=start,
         cap=cap,
         budget_bytes=ctx.facts.memory_budget(ctx.spec.memory_margin),
-        skip_limit=limit,
         stop_when=stop_when,
     )
 
@@ -277,12 +276,10 @@ def _measure(  # noqa: PLR0913 - one mode's bounds, keyword-only, as find_ceilin
     start: int,
     cap: int,
     budget_bytes: int | None,
-    skip_limit: float | None,
     stop_when: Callable[[ProbeResult], bool],
 ) -> Ceiling:
     """One mode's ceiling: the first try, then the doubling from the size its peak memory,
-    scaled with the batch, vouches for (the cap: no more tries); ``skip_limit`` None never
-    skips."""
+    scaled with the batch, vouches for (the cap: no more tries)."""
     tried: dict[int, ProbeResult] = {}
 
     def once(bs: int) -> ProbeResult:
@@ -310,7 +307,7 @@ def _measure(  # noqa: PLR0913 - one mode's bounds, keyword-only, as find_ceilin
             cap,
         )
         return Ceiling(precision=mode, batch_size=cap, limited_by="cap", tries=[own])
-    if reach > start and skip_limit is not None:
+    if reach > start:
         logger.info("ceiling {} bs={} → fits; bs={} fits by its peak scaled", mode, start, reach)
         tried[reach] = _scaled(first, reach)
         if stop_when(first):
@@ -332,7 +329,7 @@ def _measure(  # noqa: PLR0913 - one mode's bounds, keyword-only, as find_ceilin
 def _scaled(first: ProbeResult, size: int) -> ProbeResult:
     """The first try's figures scaled to ``size`` (peak memory and step time in proportion):
     what a try there is taken to show, without running it."""
-    scale = size / first.batch_size if first.batch_size else size / first.candidate.batch_size
+    scale = size / first.candidate.batch_size
     peak, step = first.peak_memory, first.step_time
     return first.model_copy(
         update={

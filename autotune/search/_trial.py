@@ -29,12 +29,7 @@ from autotune.search._events import Standing, TrialFinished, TrialStarted
 from autotune.search._hardware import lower_ceiling
 from autotune.search._probe_settings import trial_settings
 from autotune.search._reference import ReferenceKeeper
-from autotune.search._risk import (
-    cannot_compile,
-    carries_risk,
-    overflow_step,
-    unproven,
-)
+from autotune.search._risk import cannot_compile, carries_risk, overflow_step, unproven
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.study import study_keys
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord

@@ -215,32 +215,32 @@ _GROWING = 2.0
 # 5%); with a seed's spread allowed on top of the tolerance, one run in 240 (5.0-6.2%); with
 # the spread counted in the bound, a lasting gap of 3.7% (an A100's ResNet-18 at 8x the batch)
 # was refused in most runs.
-_UPPER = 2.0
+UPPER = 2.0
 
 
 def gap_bound(rerun: Rerun, seed_noise: float = 0.0) -> float:
-    """The upper bound of ``rerun``'s gap: ``_UPPER`` standard errors above it, of its curves'
+    """The upper bound of ``rerun``'s gap: ``UPPER`` standard errors above it, of its curves'
     step noise and of the seed's draw (``seed_noise``: what a seed alone moves the loss by,
     less for the mean of several seeds' gaps)."""
     assert rerun.gap is not None
     error = math.hypot(rerun.gap_error, seed_noise / math.sqrt(rerun.seeds))
-    return rerun.gap[0] + _UPPER * error
+    return rerun.gap[0] + UPPER * error
 
 
 def charged(parity_tolerance: float, seed_noise: float) -> float:
     """The seed's spread a gap's bound carries: all of it while the bar is the tolerance, less
-    as the bar widens for it (a bar ``_UPPER`` spreads wide has taken it in already)."""
+    as the bar widens for it (a bar ``UPPER`` spreads wide has taken it in already)."""
     if not seed_noise:
         return 0.0
-    return seed_noise * min(1.0, max(0.0, parity_tolerance / (_UPPER * seed_noise) - 1.0))
+    return seed_noise * min(1.0, max(0.0, parity_tolerance / (UPPER * seed_noise) - 1.0))
 
 
 def parity_bar(parity_tolerance: float, seed_noise: float, seeds: int = 1) -> float:
     """What a gap's upper bound must stay within: the tolerance, a fresh seed's draw neither
     credited nor charged (the user's own run is one seed too); where a seed alone moves the
     loss past what the tolerance can tell apart (a CPU's tiny model: 4-5%), what fp32 against
-    itself at another seed reaches, ``_UPPER`` spreads (less for the mean of several seeds)."""
-    return max(parity_tolerance, _UPPER * seed_noise / math.sqrt(seeds))
+    itself at another seed reaches, ``UPPER`` spreads (less for the mean of several seeds)."""
+    return max(parity_tolerance, UPPER * seed_noise / math.sqrt(seeds))
 
 
 def parity_terms(parity_tolerance: float, seed_noise: float, seeds: int = 1) -> str:
@@ -269,11 +269,11 @@ def judge(
     paired, gap, grew = rerun.paired, rerun.gap, rerun.growth
     assert paired is not None
     bar = parity_bar(parity_tolerance, seed_noise, rerun.seeds)
-    if gap is None or gap_bound(rerun, charged(parity_tolerance, seed_noise)) > bar:
+    bound = gap_bound(rerun, charged(parity_tolerance, seed_noise)) if gap is not None else None
+    if gap is None or bound is None or bound > bar:
         shown = "not comparable"
         if gap is not None:
-            spread = charged(parity_tolerance, seed_noise)
-            shown = f"{gap[0]:+.1%} (upper bound {gap_bound(rerun, spread):+.1%})"
+            shown = f"{gap[0]:+.1%} (upper bound {bound:+.1%})"
         return _rejection(
             name,
             "parity",

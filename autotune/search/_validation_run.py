@@ -27,6 +27,7 @@ from autotune.search._budget import WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._risk import RuledOut, fp16_horizon, steps_run
 from autotune.search._validate import (
+    UPPER,
     Rerun,
     Selection,
     candidates,
@@ -312,10 +313,6 @@ def _pair(  # noqa: PLR0913 - one pair's settings, from validation alone
     return paired
 
 
-# How far past the bar a verdict a second seed could turn may lie, in the seed spreads its
-# bound carries (the bound's own multiple: the mean of two draws takes most of it back).
-_UPPER_SEEDS = 2.0
-
 # A parity horizon shorter than this share of the candidate's own curve is short.
 _SHORT = 4
 
@@ -369,7 +366,8 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
     if paired is None or not paired.ok or rerun.gap is None or rerun.seeds > 1:
         return rerun
     fast = paired.speedup_low is not None and paired.speedup_low >= ctx.spec.validation.min_speedup
-    # The seed's spread its bound carries: a second seed's draw halves its variance.
+    # The seed's spread its bound carries (as far past the bar as its bound's multiple of it:
+    # the mean of two draws takes most of that back).
     spread = charged(tol, noise)
     off = gap_bound(rerun, spread) - parity_bar(tol, noise)
     # A passing verdict is paired again only where its bound carries the seed's draw: where
@@ -377,7 +375,7 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
     if (
         not fast
         or paired.pairs < MIN_VALUES
-        or abs(off) > noise + _UPPER_SEEDS * spread
+        or abs(off) > noise + UPPER * spread
         or (off <= 0 and not spread)
     ):
         return rerun
