@@ -37,6 +37,15 @@ def with_adamw(workload: Workload, *, fused: bool) -> Workload:
     return dataclasses.replace(workload, build_optimizer=adamw)
 
 
+def with_sgd(workload: Workload, *, fused: bool) -> Workload:
+    """The workload with SGD and momentum, fused or not."""
+
+    def sgd(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, fused=fused)
+
+    return dataclasses.replace(workload, build_optimizer=sgd)
+
+
 # ---- the engine ----------------------------------------------------------------------------
 
 
@@ -87,6 +96,34 @@ def test_a_probe_with_a_fused_optimizer_stops_when_its_steps_keep_being_skipped(
     assert r.outcome == "diverged", r.summary()
     assert r.reason.startswith("GradScaler skipped 5 of 5 steps after warmup")
     assert r.skipped_steps == 5
+
+
+def test_a_fused_sgd_under_fp16_is_named_with_its_fix() -> None:
+    # torch's fused SGD creates its momentum buffer uninitialized on a skipped first step: on a
+    # GPU fp16 then diverges though the mode is safe. The user's own loop would too, so the
+    # engine names the cause and the fix, and a probe that diverged with skipped steps says so.
+    fused = with_sgd(tiny_mlp(), fused=True)
+    with StepEngine(fused, cand("fp16"), CPU) as engine:
+        engine.build()
+        assert engine.defect is not None and "build the SGD with fused=False" in engine.defect
+    for wl, precision in (
+        (fused, "fp32"),
+        (fused, "bf16"),
+        (with_sgd(tiny_mlp(), fused=False), "fp16"),
+    ):
+        with StepEngine(wl, cand(precision), CPU) as engine:
+            engine.build()
+            assert engine.defect is None, (precision, engine.defect)
+    settings = ProbeSettings(warmup_steps=0, steps=10, check_every=5, min_time=0)
+    r = run_probe(fused, cand("fp16", init_scale=2.0**60), "cpu", settings)
+    assert r.outcome == "diverged" and r.skipped_steps == 5, r.summary()
+    assert r.reason.startswith("GradScaler skipped 5 of 5 steps after warmup")
+    assert r.reason.endswith("build the SGD with fused=False")
+    # A stock SGD's divergence is not blamed on it.
+    r = run_probe(
+        with_sgd(tiny_mlp(), fused=False), cand("fp16", init_scale=2.0**60), "cpu", settings
+    )
+    assert r.outcome == "diverged" and "fused" not in r.reason, r.summary()
 
 
 def test_the_same_seed_gives_the_same_losses() -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "get_mode",
     "make_scaler",
     "resolve_device",
+    "skip_defect",
     "snapshot_backend_flags",
     "restore_backend_flags",
     "unsupported_modes",
@@ -311,6 +312,28 @@ def autocast(mode: PrecisionMode, device: torch.device) -> contextlib.AbstractCo
     if mode.autocast_dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=mode.autocast_dtype)
+
+
+def skip_defect(optimizer: torch.optim.Optimizer, mode: PrecisionMode) -> str | None:
+    """Why this optimizer mistrains on the steps GradScaler skips under this mode, or None.
+
+    torch's fused SGD takes GradScaler's inf check inside its kernel, yet a skipped first step
+    still creates the momentum buffer, uninitialized (``empty_like``), and the next applied step
+    adds it in as momentum. On a CPU that memory happens to hold tiny values; on a GPU it is
+    reused memory, and fp16 training diverges though the mode is safe: on an H200 (torch 2.11)
+    every fp16 run of the fused-SGD ResNet-18 whose scale started above the gradients' range
+    went to NaN within five steps, and GradScaler's default 65536 skips the first steps often.
+    Fused Adam and AdamW leave their state untouched on a skipped step.
+    """
+    if not mode.scales_loss or not isinstance(optimizer, torch.optim.SGD):
+        return None
+    if not any(g.get("fused") and g.get("momentum") for g in optimizer.param_groups):
+        return None
+    return (
+        "the workload's optimizer is SGD with momentum and fused=True, whose kernel writes the "
+        "momentum buffer on the steps GradScaler skips, so fp16 training diverges; build the "
+        "SGD with fused=False"
+    )
 
 
 def make_scaler(

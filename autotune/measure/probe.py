@@ -229,6 +229,12 @@ def _train(  # noqa: PLR0913 - run_probe's resolved inputs, passed on once
             "throughput": 0.0,
             "reason": f"out of memory at batch_size={candidate.batch_size}, step {engine.steps}: {oom}",
         }
+    if (
+        out.get("outcome") == Outcome.DIVERGED
+        and engine.defect is not None
+        and out.get("skipped_steps")
+    ):
+        out["reason"] = f"{out['reason']}; {engine.defect}"
     out["peak_memory_allocated"] = peak.allocated()
     out["peak_memory_reserved"] = peak.reserved()
     out["autocast_dtype"] = dtype

@@ -28,8 +28,8 @@ device, from GradScaler's own inf check. (An optimizer step hook would miscount:
 calls a fused optimizer's ``step()`` every step, and the fused kernel itself skips a step whose
 gradients are not finite.) Under fp16 GradScaler itself reads its inf check back to the host
 every step for an optimizer without a fused step (to decide whether to call it), as it does in
-any training loop; the built-in workloads build fused optimizers on CUDA, which take it on the
-device.
+any training loop; the built-in AdamW is fused on CUDA, which takes it on the device, and the
+built-in SGD is not (torch's fused SGD mistrains on skipped steps: :attr:`StepEngine.defect`).
 """
 
 from __future__ import annotations
@@ -41,17 +41,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from loguru import logger
 from torch import nn
 
 from autotune.devices import prepare_batch
 from autotune.errors import WorkloadError
 from autotune.measure.knobs import NothingCompiled, apply_knobs, compiled_graphs, mark_batch_dynamic
 from autotune.measure.memory import is_oom, oom_message, release_memory, sync
-from autotune.measure.precision import autocast, get_mode, make_scaler
+from autotune.measure.precision import autocast, get_mode, make_scaler, skip_defect
 from autotune.spec import CUDA_GRAPH_MODES, Candidate
 from autotune.workloads import Batch, Workload
 
 __all__ = ["Block", "StepEngine", "check_loss", "prepare_batch"]
+
+# The workloads whose optimizer's skip defect this process has warned of (once each).
+_WARNED: set[str] = set()
 
 
 def check_loss(loss: Any, workload: Workload) -> None:
@@ -160,6 +164,8 @@ class StepEngine:
         self._copy_losses = False  # ... into CUDA graphs: the losses it keeps are copies
         self._prepare = prepare
         self._knobs = contextlib.ExitStack()  # undoes the fp32 islands
+        # Why the workload's optimizer mistrains on the steps GradScaler skips, once built.
+        self.defect: str | None = None
 
     # ---- building and stepping ------------------------------------------------------------
 
@@ -189,6 +195,10 @@ class StepEngine:
         self.optimizer = self.workload.build_optimizer(
             model.parameters(), self.candidate.learning_rate
         )
+        self.defect = skip_defect(self.optimizer, self.mode)
+        if self.defect is not None and self.workload.name not in _WARNED:
+            _WARNED.add(self.workload.name)
+            logger.warning("{} under {}: {}", self.workload.name, self.mode.name, self.defect)
         self.batches = self.workload.make_batches(self.candidate.batch_size, self.device, gen)
 
     def next_batch(self) -> Batch:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 from torch import nn
@@ -42,23 +41,19 @@ def _accuracy(model: nn.Module, batch: Batch) -> float:
     return (pred == targets).float().mean().item()
 
 
-def _fused_on_cuda(params: Iterable[nn.Parameter]) -> tuple[list[nn.Parameter], dict[str, Any]]:
-    """The parameters, and ``fused=True`` where they are all on CUDA: a fused step takes
-    GradScaler's inf check on the device, where an unfused one under fp16 reads it back to the
-    host every step (GradScaler skips the step itself)."""
-    params = list(params)
-    on_cuda = bool(params) and all(p.is_cuda for p in params)
-    return params, ({"fused": True} if on_cuda else {})
-
-
 def _sgd(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    params, fused = _fused_on_cuda(params)
-    return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=5e-4, **fused)
+    """SGD with momentum, never fused: torch's fused SGD writes its momentum buffer on the
+    steps GradScaler skips (:func:`autotune.measure.precision.skip_defect`)."""
+    return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=5e-4)
 
 
 def _adamw(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    params, fused = _fused_on_cuda(params)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.1, **fused)
+    """AdamW, fused where every parameter is on CUDA: the fused step takes GradScaler's inf
+    check on the device (an unfused one under fp16 reads it back to the host every step) and
+    leaves its state untouched on a skipped step."""
+    params = list(params)
+    fused = bool(params) and all(p.is_cuda for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.1, **({"fused": True} if fused else {}))
 
 
 def resnet18() -> Workload:
