@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import optuna
 import pytest
 from _sim import WORKLOAD, landscape
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
 
+from autotune.enums import Outcome
+from autotune.search._risk import safe_scale
 from autotune.sim import Landscape, simulate
 from autotune.spec import parse_spec
+from autotune.study.trials import TrialRecord
 
 
 def spec(budget: str, **fields: Any) -> Any:
@@ -63,6 +69,35 @@ def test_a_divergence_that_names_a_safe_scale_leads_to_a_trial_at_it() -> None:
         assert cfg.evidence.validated, cfg.evidence.validation_note
         assert cfg.precision == "fp16"
         assert not truth_of(land, cfg).diverges, cfg.candidate().init_scale
+
+
+def test_a_loss_that_blew_up_names_no_scale_to_try() -> None:
+    """On an H200, fp16 at a batch whose linear-rule lr diverged in fp32 too ("loss=31.19 at
+    step 1 is above 10x the initial 2.528") was tried again at six lower scales: a skipped
+    step changes no weight, so only a run stopped for its skips names a scale to try."""
+
+    def diverged(losses: list[float | None], reason: str) -> FrozenTrial:
+        rec = TrialRecord(
+            outcome=Outcome.DIVERGED, reason=reason, losses=losses, scales=[(0, 8192.0)]
+        )
+        return optuna.trial.create_trial(
+            state=TrialState.PRUNED,
+            params={"precision": "fp16", "batch_size": 2048, "init_scale": 65536.0},
+            distributions={
+                "precision": CategoricalDistribution(["fp32", "fp16"]),
+                "batch_size": CategoricalDistribution([128, 2048]),
+                "init_scale": CategoricalDistribution([2.0**k for k in range(8, 21)]),
+            },
+            user_attrs=rec.to_attrs(),
+        )
+
+    scales = [2.0**k for k in range(8, 21)]
+    skips = diverged([2.53, 2.4, 2.3], "GradScaler skipped 4 of 5 steps after warmup")
+    assert safe_scale(skips, scales, blowup=10.0) == 8192.0
+    blew_up = diverged([2.528, 31.19], "loss=31.19 at step 1 is above 10x the initial 2.528")
+    assert safe_scale(blew_up, scales, blowup=10.0) is None
+    overflowed = diverged([2.53, None], "loss=inf at step 1")
+    assert safe_scale(overflowed, scales, blowup=10.0) is None
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -195,7 +195,7 @@ def _flip_leader(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
 def _try_safe_scale(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
     """A GradScaler divergence names the scale the scaler backed off to: the same point at
     that init_scale is tried next (once), instead of waiting for the sampler to find it."""
-    scale = safe_scale(trial, ctx.space.scales)
+    scale = safe_scale(trial, ctx.space.scales, blowup=ctx.spec.probe.loss_blowup_factor)
     if scale is None or "init_scale" not in trial.params:
         return
     rec = record(trial)

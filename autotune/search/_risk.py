@@ -74,15 +74,25 @@ def unproven(trial: FrozenTrial, overflow: int | None) -> bool:
     )
 
 
-def safe_scale(trial: FrozenTrial | optuna.Trial, scales: Iterable[float]) -> float | None:
+def safe_scale(
+    trial: FrozenTrial | optuna.Trial, scales: Iterable[float], *, blowup: float
+) -> float | None:
     """The init_scale a GradScaler divergence names: the scale the trial's scaler had backed
     off to when it was stopped for skipping too many steps, as the largest of ``scales`` not
-    above it; None when the trial did not diverge that way, or it ran at that scale already."""
+    above it; None when the trial did not diverge that way, or it ran at that scale already.
+
+    A loss that ran out of range, or that rose past ``blowup`` times its first value, is not
+    the scaler's: a skipped step changes no weight, so a lower scale cannot bring it down (on
+    an H200, fp16 at a batch whose linear-rule lr diverged in fp32 too was retried at six
+    lower scales, a quarter of the search's trials)."""
     rec = record(trial)
     if trial.params.get("precision") != "fp16" or rec.outcome != Outcome.DIVERGED:
         return None
     if _first_nonfinite(trial) is not None or not rec.scales:
         return None  # the loss itself ran out of range: no scale helps
+    losses = [v for v in rec.losses if v is not None]
+    if losses and losses[0] > 0 and max(losses) > blowup * losses[0]:
+        return None  # the updates that were applied drove it up: the lr's, not the scale's
     reached = rec.scales[-1][1]
     init = float(trial.params.get("init_scale", DEFAULT_INIT_SCALE))
     fitting = [s for s in scales if 1 <= s <= reached and s < init]
