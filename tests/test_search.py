@@ -144,8 +144,8 @@ def test_first_trials_try_each_mode_at_base_then_the_fastest_modes_larger_batche
     """Each mode at the base batch first, bf16 before the AMP recipe (the safe rule's picks,
     so a short budget measures them); once those have run, each mode's next batch above the
     base and then its ceiling, the mode fastest at the base batch first (a short budget
-    reaches its ceiling before a slow mode's larger batches), nothing twice or above a
-    ceiling."""
+    reaches its ceiling before a slow mode's larger batches), a mode at a time, so a ceiling
+    raised meanwhile is the one tried; nothing twice or above a ceiling."""
     from types import SimpleNamespace
 
     from autotune.search._first_trials import enqueue_base_trials, enqueue_larger_batches
@@ -156,20 +156,31 @@ def test_first_trials_try_each_mode_at_base_then_the_fastest_modes_larger_batche
         tmp_path, space={"precisions": ["fp16", "bf16"], "batch_size": {"min": 16, "max": 256}}
     )
     space = Space.of(spec, ["fp32", "fp16", "bf16"], rule="linear", base_lr=0.2, base_batch=32)
-    ctx: Any = SimpleNamespace(space=space, ceilings={"fp32": 256, "fp16": 64, "bf16": 128})
+    ceilings = {"fp32": 256, "fp16": 64, "bf16": 128}
+    ctx: Any = SimpleNamespace(space=space, ceilings=ceilings, wave_two=None)
     reference: Any = SimpleNamespace(latest=lambda: SimpleNamespace(throughput=100.0))
     modes = ["fp32", "fp16", "bf16"]
     study = optuna.create_study(direction="maximize")
     enqueue_base_trials(ctx, study, modes)
+
+    def run_waiting(speeds: list[float]) -> None:
+        for speed in speeds:
+            trial = study.ask()
+            trial.suggest_categorical("precision", ["fp32", "fp16", "bf16"])
+            trial.suggest_int("batch_size", 16, 256)
+            TrialRecord(throughput=speed).write(trial)
+            study.tell(trial, speed / 100.0)
+
     # Nothing more while the base trials wait.
     assert not enqueue_larger_batches(ctx, study, modes, reference)
-    for speed in (180.0, 150.0):  # bf16, then fp16, at the base batch
-        trial = study.ask()
-        trial.suggest_categorical("precision", ["fp32", "fp16", "bf16"])
-        trial.suggest_int("batch_size", 16, 256)
-        TrialRecord(throughput=speed).write(trial)
-        study.tell(trial, speed / 100.0)
-    assert enqueue_larger_batches(ctx, study, modes, reference)
+    run_waiting([180.0, 150.0])  # bf16, then fp16, at the base batch
+    assert not enqueue_larger_batches(ctx, study, modes, reference)  # bf16's two
+    assert not enqueue_larger_batches(ctx, study, modes, reference)  # they wait
+    run_waiting([300.0, 500.0])
+    ceilings["fp16"] = 128  # raised by bf16's peaks, say: fp16's turn sees it
+    assert not enqueue_larger_batches(ctx, study, modes, reference)
+    run_waiting([280.0, 450.0])
+    assert enqueue_larger_batches(ctx, study, modes, reference)  # fp32's, the last
     order = [
         (t.system_attrs["fixed_params"]["precision"], t.system_attrs["fixed_params"]["batch_size"])
         for t in study.get_trials(deepcopy=False)
@@ -180,6 +191,7 @@ def test_first_trials_try_each_mode_at_base_then_the_fastest_modes_larger_batche
         ("bf16", 64),
         ("bf16", 128),
         ("fp16", 64),
+        ("fp16", 128),
         ("fp32", 64),
         ("fp32", 256),
     ]

@@ -353,3 +353,60 @@ def test_a_validation_round_keeps_each_later_candidate_the_least_it_needs() -> N
     for run in validated_on_every_seed(study_spec, land, 4):
         assert (run.config.precision, run.config.batch_size) == ("fp16", 256)
         assert land.truth(run.config.candidate()).parity_gap <= 0.05
+
+
+def test_the_search_raises_a_ceiling_its_own_trials_measured_room_above() -> None:
+    """The ceiling phase, out of time after one try, scales that try's peak with the batch:
+    with 4 GB that do not grow with it (weights, optimizer state) and 2.4 MB a sample, it
+    stopped fp16 at 256 where 1024 takes 6.8 GB of the 15 GB kept for it. Two trials of the
+    mode, at two sizes, give the line; the ceiling rises to the largest size it keeps within
+    half the memory budget, a ceiling set by memory stays, and one size alone says nothing."""
+    from types import SimpleNamespace
+
+    from autotune.search._hardware import _key, raise_ceiling
+
+    gib = 2**30
+    ctx: Any = SimpleNamespace(
+        ceilings={"fp16": 256},
+        facts=SimpleNamespace(memory_budget=lambda margin: 30 * gib),
+        spec=SimpleNamespace(
+            memory_margin=0.1, space=SimpleNamespace(batch_size=SimpleNamespace(max=1024))
+        ),
+        space=SimpleNamespace(ladder=(64, 128, 256, 512, 1024)),
+        cut={"fp16 batch>256": "fp16 ceiling is 256 (limited by time)"},
+        device="cuda:0",
+    )
+
+    def study_with(peaks: dict[int, float], limit: str) -> optuna.Study:
+        study = optuna.create_study(direction="maximize")
+        study.set_user_attr(_key(ctx, limits=True), {"fp16": limit})
+        for bs, peak in peaks.items():
+            study.add_trial(
+                optuna.trial.create_trial(
+                    params={"precision": "fp16", "batch_size": bs},
+                    distributions={
+                        "precision": CategoricalDistribution(["fp16"]),
+                        "batch_size": CategoricalDistribution([64, 128, 256, 512, 1024]),
+                    },
+                    value=float(bs),
+                    user_attrs=TrialRecord(peak_memory_bytes=int(peak * gib)).to_attrs(),
+                )
+            )
+        return study
+
+    def at_ceiling(study: optuna.Study) -> FrozenTrial:
+        return next(t for t in study.trials if t.params["batch_size"] == 256)
+
+    study = study_with({128: 4.56, 256: 4.86}, "time")
+    assert raise_ceiling(ctx, study, at_ceiling(study)) == 1024
+    assert ctx.ceilings["fp16"] == 1024 and "fp16 batch>256" not in ctx.cut
+    # A steeper line stops where it would pass half the budget (512: 12 GB; 1024: 24 GB).
+    ctx.ceilings["fp16"] = 256
+    study = study_with({128: 3.0, 256: 6.0}, "time")
+    assert raise_ceiling(ctx, study, at_ceiling(study)) == 512
+    assert ctx.cut["fp16 batch>512"].startswith("fp16 ceiling is 512")
+    for peaks, limit in (({128: 4.56, 256: 4.86}, "memory"), ({256: 4.86}, "time")):
+        ctx.ceilings["fp16"] = 256
+        study = study_with(peaks, limit)
+        assert raise_ceiling(ctx, study, at_ceiling(study)) is None
+        assert ctx.ceilings["fp16"] == 256

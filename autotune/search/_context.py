@@ -63,6 +63,9 @@ class SearchContext:
     should_stop: Callable[[], bool] = lambda: False
     cut: dict[str, str] = field(default_factory=dict)
     ceilings: dict[str, int] = field(default_factory=dict)
+    # The modes the second wave of first trials has still to offer, fastest first (None until
+    # it starts): one mode at a time, so a ceiling its trials raise is tried before the next.
+    wave_two: list[str] | None = None
     # Wall seconds of every probe, and of the search trials' probes only (compiling left out),
     # and what each compiled probe spent compiling, by compile mode.
     probe_seconds: list[float] = field(default_factory=list)

@@ -4,8 +4,9 @@
    GradScaler's defaults): the same curve, only faster or not.
 2. Once those have run, each mode at the next batch of the ladder above the base and at the
    largest batch that fits (its ceiling), lr by the rule, the mode fastest at the base batch
-   first (among modes within a tenth of it, 16-bit first): a short budget reaches the fastest
-   mode's ceiling (on most GPUs its fastest point) before a slow mode's larger batches.
+   first (among modes within a tenth of it, 16-bit first), a mode at a time: a short budget
+   reaches the fastest mode's ceiling (on most GPUs its fastest point) before a slow mode's
+   larger batches, and a ceiling its trials raised before the next mode's.
 """
 
 from __future__ import annotations
@@ -43,20 +44,27 @@ def enqueue_base_trials(ctx: SearchContext, study: optuna.Study, modes: list[str
 def enqueue_larger_batches(
     ctx: SearchContext, study: optuna.Study, modes: list[str], reference: ReferenceRecord | None
 ) -> bool:
-    """Wave 2, once nothing is left waiting from wave 1: for each mode, fastest at the base
-    batch first, its next batch above the base and its ceiling. False while wave 1 waits."""
+    """Wave 2, a mode at a time, each once nothing is left waiting: the mode fastest at the
+    base batch first, its next batch above the base and its ceiling. A mode's trials may raise
+    its ceiling (:func:`autotune.search._hardware.raise_ceiling`), whose new top is then tried
+    before the next mode's batches. True once every mode was offered; False while one waits."""
     if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return False
     base = ctx.space.base_batch
-    speed = _speed_at(study, base, reference)
-    offered = [m for m in modes if m in ctx.space.precisions]
-    for mode in sorted(offered, key=_order(speed)):
+    if ctx.wave_two is None:
+        speed = _speed_at(study, base, reference)
+        offered = [m for m in modes if m in ctx.space.precisions]
+        ctx.wave_two = sorted(offered, key=_order(speed))
+    while ctx.wave_two:
+        mode = ctx.wave_two.pop(0)
         fitting = [b for b in ctx.space.ladder if b <= ctx.ceilings.get(mode, 0)]
         near = next((b for b in fitting if b > base), None)
         top = max(fitting, default=None)
-        for batch in dict.fromkeys((near, top)):
-            if batch is not None and batch != base:
-                study.enqueue_trial(ctx.space.params(mode, batch), skip_if_exists=True)
+        batches = [b for b in dict.fromkeys((near, top)) if b is not None and b != base]
+        for batch in batches:
+            study.enqueue_trial(ctx.space.params(mode, batch), skip_if_exists=True)
+        if batches:
+            return not ctx.wave_two
     return True
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import optuna
 from loguru import logger
+from optuna.trial import FrozenTrial
 
 from autotune.enums import Outcome, Phase
 from autotune.measure.ceilings import Ceiling, CeilingTry, find_ceiling
@@ -32,12 +33,25 @@ from autotune.search._context import SearchContext
 from autotune.search._events import CeilingFound, HardwareChecked, PhaseStarted
 from autotune.spec import ProbeSettings
 from autotune.study.study_keys import ceilings_key
+from autotune.study.trials import record
 
-__all__ = ["check_hardware", "find_ceilings", "jump_size", "lower_ceiling", "vouched_size"]
+__all__ = [
+    "check_hardware",
+    "find_ceilings",
+    "jump_size",
+    "lower_ceiling",
+    "raise_ceiling",
+    "vouched_size",
+]
 
 # An autocast mode fp32 vouched for past the base batch tries on only where its share holds
 # this many tries (its own first one, then doubling past fp32's size).
 _TRIES_WORTH = 4
+
+# Modes that hold the same tensors as another, which is measured for both: tf32 only changes
+# how fp32's matmuls round; fp16 and bf16 autocast cast to 16 bits alike (fp16's GradScaler
+# adds a few scalars).
+_TWINS = {"tf32": "fp32", "fp16": "bf16"}
 
 # A skipped-to size's peak memory, scaled from the first try, may use this share of the budget:
 # the margin for what does not scale with the batch (workspaces, allocator rounding).
@@ -84,10 +98,12 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
     cap = max(space.batch_sizes) if space.batch_sizes else space.batch_size.max
     limits: dict[str, str] = {}
     vouched, try_seconds = 0, 0.0
-    # fp32 first: what it runs vouches for the autocast modes' memory.
-    for i, mode in enumerate(sorted(modes, key=lambda m: m != "fp32")):
+    # fp32 first: what it runs vouches for the autocast modes' memory. A mode whose twin is
+    # measured takes the twin's ceiling without a try of its own.
+    measured = sorted((m for m in modes if _TWINS.get(m) not in modes), key=lambda m: m != "fp32")
+    for i, mode in enumerate(measured):
         ctx.emit(PhaseStarted(phase=Phase.CEILINGS, mode=mode))
-        share = (phase_end - ctx.budget.elapsed()) / (len(modes) - i)
+        share = (phase_end - ctx.budget.elapsed()) / (len(measured) - i)
         if mode != "fp32" and vouched >= cap:
             # fp32 ran the cap with half the memory free: nothing to try, so it costs no
             # ceiling time (its first trial pays the mode's first-use costs).
@@ -102,6 +118,9 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
             # the size fp32 vouched for, if larger.
             ctx.ceilings[mode], limits[mode] = max(start, vouched), "time"
             _out_of_time(ctx, mode, max(start, vouched))
+            for twin in (m for m in modes if _TWINS.get(m) == mode):
+                ctx.ceilings[twin], limits[twin] = max(start, vouched), "time"
+                _out_of_time(ctx, twin, max(start, vouched))
             continue
         else:
             ceiling = _mode_ceiling(ctx, mode, share=share, start=start, cap=cap)
@@ -117,10 +136,30 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
             ceiling = ceiling.model_copy(update={"batch_size": max(ceiling.batch_size, start)})
         ctx.ceilings[mode], limits[mode] = ceiling.batch_size, ceiling.limited_by
         _note_ceiling(ctx, mode, ceiling, start=start)
+        _twins_take(ctx, modes, mode, ceiling, limits, start=start)
     if "busy" in limits.values():
         return
     study.set_user_attr(key, dict(ctx.ceilings))
     study.set_user_attr(_key(ctx, limits=True), limits)
+
+
+def _twins_take(  # noqa: PLR0913 - the phase's state, keyword-only start
+    ctx: SearchContext,
+    modes: list[str],
+    mode: str,
+    ceiling: Ceiling,
+    limits: dict[str, str],
+    *,
+    start: int,
+) -> None:
+    """The modes of ``modes`` that twin ``mode`` take its measured ceiling."""
+    for twin in (m for m in modes if _TWINS.get(m) == mode):
+        ctx.emit(PhaseStarted(phase=Phase.CEILINGS, mode=twin))
+        ctx.ceilings[twin], limits[twin] = ceiling.batch_size, ceiling.limited_by
+        logger.info(
+            "ceiling {} = {} ({}'s: a step holds the same tensors)", twin, ceiling.batch_size, mode
+        )
+        _note_ceiling(ctx, twin, ceiling.model_copy(update={"precision": twin}), start=start)
 
 
 def _out_of_time(ctx: SearchContext, mode: str, start: int) -> None:
@@ -352,3 +391,63 @@ def lower_ceiling(ctx: SearchContext, study: optuna.Study, mode: str, batch_size
         limits = study.user_attrs.get(_key(ctx, limits=True))
         limits = dict(limits) if isinstance(limits, dict) else {}
         study.set_user_attr(_key(ctx, limits=True), {**limits, mode: "memory"})
+
+
+def raise_ceiling(ctx: SearchContext, study: optuna.Study, trial: FrozenTrial) -> int | None:
+    """A trial at a mode's ceiling, where the ceiling phase ran out of time: the peaks the
+    search's own trials of that mode measured at two batch sizes (this one the larger) give
+    the memory a batch takes, a fixed part and a part per sample, and the ceiling rises to the
+    largest size of the ladder that line keeps within half the memory budget. The proportional
+    rule of the ceiling phase, from one size, charges the fixed part (weights, optimizer state,
+    workspaces) to every sample: with 4 GB fixed and 4 MB a sample it stopped at 256 where 1024
+    takes 8 GB of 30. Returns the new ceiling, or None where it stays (an OOM in the search
+    still lowers it)."""
+    p = trial.params
+    mode, bs = p.get("precision"), p.get("batch_size")
+    if not isinstance(mode, str) or not isinstance(bs, int) or bs != ctx.ceilings.get(mode):
+        return None
+    if record(trial).fp32_modules:
+        return None
+    limits = study.user_attrs.get(_key(ctx, limits=True))
+    if not isinstance(limits, dict) or limits.get(mode) != "time":
+        return None  # memory or the margin set it, or it is the space's cap already
+    budget = ctx.facts.memory_budget(ctx.spec.memory_margin)
+    knobs = {k: v for k, v in p.items() if k in ("compile", "compile_mode", "channels_last")}
+    peaks: dict[int, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        rec = record(t)
+        same = all(t.params.get(k) == v for k, v in knobs.items())
+        if (
+            t.params.get("precision") == mode
+            and same
+            and rec.peak_memory_bytes
+            and not rec.fp32_modules
+        ):
+            size = int(t.params["batch_size"])
+            peaks[size] = max(peaks.get(size, 0), rec.peak_memory_bytes)
+    smaller = [b for b in peaks if b < bs]
+    if budget is None or bs not in peaks or not smaller:
+        return None
+    lo = max(smaller)
+    per_sample = max(0.0, (peaks[bs] - peaks[lo]) / (bs - lo))
+    room = _JUMP_MEMORY_SHARE * budget
+    fits = [b for b in ctx.space.ladder if b > bs and peaks[bs] + per_sample * (b - bs) <= room]
+    if not fits:
+        return None
+    new = max(fits)
+    ctx.ceilings[mode] = new
+    cap = max(ctx.space.ladder)
+    ctx.cut.pop(f"{mode} batch>{bs}", None)
+    if new < ctx.spec.space.batch_size.max:
+        ctx.cut[f"{mode} batch>{new}"] = (
+            f"{mode} ceiling is {new} (limited by time; raised from {bs} by the search's peaks)"
+        )
+    study.set_user_attr(_key(ctx), dict(ctx.ceilings))
+    study.set_user_attr(_key(ctx, limits=True), {**limits, mode: "cap" if new >= cap else "time"})
+    logger.info(
+        "{} ceiling {} → {}: trials at bs={} and {} peaked at {:.0f} and {:.0f} MiB, {:.2f} MiB "
+        "more a sample; bs={} takes about {:.0f} MiB of the {:.0f} MiB kept for it",
+        mode, bs, new, lo, bs, peaks[lo] / 2**20, peaks[bs] / 2**20, per_sample / 2**20, new,
+        (peaks[bs] + per_sample * (new - bs)) / 2**20, room / 2**20,
+    )  # fmt: skip
+    return new

@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 from autotune.enums import Outcome, Phase, Role
 from autotune.search._budget import TRIAL_SHARE, WRITE_RESERVE
 from autotune.search._context import SearchContext
+from autotune.search._hardware import raise_ceiling
 from autotune.search._risk import safe_scale
 from autotune.search._space import ISLANDS_CHOICES
 from autotune.study import study_keys
@@ -230,3 +231,9 @@ def after_trial(ctx: SearchContext, study: optuna.Study, trial: Any, *, spare: f
             _enqueue_islands(ctx, study, trial, summary["fp32_modules"])
     elif rec.outcome == Outcome.COMPLETED and rec.duplicate_of is None:
         _flip_leader(ctx, study, trial)
+    if rec.peak_memory_bytes and rec.duplicate_of is None:
+        # A larger ceiling: its top is tried next, as the second wave tries each ceiling.
+        top = raise_ceiling(ctx, study, trial)
+        if top is not None:
+            params = ctx.space.params(str(trial.params["precision"]), top)
+            study.enqueue_trial(params, skip_if_exists=True)

@@ -53,7 +53,7 @@ def _adamw(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
     leaves its state untouched on a skipped step."""
     params = list(params)
     fused = bool(params) and all(p.is_cuda for p in params)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.1, **({"fused": True} if fused else {}))
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.1, fused=fused or None)
 
 
 def resnet18() -> Workload:
