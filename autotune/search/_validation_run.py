@@ -150,7 +150,9 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         needs = [rerun_need(ctx, t, horizon) for t in rest]
         # What the ones after it must keep: each its least, fp16's horizon included.
         keep = sum(1.5 * _least(ctx, t) + proof_seconds(ctx, t, horizon) for t in rest[1:])
-        room = max(left - keep, min(left, _least(ctx, trial)))
+        # At least what it needs to be measured at all, where that is left: a share short of
+        # it skips it for certain, and a better candidate goes unmeasured for a worse one.
+        room = max(left - keep, min(left, _least(ctx, trial) + proof_seconds(ctx, trial, horizon)))
         # At most twice its need: what it leaves goes to the next round, should it fail.
         share = min(max(left * needs[0] / sum(needs), needs[0]), room, 2 * needs[0])
         rerun = _rerun(ctx, trial, reference, share=share, horizon=horizon)
@@ -249,9 +251,15 @@ def _rerun(
     if kept and kept > min(ENDURANCE_SHARE * ctx.budget.total, share - least):
         # fp16 cannot be run to its horizon beside its pair in this share: a verdict short of
         # it would be refused, so the time goes to the next candidate.
+        cap = ENDURANCE_SHARE * ctx.budget.total
+        limit = (
+            f"the {cap:.0f}s ({ENDURANCE_SHARE:.0%} of the budget) an fp16 run alone may take"
+            if cap < share - least
+            else f"its {share:.0f}s share leaves beside its pairs"
+        )
         why = (
             f"not validated: running fp16 to {horizon} steps takes about {kept:.0f}s, more "
-            f"than its {share:.0f}s share leaves beside its pairs; give the search more time"
+            f"than {limit}; give the search more time"
         )
         return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
     pair_share = share - kept
