@@ -293,3 +293,48 @@ def test_every_row_shows_its_settings_the_same_way(
     ref = next(line for line in rows if line.startswith("fp32 reference"))
     assert ("channels_last" in winner) is shown
     assert "bf16 bs=64 lr=0.1" in winner and "fp32 bs=32 lr=0.1" in ref
+
+
+def test_a_fallback_whose_last_run_timed_too_few_blocks_shows_one_noise_everywhere(
+    tmp_path: Path, wide
+) -> None:
+    """The reference's latest run timed 3 blocks, too few for a spread: best.json said
+    ``"noise": 0.0``, the summary the interval's 50% and the report the median spread, 72%.
+    Now the config carries the median of the measured spreads, and the summary and the text
+    report show that one figure."""
+    from autotune.report import collect, render_text
+    from autotune.report._format import noise_text
+    from autotune.search._artifact import _fallback_evidence
+    from autotune.spec import parse_spec
+
+    reference = ReferenceRecord(
+        batch_size=32,
+        learning_rate=0.1,
+        measurements=[
+            ReferenceMeasurement(at=1, throughput=1000, low=900, high=1100, blocks=12, spread=0.6),
+            ReferenceMeasurement(at=2, throughput=1100, low=1000, high=1200, blocks=9, spread=0.84),
+            ReferenceMeasurement(at=3, throughput=1000, low=500, high=1500, blocks=3, spread=0.0),
+        ],
+    )
+    spec = parse_spec({"name": "test", "workload": "autotune.workloads:tiny_mlp"})
+    common = make_config("fp32", batch_size=32).evidence.model_dump(
+        include={"parity_tolerance", "trials", "lr_scaling", "base_learning_rate",
+                 "base_batch_size", "rejected", "cut", "ceilings"}
+    )  # fmt: skip
+    ev = _fallback_evidence(spec, None, reference, None, {}, common)
+    assert ev.noise == pytest.approx(0.72)
+    result = _result(tmp_path)
+    cfg = make_config("fp32", batch_size=32)
+    result.config = cfg.model_copy(update={"evidence": ev})
+    result.reference = reference
+    with console.capture() as out:
+        _search._print_summary(result)
+    shown = f"timing noise: {noise_text(ev.noise)}"
+    assert shown in out.get()
+    # The report reads the stored study: the reference, and the config, as a search stores them.
+    from autotune.study.crown import store_config
+    from autotune.study.reference import reference_key
+
+    result.study.set_user_attr(reference_key("vm", "cpu"), reference.model_dump(mode="json"))
+    store_config(result.study, result.config)
+    assert shown in render_text(collect(result.study))

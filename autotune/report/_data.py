@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import socket
-import statistics
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -108,13 +107,11 @@ class ReportData:
 
     @property
     def noise(self) -> float | None:
-        """This device's timing noise: what validation recorded, else the median spread of the
-        reference's timed blocks over its measurements; None where nothing measured it (a
-        spread of 0 is a run of fewer than 4 blocks, which gives none: see noise_interval)."""
+        """This device's timing noise: the config's (:meth:`ReferenceRecord.timing_noise`, as
+        every surface shows it), else the reference's own; None where nothing measured it."""
         if self.config is not None and self.config.evidence.noise:
             return self.config.evidence.noise
-        spreads = [m.spread for m in self.reference_measurements() if m.blocks > 0 and m.spread]
-        return statistics.median(spreads) if spreads else None
+        return self.reference.timing_noise() if self.reference is not None else None
 
     @property
     def noise_interval(self) -> float | None:

@@ -145,15 +145,18 @@ def _amp_row(amp: FrozenTrial | None) -> Row:
 
 
 def _noise(result: Any) -> str:
-    """This device's timing noise: what validation recorded, else the reference's latest spread,
-    else (too few blocks for a spread) the reference's interval, as the table shows it."""
+    """This device's timing noise, as the config and the report show it
+    (:meth:`ReferenceRecord.timing_noise`), else the reference's interval where no run timed
+    enough blocks for a spread."""
     ev = result.config.evidence
-    latest = result.reference.latest() if result.reference is not None else None
     if ev.noise:
         return noise_text(ev.noise)
-    if latest is None or latest.blocks <= 0:
-        return noise_text(None)
-    return noise_text(latest.spread, _half_width(latest.throughput, latest.low, latest.high))
+    reference = result.reference
+    noise = reference.timing_noise() if reference is not None else None
+    latest = reference.latest() if reference is not None else None
+    if noise or latest is None or latest.blocks <= 0:
+        return noise_text(noise)
+    return noise_text(0.0, _half_width(latest.throughput, latest.low, latest.high))
 
 
 # The table's columns: header, the narrowest it may get (the longest word it must keep whole:

@@ -193,8 +193,6 @@ def _winner_evidence(
     assert paired is not None and paired.speedup is not None
     c, r = paired.candidate, paired.reference
     searched = record(winner.trial).speedup
-    latest = reference.latest()
-    noise = latest.spread if latest is not None else None
     gap = winner.gap
     amp_speedup = amp.get("speedup")
     return Evidence(
@@ -208,7 +206,7 @@ def _winner_evidence(
         paired_blocks=paired.pairs,
         search_speedup=searched,
         search_optimism=(searched / paired.speedup - 1) if searched else None,
-        noise=r.spread if r.spread is not None else noise,
+        noise=reference.timing_noise(r.spread),
         speedup_vs_amp=(paired.speedup / amp_speedup) if amp_speedup else None,
         peak_memory_bytes=c.peak_memory,
         baseline_peak_memory_bytes=r.peak_memory,
@@ -245,7 +243,6 @@ def _fallback_evidence(
     if notes:
         why += " (" + "; ".join(notes) + ")"
     latest = reference.latest()
-    noise = latest.spread if latest is not None else None
     if (
         reference_run is not None
         and reference_run.reference.ok
@@ -253,11 +250,12 @@ def _fallback_evidence(
     ):
         r = reference_run.reference
         tp, low, high, peak = r.throughput, r.throughput_low, r.throughput_high, r.peak_memory
-        noise = r.spread if r.spread is not None else noise
+        noise = reference.timing_noise(r.spread)
     elif latest is not None:
         tp, low, high, peak = latest.throughput, latest.low, latest.high, None
+        noise = reference.timing_noise(latest.spread if latest.blocks > 0 else None)
     else:
-        tp, low, high, peak = 0.0, None, None, None
+        tp, low, high, peak, noise = 0.0, None, None, None, reference.timing_noise()
     peak = peak if peak is not None else reference.peak_memory_bytes
     return Evidence(
         throughput=tp,

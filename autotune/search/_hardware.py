@@ -116,11 +116,9 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
             # Out of ceiling time (or short of the tries that would take it past what fp32
             # vouched for): the mode keeps the base batch size, which the baselines run, or
             # the size fp32 vouched for, if larger.
-            ctx.ceilings[mode], limits[mode] = max(start, vouched), "time"
-            _out_of_time(ctx, mode, max(start, vouched))
-            for twin in (m for m in modes if _TWINS.get(m) == mode):
-                ctx.ceilings[twin], limits[twin] = max(start, vouched), "time"
-                _out_of_time(ctx, twin, max(start, vouched))
+            for m in (mode, *(m for m in modes if _TWINS.get(m) == mode)):
+                ctx.ceilings[m], limits[m] = max(start, vouched), "time"
+                _out_of_time(ctx, m, max(start, vouched))
             continue
         else:
             ceiling = _mode_ceiling(ctx, mode, share=share, start=start, cap=cap)

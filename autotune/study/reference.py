@@ -13,6 +13,7 @@ divided by under ``reference_measurement`` (:func:`measurement_used`).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -79,6 +80,25 @@ class ReferenceRecord(BaseModel):
 
     def latest(self) -> ReferenceMeasurement | None:
         return self.measurements[-1] if self.measurements else None
+
+    def timing_noise(self, spread: float | None = None) -> float | None:
+        """This device's timing noise, the one figure every surface shows: ``spread`` (the
+        spread of the run a config's figures come from) where that run timed enough blocks for
+        one, else the median spread of the reference's measurements that did; None where none
+        did. A run of fewer than four blocks has no spread: shown as 0%, it read as a quiet
+        machine beside a summary's 50% and a report's 72% for the same study.
+
+        Example:
+            >>> m = [ReferenceMeasurement(at=0, throughput=1, low=1, high=1, blocks=b, spread=s)
+            ...      for b, s in ((12, 0.08), (3, 0.0), (9, 0.02))]
+            >>> rec = ReferenceRecord(batch_size=32, learning_rate=0.1, measurements=m)
+            >>> rec.timing_noise(0.03), rec.timing_noise(0.0), rec.timing_noise()
+            (0.03, 0.05, 0.05)
+        """
+        if spread:
+            return spread
+        spreads = [m.spread for m in self.measurements if m.blocks > 0 and m.spread]
+        return statistics.median(spreads) if spreads else None
 
     def seed_noise(self, cap: float, also: Sequence[float] = ()) -> float:
         """How far a fresh seed alone may move a loss at a probe's horizon: the root mean
