@@ -338,3 +338,39 @@ def test_a_fallback_whose_last_run_timed_too_few_blocks_shows_one_noise_everywhe
     result.study.set_user_attr(reference_key("vm", "cpu"), reference.model_dump(mode="json"))
     store_config(result.study, result.config)
     assert shown in render_text(collect(result.study))
+
+
+def test_a_fallback_and_the_reference_show_one_throughput(tmp_path: Path, wide) -> None:
+    """A fallback is the fp32 reference: its row and the reference's show one figure (the
+    fallback took a validation pair's reference arm, 6,179.9 samples/s, beside the
+    reference's own 1,469.1, both called 1.00x)."""
+    from autotune.measure.result import PairedResult, ProbeResult
+    from autotune.search._artifact import _fallback_evidence
+    from autotune.spec import Candidate, parse_spec
+
+    cand = Candidate(precision="fp32", batch_size=32, learning_rate=0.1)
+
+    def probe(throughput: float) -> ProbeResult:
+        return ProbeResult(
+            candidate=cand, workload="w", device="cpu", outcome="completed",
+            throughput=throughput, throughput_low=throughput * 0.9,
+            throughput_high=throughput * 1.1,
+        )  # fmt: skip
+
+    arm = PairedResult(candidate=probe(9000.0), reference=probe(6179.9))
+    spec = parse_spec({"name": "test", "workload": "autotune.workloads:tiny_mlp"})
+    common = make_config("fp32", batch_size=32).evidence.model_dump(
+        include={"parity_tolerance", "trials", "lr_scaling", "base_learning_rate",
+                 "base_batch_size", "rejected", "cut", "ceilings"}
+    )  # fmt: skip
+    ev = _fallback_evidence(spec, None, REFERENCE, arm, {}, common)
+    assert ev.throughput == REFERENCE.measurements[-1].throughput
+    result = _result(tmp_path)
+    result.config = make_config("fp32", batch_size=32).model_copy(update={"evidence": ev})
+    with console.capture() as out:
+        _search._print_summary(result)
+    rows = out.get().splitlines()
+    winner = next(line for line in rows if line.startswith("winner"))
+    ref = next(line for line in rows if "fp32 reference" in line and "1.00x" in line)
+    assert "950.0 ±1.1%" in winner and "950.0 ±1.1%" in ref
+    assert "6,179.9" not in out.get()

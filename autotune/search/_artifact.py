@@ -242,8 +242,17 @@ def _fallback_evidence(
     notes = selection.notes if selection is not None else []
     if notes:
         why += " (" + "; ".join(notes) + ")"
+    # The reference's latest measurement, as every surface shows the reference: one setting,
+    # one figure (a validation pair's reference arm here, beside the latest measurement in the
+    # reference's row, read as two speeds both called 1.00x). A pair's arm stands in only
+    # where the reference has no measurement of its own.
     latest = reference.latest()
-    if (
+    if latest is not None and latest.throughput > 0:
+        tp, low, high, peak = latest.throughput, latest.low, latest.high, None
+        if latest.blocks <= 0:
+            low = high = None
+        noise = reference.timing_noise(latest.spread if latest.blocks > 0 else None)
+    elif (
         reference_run is not None
         and reference_run.reference.ok
         and reference_run.reference.throughput > 0
@@ -251,9 +260,6 @@ def _fallback_evidence(
         r = reference_run.reference
         tp, low, high, peak = r.throughput, r.throughput_low, r.throughput_high, r.peak_memory
         noise = reference.timing_noise(r.spread)
-    elif latest is not None:
-        tp, low, high, peak = latest.throughput, latest.low, latest.high, None
-        noise = reference.timing_noise(latest.spread if latest.blocks > 0 else None)
     else:
         tp, low, high, peak, noise = 0.0, None, None, None, reference.timing_noise()
     peak = peak if peak is not None else reference.peak_memory_bytes
