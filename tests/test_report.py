@@ -595,7 +595,12 @@ def test_a_validated_config_shows_search_against_validation(handmade: SimpleName
     assert data.winner is not None and data.winner.number == 1
     # The winner card: validated speedup with interval and paired blocks, the search's figure
     # and its optimism, the noise that validation recorded.
-    assert "<b>1.75×</b> (1.66–1.84) the fp32 reference, over 24 paired blocks" in html
+    # The ratio's divisor is the reference's arm of the same pairs, named beside it (the
+    # reference's latest measurement elsewhere on the page is another run: 900 samples/s).
+    assert (
+        "<b>1.75×</b> (1.66–1.84) the fp32 reference measured beside it (its arm 1,000.0 "
+        "samples/s), over 24 paired blocks" in html
+    )
     assert "the search measured 1.80× (search optimism +2.9%)" in html
     assert "timing noise of this device 2.1%" in html
     rows = page.baseline_rows
@@ -611,6 +616,19 @@ def test_a_validated_config_shows_search_against_validation(handmade: SimpleName
     assert "1.75x (1.66–1.84) the fp32 reference over 24 paired blocks (validated)" in text
     assert "the search measured 1.80x: search optimism +2.9%" in text
     assert "timing noise: 2.1%" in text
+
+
+def test_the_winner_card_divides_only_figures_measured_together(
+    handmade: SimpleNamespace,
+) -> None:
+    """The plain AMP recipe's figure is its own search trial's, said as such: the card read
+    "18.53× the plain AMP recipe", a ratio of two runs never measured together."""
+    out = handmade.tmp / "amp"
+    out.mkdir()
+    write_config(out / "best.json", validated_config(speedup_vs_amp=1.75 / 0.9))
+    html = render_html(collect(handmade.study, out_dir=out, storage=handmade.storage))
+    assert "the plain AMP recipe: 0.90× the fp32 reference in the search (another run)" in html
+    assert "× the plain AMP recipe" not in html
 
 
 def test_a_fallback_config_says_no_candidate_validated(handmade: SimpleNamespace) -> None:
