@@ -10,7 +10,7 @@ from autotune.config import TunedConfig
 from autotune.enums import Outcome, Role
 from autotune.progress import scale_text
 from autotune.report._data import ReportData, measured_interval
-from autotune.report._evidence import reference_figure, validation_figure
+from autotune.report._evidence import reference_figure, speed_line, validation_figure
 from autotune.report._format import (
     ceiling_text,
     noise_text,
@@ -165,31 +165,7 @@ def _winner_card(data: ReportData, cfg: TunedConfig) -> str:
         if ev.validated
         else '<span class="badge warn">not validated: fp32 fallback</span>'
     )
-    tp = throughput_text(ev.throughput, ev.throughput_low, ev.throughput_high)
-    if ev.speedup_low is not None and ev.speedup_high is not None:
-        line = (
-            f"{esc(tp)} samples/s · <b>{ev.speedup:.2f}×</b> "
-            f"({ev.speedup_low:.2f}–{ev.speedup_high:.2f})"
-        )
-    else:
-        line = f"{esc(tp)} samples/s · <b>{ev.speedup:.2f}×</b>"
-    line += " the fp32 reference"
-    if ev.paired_blocks:
-        # What the ratio divides by: the reference's arm of the same pairs, not its latest
-        # measurement elsewhere on the page (1.75× beside a reference of 1,972.1 read as 11.7×).
-        beside = (
-            f" (its arm {esc(throughput_text(ev.baseline_throughput))} samples/s)"
-            if ev.baseline_throughput
-            else ""
-        )
-        line += f" measured beside it{beside}, over {ev.paired_blocks} paired blocks"
-    if ev.speedup_vs_amp and ev.speedup:
-        # The AMP recipe's own figure, from its search trial: a ratio of the two would divide
-        # figures of runs that were not measured together.
-        line += (
-            f" · the plain AMP recipe: {ev.speedup / ev.speedup_vs_amp:.2f}× the fp32 "
-            "reference in the search (another run)"
-        )
+    line = speed_line(ev)
     facts = _winner_facts(data, cfg)
     return (
         f'<div class="winner-card{"" if ev.validated else " fallback"}">'

@@ -247,10 +247,13 @@ def _fallback_evidence(
     # reference's row, read as two speeds both called 1.00x). A pair's arm stands in only
     # where the reference has no measurement of its own.
     latest = reference.latest()
+    low: float | None
+    high: float | None
+    peak: int | None
     if latest is not None and latest.throughput > 0:
-        tp, low, high, peak = latest.throughput, latest.low, latest.high, None
-        if latest.blocks <= 0:
-            low = high = None
+        timed = latest.blocks > 0
+        tp, peak = latest.throughput, None
+        low, high = (latest.low, latest.high) if timed else (None, None)
         noise = reference.timing_noise(latest.spread if latest.blocks > 0 else None)
     elif (
         reference_run is not None
