@@ -32,23 +32,36 @@ _MIN_SPEEDUP = float(ValidationSettings.model_fields["min_speedup"].default)
 _Row = tuple[str, float, float | None, float | None, str]
 
 
+# Two measurements without intervals drifted where one is this many times the other (the
+# search measures the reference again when two are further apart).
+_APART = 1.5
+
+
 def drifted(measurements: list[ReferenceMeasurement]) -> list[bool]:
     """For each measurement, whether it moved out of the previous one's interval (and the
-    previous one out of its): the reference drifted between them.
+    previous one out of its), or their figures lie ``_APART`` times apart (a fall from 12.5k
+    to 2.2k samples/s, within two wide intervals or between runs too short for one, read as no
+    drift at all); a measurement without an interval, by its figure against the other's.
 
     Example:
-        >>> m = [ReferenceMeasurement(at=t, throughput=v, low=v - 5, high=v + 5, blocks=8)
-        ...      for t, v in ((0, 100), (60, 102), (120, 80))]
+        >>> m = [ReferenceMeasurement(at=t, throughput=v, low=lo, high=hi, blocks=b)
+        ...      for t, v, lo, hi, b in ((0, 100, 95, 105, 8), (60, 102, 97, 107, 8),
+        ...                              (120, 80, 75, 85, 8), (180, 30, 5, 90, 3))]
         >>> drifted(m)
-        [False, False, True]
+        [False, False, True, True]
     """
     out = [False]
     for prev, m in zip(measurements, measurements[1:], strict=False):
         (plo, phi), (lo, hi) = measured_interval(prev), measured_interval(m)
-        if None in (plo, phi, lo, hi):
-            out.append(False)
-            continue
-        out.append(hi < plo or lo > phi)  # type: ignore[operator]
+        low, high = sorted((prev.throughput, m.throughput))
+        moved = high > _APART * low
+        if plo is not None and phi is not None and lo is not None and hi is not None:
+            moved = moved or hi < plo or lo > phi
+        elif plo is not None and phi is not None:
+            moved = moved or not plo <= m.throughput <= phi
+        elif lo is not None and hi is not None:
+            moved = moved or not lo <= prev.throughput <= hi
+        out.append(moved)
     return out
 
 
@@ -147,7 +160,8 @@ def _reference_caption(
         caption += (
             f" Range {min(m.throughput for m in ms):,.1f}–{max(m.throughput for m in ms):,.1f} "
             f"samples/s ({rng:.1%} of the median); {sum(moved)} of {len(ms) - 1} "
-            "re-measurements moved outside the previous interval (drift)."
+            f"re-measurements moved outside the previous interval or {_APART:g} times from it "
+            "(drift)."
         )
     caption += f" Timing noise: {noise_text(data.noise, data.noise_interval)}."
     return caption
