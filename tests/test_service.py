@@ -545,3 +545,72 @@ def test_standing_without_a_reference(tmp_path: Path) -> None:
     study = optuna.create_study(study_name="e", storage=f"sqlite:///{tmp_path / 'e.db'}")
     standing = read_standing(study)
     assert standing.reference_throughput is None and standing.best is None
+
+
+def test_a_done_studys_status_names_the_config_not_the_searchs_best(tmp_path: Path) -> None:
+    """After a study is done, `autotune status` showed "best so far: trial 1 … 1.99x" (the
+    search's unpaired figure) while the config was trial 6 at 1.75x; settings unlabelled
+    ("fp16 32 1 65536"), and a trial queued and never run counted as a failure."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from autotune.cli import _service as cli_service
+    from autotune.cli._app import console
+    from autotune.service._models import StudyDetail
+    from autotune.service._standing import read_standing
+    from autotune.study.trials import TrialRecord
+
+    dists = {
+        "precision": CategoricalDistribution(["fp16"]),
+        "batch_size": CategoricalDistribution([32]),
+        "lr_multiplier": FloatDistribution(1.0, 1.0),
+        "init_scale": CategoricalDistribution([65536.0]),
+    }
+    params = {"precision": "fp16", "batch_size": 32, "lr_multiplier": 1.0, "init_scale": 65536.0}
+    study = optuna.create_study(
+        study_name="d", storage=f"sqlite:///{tmp_path / 'd.db'}", direction="maximize"
+    )
+    search = TrialRecord(outcome="completed", speedup=1.99, throughput=1990.0)
+    crowned = TrialRecord(tuned_config=True, speedup=1.75, throughput=1750.0)
+    never = TrialRecord(outcome="not_run", reason="the search ended before it ran")
+    for state, value, rec in (
+        (TrialState.COMPLETE, 1.74, search),
+        (TrialState.FAIL, None, never),
+        (TrialState.COMPLETE, 1.75, crowned),
+    ):
+        study.add_trial(
+            create_trial(
+                state=state,
+                value=value,
+                params=params,
+                distributions=dists,
+                user_attrs=rec.to_attrs(),
+                system_attrs={"constraints:parity": 0.0} if rec is search else {},
+            )
+        )
+    standing = read_standing(study)
+    assert standing.best is not None and standing.best.number == 2
+    assert standing.trials == {"complete": 2, "not_run": 1}
+    detail = StudyDetail(
+        name="d",
+        state="done",
+        detail="done",
+        priority=0,
+        workload="w",
+        device="cpu",
+        submitted_at=datetime.now().astimezone(),
+        progress={"budget_seconds": 60.0, "budget_used_seconds": 60.0, "trials": standing.trials},
+        best=standing.best,
+        trials=standing.latest,
+    )
+    width = console.width
+    console.width = 200
+    try:
+        with console.capture() as out:
+            cli_service._print_study(detail)
+    finally:
+        console.width = width
+    text = out.get()
+    assert "config: trial 2 fp16 bs=32 lr×1 init_scale=65536 → 1,750" in text
+    assert "1.75x" in text and "best so far" not in text and "1.99" not in text.split("trials")[0]
+    assert "2 complete 1 not_run" in text and "fail" not in text.split("latest trials")[0]

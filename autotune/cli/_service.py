@@ -254,7 +254,7 @@ _STATE_STYLE = {
 
 
 def _trials(counts: dict[str, int]) -> str:
-    order = ("complete", "pruned", "fail", "running", "waiting")
+    order = ("complete", "pruned", "fail", "not_run", "running", "waiting")
     return " ".join(f"{counts[k]} {k}" for k in order if counts.get(k)) or "—"
 
 
@@ -297,6 +297,7 @@ def _print_studies(studies: list[Any], devices: list[Any]) -> None:
 
 def _print_study(s: Any) -> None:
     from autotune.report import ratio_text
+    from autotune.study.trials import label
 
     p = s.progress
     console.print(
@@ -317,11 +318,11 @@ def _print_study(s: Any) -> None:
             highlight=False,
         )
     if s.best is not None:
-        params = " ".join(
-            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in s.best.params.items()
-        )
         best = s.best
-        line = f"  best so far: trial {best.number} {params} → {_tp(best.throughput)} samples/s"
+        # The config's trial carries validation's figure; before it, the search's best.
+        head = "config" if best.role == "tuned_config" else "best so far"
+        settings = label(best.params) if best.params else "the fp32 reference"
+        line = f"  {head}: trial {best.number} {settings} → {_tp(best.throughput)} samples/s"
         if best.speedup is not None:
             line += f", {ratio_text(best.speedup, best.speedup_low, best.speedup_high)} the fp32 reference"
         console.print(
@@ -334,7 +335,7 @@ def _print_study(s: Any) -> None:
     for col in ("#", "state", "settings", "samples/s", "vs fp32", "outcome", "reason"):
         table.add_column(col, overflow="fold")
     for t in s.trials[:20]:
-        settings = " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in t.params.values())
+        settings = label(t.params) if t.params else "—"
         retry = f" (retry of {t.retry_of})" if t.retry_of is not None else ""
         table.add_row(
             str(t.number),

@@ -85,7 +85,10 @@ class TrialInfo(_Model):
     speedup_low: float | None = Field(default=None, description="the speedup's 95% interval")
     speedup_high: float | None = None
     peak_memory_bytes: int | None = None
-    role: str | None = None
+    role: str | None = Field(
+        default=None,
+        description="a baseline's role, or tuned_config: the config's trial, validation's figure",
+    )
     retry_of: int | None = None
 
 

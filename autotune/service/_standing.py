@@ -17,6 +17,7 @@ from typing import Any, cast
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.enums import Outcome
 from autotune.service._models import TrialInfo
 from autotune.study.crown import stored_config
 from autotune.study.reference import ReferenceMeasurement, stored_references
@@ -67,7 +68,8 @@ def trial_info(t: FrozenTrial) -> TrialInfo:
         speedup_low=rec.speedup_low if done else None,
         speedup_high=rec.speedup_high if done else None,
         peak_memory_bytes=rec.peak_memory_bytes,
-        role=rec.role,
+        # The config's trial is named as such: it carries validation's figure, not a search's.
+        role="tuned_config" if rec.tuned_config else rec.role,
         retry_of=retry_of if isinstance(retry_of, int) else None,
     )
 
@@ -85,6 +87,8 @@ def read_standing(study: optuna.Study) -> StudyStanding:
     out = StudyStanding()
     for t in trials:
         key = t.state.name.lower()
+        if t.state == TrialState.FAIL and record(t).outcome == Outcome.NOT_RUN:
+            key = "not_run"  # queued and never started: no failure of the workload's
         out.trials[key] = out.trials.get(key, 0) + 1
         outcome = display_outcome(t)
         if outcome is not None:
@@ -92,9 +96,13 @@ def read_standing(study: optuna.Study) -> StudyStanding:
     attrs = study.user_attrs
     ref = latest_reference(attrs)
     out.reference_throughput = ref.throughput if ref is not None else None
-    # As validation ranks them: feasible, measured (not copied from a twin), best value first.
+    # The config, once there is one (the trial that carries validation's figure); before,
+    # as validation ranks them: feasible, measured (not copied from a twin), best value first.
+    crowned = [t for t in trials if record(t).tuned_config]
     feasible = [t for t in feasible_trials(trials) if t.value is not None]
-    if feasible:
+    if crowned:
+        out.best = trial_info(crowned[-1])
+    elif feasible:
         pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
         out.best = trial_info(pick(feasible, key=lambda t: cast(float, t.value)))
     out.latest = [trial_info(t) for t in trials[-_LATEST:]][::-1]
