@@ -438,3 +438,29 @@ def test_the_fastest_candidate_is_measured_where_validation_holds_its_least() ->
     )
     assert "fp16 bs=1024 lr×1 init_scale=65536: not validated" not in ev.validation_note
     assert run.seconds <= 70.0
+
+
+def test_a_cpus_fp16_whose_steps_take_seconds_stops_inside_its_time_limit() -> None:
+    """The recorded CPU's ResNet-18, 3 minutes, its fp16 at the rate `make search` measured
+    on this machine (a 13 s step at the base batch): the plain AMP recipe's warm-up ran four
+    steps in one go past its time limit until the worker was killed at the hard one (69 s of
+    180), and fp16 at twice the batch was killed again. Now slow warm steps run one at a time,
+    none starts that would end past the limit, a slow warm step far slower than the best stops
+    the run as slower, and a mode stopped so at the base batch gets no larger batch."""
+    from autotune.sim import load_landscape
+
+    land = load_landscape("cpu-resnet18")
+    fp16 = land.modes["fp16"].model_copy(update={"throughput": {16: 9.3}})
+    land = land.model_copy(update={"modes": {**land.modes, "fp16": fp16}})
+    run = simulate(parse_spec({"name": "c", "workload": land.workload, "budget": "3m"}), land)
+    fp16 = [t for t in run.study.trials if t.params.get("precision") == "fp16"]
+    assert fp16, "the search tried no fp16"
+    for t in fp16:
+        reason = t.user_attrs.get("reason", "")
+        assert "hard limit" not in reason, reason
+        assert t.user_attrs.get("outcome") in ("too_slow", "slower"), reason
+    amp = fp16[0]
+    assert amp.user_attrs["reason"].startswith("a warm step ran at")
+    assert amp.user_attrs["probe_seconds"] <= 40.0
+    assert all(t.params["batch_size"] <= 128 for t in fp16)
+    assert run.seconds <= 180.0

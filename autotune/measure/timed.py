@@ -35,6 +35,10 @@ _MAX_TIME_FACTOR = 4.0
 # Warm-up goes on while a block's steps run faster than this share of the last ones' time ...
 _STEADY = 0.8
 # ... for at most this share of min_time.
+# A warm step whose rate is under the best's divided by this stops the run as slower.
+_HOPELESS = 4.0
+# Warm steps longer than this share of the time limit run one at a time.
+_SLOW_STEP_SHARE = 0.05
 _SETTLE_SHARE = 0.5
 # An early "slower" verdict waits for this share of min_time of timed blocks.
 _DECIDE_SHARE = 0.5
@@ -216,11 +220,22 @@ class TimedRun:
                 if self.over_time():
                     self.truncated = True
                     return False
-                chunk = min(left, settings.check_every - engine.steps % settings.check_every)
+                chunk = self._warm_chunk(left)
+                if not chunk:
+                    step = self.warm_seconds or self.first_step
+                    self.outcome = Outcome.TOO_SLOW
+                    self.reason = (
+                        f"a step takes {step:.1f}s: one more would end past its time limit of "
+                        f"{format_duration(settings.time_limit)}"
+                    )
+                    self.truncated = True
+                    return False
                 block = engine.run_steps(chunk)
                 self.warm_wall += block.seconds
                 self.warm_seconds = block.step_time
                 left -= chunk
+                if self._hopeless(block):
+                    return False
             if self.over_time():
                 self.truncated = True
                 return False
@@ -229,6 +244,47 @@ class TimedRun:
         self.warm_steps = engine.steps
         self.skipped_at_start = engine.skipped
         self.block_steps = self._block_size(self.warm_seconds or self.first_step or 0.0)
+        return True
+
+    def _warm_chunk(self, left: int) -> int:
+        """Warm-up steps to run next, of the ``left`` still to run: up to the next check, no
+        more than the time limit holds by the last step's time (a CPU's fp16 ResNet-18 step
+        takes 13 s: four in one chunk ran 50 s past its limit), one at a time where a step is
+        slow (each is checked against the best), and 0 where not even one more fits (past the
+        hard limit the worker is killed and started again)."""
+        settings = self.settings
+        chunk = min(left, settings.check_every - self.engine.steps % settings.check_every)
+        slow = _SLOW_STEP_SHARE * settings.time_limit
+        warm = self.warm_seconds
+        if warm <= 0:
+            # Only the first step is timed, its first-use costs in it (on a GPU, a second of
+            # them before millisecond steps): one more step times a warm one.
+            return 1 if (self.first_step or 0.0) > slow else chunk
+        room = settings.time_limit - (self.timer() - self.started)
+        if warm > room:
+            return 0
+        if warm > slow:
+            return 1
+        return max(1, min(chunk, int(room / warm)))
+
+    def _hopeless(self, block: Block) -> bool:
+        """A slow warm step (past the first, which carries first-use costs) whose run cannot
+        come near the best: its rate under ``1 / _HOPELESS`` of the best's, which no
+        neighbour's burst explains (a CPU's fp16 ResNet-18 ran 10 samples/s beside bf16's 637,
+        through 69 s of warm-up). Not for a compiled model, whose warm steps may recompile."""
+        rule = self.early_stop
+        if rule is None or rule.below is None or self.engine.candidate.compile:
+            return False
+        if block.step_time <= _SLOW_STEP_SHARE * self.settings.time_limit:
+            return False  # quick steps: the timed blocks' early stop decides at little cost
+        rate = self.engine.candidate.batch_size / block.step_time
+        if rate * _HOPELESS >= rule.below:
+            return False
+        self.outcome = Outcome.SLOWER
+        self.reason = (
+            f"a warm step ran at {rate:,.1f} samples/s, under 1/{_HOPELESS:g} of the best's "
+            f"{rule.below:,.0f}"
+        )
         return True
 
     def _settle(self) -> bool:

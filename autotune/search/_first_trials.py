@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
-from autotune.enums import Role
+from autotune.enums import Outcome, Role
 from autotune.search._context import SearchContext
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import TrialRecord, record
@@ -53,7 +53,15 @@ def enqueue_larger_batches(
     base = ctx.space.base_batch
     if ctx.wave_two is None:
         speed = _speed_at(study, base, reference)
-        offered = [m for m in modes if m in ctx.space.precisions]
+        # A mode whose step at the base batch outlasted a probe's time limit, or whose warm
+        # steps there ran at a fraction of the best's, has no larger batch worth a try (a CPU's
+        # fp16 at 2x the batch was killed at its hard limit after the base batch's took 37 s).
+        slow = {
+            t.params.get("precision")
+            for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+            if t.params.get("batch_size") == base and _stopped_warming_up(t)
+        }
+        offered = [m for m in modes if m in ctx.space.precisions and m not in slow]
         ctx.wave_two = sorted(offered, key=_order(speed))
     while ctx.wave_two:
         mode = ctx.wave_two.pop(0)
@@ -66,6 +74,14 @@ def enqueue_larger_batches(
         if batches:
             return not ctx.wave_two
     return True
+
+
+def _stopped_warming_up(trial: FrozenTrial) -> bool:
+    """Stopped inside its warm-up for its steps' time: too slow for the time limit, or far
+    slower than the best (no step was timed)."""
+    rec = record(trial)
+    slow = rec.outcome in (Outcome.TOO_SLOW, Outcome.SLOWER)
+    return slow and not rec.blocks
 
 
 # Among modes within a tenth of the fastest at the base batch (where launches bind, every mode
