@@ -295,6 +295,15 @@ def test_every_row_shows_its_settings_the_same_way(
     assert "bf16 bs=64 lr=0.1" in winner and "fp32 bs=32 lr=0.1" in ref
 
 
+def _common_evidence() -> dict[str, object]:
+    """What every config's evidence shares (the tolerance, the counts, the space), as a search
+    passes it to its evidence builders."""
+    return make_config("fp32", batch_size=32).evidence.model_dump(
+        include={"parity_tolerance", "trials", "lr_scaling", "base_learning_rate",
+                 "base_batch_size", "rejected", "cut", "ceilings"}
+    )  # fmt: skip
+
+
 def test_a_fallback_whose_last_run_timed_too_few_blocks_shows_one_noise_everywhere(
     tmp_path: Path, wide
 ) -> None:
@@ -317,10 +326,7 @@ def test_a_fallback_whose_last_run_timed_too_few_blocks_shows_one_noise_everywhe
         ],
     )
     spec = parse_spec({"name": "test", "workload": "autotune.workloads:tiny_mlp"})
-    common = make_config("fp32", batch_size=32).evidence.model_dump(
-        include={"parity_tolerance", "trials", "lr_scaling", "base_learning_rate",
-                 "base_batch_size", "rejected", "cut", "ceilings"}
-    )  # fmt: skip
+    common = _common_evidence()
     ev = _fallback_evidence(spec, None, reference, None, {}, common)
     assert ev.noise == pytest.approx(0.72)
     result = _result(tmp_path)
@@ -359,10 +365,7 @@ def test_a_fallback_and_the_reference_show_one_throughput(tmp_path: Path, wide) 
 
     arm = PairedResult(candidate=probe(9000.0), reference=probe(6179.9))
     spec = parse_spec({"name": "test", "workload": "autotune.workloads:tiny_mlp"})
-    common = make_config("fp32", batch_size=32).evidence.model_dump(
-        include={"parity_tolerance", "trials", "lr_scaling", "base_learning_rate",
-                 "base_batch_size", "rejected", "cut", "ceilings"}
-    )  # fmt: skip
+    common = _common_evidence()
     ev = _fallback_evidence(spec, None, REFERENCE, arm, {}, common)
     assert ev.throughput == REFERENCE.measurements[-1].throughput
     result = _result(tmp_path)
