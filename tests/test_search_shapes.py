@@ -464,3 +464,32 @@ def test_a_cpus_fp16_whose_steps_take_seconds_stops_inside_its_time_limit() -> N
     assert amp.user_attrs["probe_seconds"] <= 40.0
     assert all(t.params["batch_size"] <= 128 for t in fp16)
     assert run.seconds <= 180.0
+
+
+def test_a_trial_whose_step_outlasts_what_is_left_is_not_started() -> None:
+    """`make search` on this CPU: with 5 s left the sampler proposed fp16 at bs=256, whose
+    mode had run at 7 samples/s at best (a step: half a minute); its probe was killed at its
+    hard limit and the run ended past its budget. Now such a candidate is pruned too_slow, with
+    the step's time, before a probe starts; one whose step fits, or whose mode ran nothing
+    yet, starts."""
+    from autotune.search._risk import cannot_step
+    from autotune.spec import Candidate
+
+    def measured(precision: str, bs: int, throughput: float) -> FrozenTrial:
+        return optuna.trial.create_trial(
+            state=TrialState.PRUNED,
+            params={"precision": precision, "batch_size": bs},
+            distributions={
+                "precision": CategoricalDistribution(["fp32", "fp16"]),
+                "batch_size": CategoricalDistribution([64, 128, 256]),
+            },
+            user_attrs=TrialRecord(outcome=Outcome.SLOWER, throughput=throughput).to_attrs(),
+        )
+
+    trials = [measured("fp16", 128, 7.1), measured("fp16", 64, 6.9), measured("fp32", 128, 675)]
+    fp16 = Candidate(precision="fp16", batch_size=256, learning_rate=0.2)
+    why = cannot_step(trials, fp16, left=5.0)
+    assert why is not None and "takes about 36s, more than the 5s left" in why
+    assert cannot_step(trials, fp16, left=60.0) is None
+    bf16 = Candidate(precision="bf16", batch_size=256, learning_rate=0.2)
+    assert cannot_step(trials, bf16, left=5.0) is None

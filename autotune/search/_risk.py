@@ -17,6 +17,7 @@ from autotune.study.trials import DEFAULT_INIT_SCALE, record
 __all__ = [
     "RuledOut",
     "cannot_compile",
+    "cannot_step",
     "carries_risk",
     "fp16_horizon",
     "overflow_step",
@@ -142,6 +143,27 @@ class RuledOut:
             modules == m and lr >= at_lr * (1 - 1e-9) and scale >= at_scale
             for m, at_lr, at_scale in self.fp16
         )
+
+
+def cannot_step(trials: Iterable[FrozenTrial], cand: Candidate, left: float) -> str | None:
+    """Why ``cand`` cannot time a step in ``left`` seconds: its mode's fastest measured rate
+    says one step at its batch takes longer (a CPU's fp16 at 7 samples/s was started with 5 s
+    left at bs=256 and killed at its hard limit, the run ending past its budget); None when it
+    can, or nothing says."""
+    rates = [
+        rate
+        for t in trials
+        if t.params.get("precision") == cand.precision and (rate := record(t).throughput or 0.0) > 0
+    ]
+    if not rates:
+        return None
+    step = cand.batch_size / max(rates)
+    if step <= left:
+        return None
+    return (
+        f"{cand.precision} ran at {max(rates):,.1f} samples/s at best here: a step at "
+        f"batch_size={cand.batch_size} takes about {step:.0f}s, more than the {left:.0f}s left"
+    )
 
 
 def cannot_compile(ctx: SearchContext, cand: Candidate, left: float) -> str | None:
