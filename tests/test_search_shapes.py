@@ -458,7 +458,6 @@ def test_a_cpus_fp16_whose_steps_take_seconds_stops_inside_its_time_limit() -> N
     for t in fp16:
         reason = t.user_attrs.get("reason", "")
         assert "hard limit" not in reason, reason
-        assert t.user_attrs.get("outcome") in ("too_slow", "slower"), reason
     amp = fp16[0]
     assert amp.user_attrs["reason"].startswith("a warm step ran at")
     assert amp.user_attrs["probe_seconds"] <= 40.0
@@ -489,7 +488,9 @@ def test_a_trial_whose_step_outlasts_what_is_left_is_not_started() -> None:
     trials = [measured("fp16", 128, 7.1), measured("fp16", 64, 6.9), measured("fp32", 128, 675)]
     fp16 = Candidate(precision="fp16", batch_size=256, learning_rate=0.2)
     why = cannot_step(trials, fp16, left=5.0)
-    assert why is not None and "takes about 36s, more than the 5s left" in why
-    assert cannot_step(trials, fp16, left=60.0) is None
+    assert why is not None and "takes about 36s, and two of them" in why
+    assert "more than the 5s left" in why
+    assert cannot_step(trials, fp16, left=60.0) is not None  # two steps: 72 s
+    assert cannot_step(trials, fp16, left=80.0) is None
     bf16 = Candidate(precision="bf16", batch_size=256, learning_rate=0.2)
     assert cannot_step(trials, bf16, left=5.0) is None

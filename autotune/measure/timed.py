@@ -250,8 +250,8 @@ class TimedRun:
         """Warm-up steps to run next, of the ``left`` still to run: up to the next check, no
         more than the time limit holds by the last step's time (a CPU's fp16 ResNet-18 step
         takes 13 s: four in one chunk ran 50 s past its limit), one at a time where a step is
-        slow (each is checked against the best), and 0 where not even one more fits (past the
-        hard limit the worker is killed and started again)."""
+        slow (each is checked against the best), and, for a search's trial, 0 where not even one
+        more slow step fits (past the hard limit the worker is killed and started again)."""
         settings = self.settings
         chunk = min(left, settings.check_every - self.engine.steps % settings.check_every)
         slow = _SLOW_STEP_SHARE * settings.time_limit
@@ -261,10 +261,10 @@ class TimedRun:
             # them before millisecond steps): one more step times a warm one.
             return 1 if (self.first_step or 0.0) > slow else chunk
         room = settings.time_limit - (self.timer() - self.started)
-        if warm > room:
-            return 0
         if warm > slow:
-            return 1
+            # A search's trial stops here; a run the search cannot do without (the reference)
+            # goes on to its limit, whose cut it survives.
+            return 0 if warm > room and self.early_stop is not None else 1
         return max(1, min(chunk, int(room / warm)))
 
     def _hopeless(self, block: Block) -> bool:

@@ -12,7 +12,7 @@ from autotune import clock
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.worker import Runner
 from autotune.measure.result import PairedResult, ProbeResult
-from autotune.search._budget import HARD_GRACE, Budget, SearchStopped
+from autotune.search._budget import HARD_GRACE, WRITE_RESERVE, Budget, SearchStopped
 from autotune.search._events import Event, EventSink
 from autotune.search._space import Space
 from autotune.spec import DEFAULT_MIN_TIME, Candidate, EarlyStop, ProbeSettings, StudySpec
@@ -24,6 +24,8 @@ Gate = Callable[[Candidate], None]
 # Seconds a first compilation may take, before any was measured (a CPU compiles a small model
 # in seconds from a warm cache and in tens of seconds from a cold one; a GPU model takes longer).
 _FIRST_COMPILE = {"cuda": 180.0, "cpu": 60.0}
+# Seconds a probe stopped at its hard limit takes to end (its worker killed, the result back).
+_KILL_SECONDS = 1.0
 # How many times a default compilation each compile mode's may take: reduce-overhead also
 # captures CUDA graphs, max-autotune times several kernels for every matmul and convolution.
 _MODE_FACTOR = {
@@ -186,7 +188,12 @@ class SearchContext:
                 allowance = min(allowance, max(0.0, within - hard))
             hard += allowance
         if not floor:
-            hard = min(hard, max(settings.time_limit + 1.0, left))
+            # A probe stopped at its hard limit ends a second or so later (the worker is
+            # killed, the result written): the limit keeps that and the config's writing
+            # inside the budget (a CPU search killed a trial at the budget's end, 166.1 s of
+            # 165).
+            room = left - WRITE_RESERVE - _KILL_SECONDS
+            hard = min(hard, max(settings.time_limit + 1.0, room))
         t0 = clock.now()
         result = self.runner.run(
             self.workload, candidate, settings, timeout=hard, early_stop=early_stop

@@ -158,11 +158,13 @@ def cannot_step(trials: Iterable[FrozenTrial], cand: Candidate, left: float) -> 
     if not rates:
         return None
     step = cand.batch_size / max(rates)
-    if step <= left:
+    # Two steps at the least: the first, with its first-use costs, and one that is timed.
+    if 2 * step <= left:
         return None
     return (
         f"{cand.precision} ran at {max(rates):,.1f} samples/s at best here: a step at "
-        f"batch_size={cand.batch_size} takes about {step:.0f}s, more than the {left:.0f}s left"
+        f"batch_size={cand.batch_size} takes about {step:.0f}s, and two of them (the first, "
+        f"and one timed) more than the {left:.0f}s left"
     )
 
 

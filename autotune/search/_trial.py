@@ -111,11 +111,15 @@ class TrialStep:
         if (why := cannot_step(done, cand, left)) is not None:
             self.prune(trial, Outcome.TOO_SLOW, why)
             return
+        before = ctx.budget.elapsed()
         reference = self.refs.current()
         if self._is_reference(cand):
             # The reference itself, listed as a candidate: its measurement is the reference's.
             self._complete_as_reference(trial, reference)
             return
+        # A re-measurement of the reference just now took its time from this trial's (a trial
+        # sized before it ran past the budget's end).
+        left -= ctx.budget.elapsed() - before
         result = self._probe(cand, left, reference, role)
         logger.info("trial {}: {}", trial.number, result.summary())
         self._record_result(trial, result)
