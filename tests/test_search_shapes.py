@@ -461,7 +461,8 @@ def test_a_cpus_fp16_whose_steps_take_seconds_stops_inside_its_time_limit() -> N
     amp = fp16[0]
     assert amp.user_attrs["reason"].startswith("a warm step ran at")
     assert amp.user_attrs["probe_seconds"] <= 40.0
-    assert all(t.params["batch_size"] <= 128 for t in fp16)
+    # No larger fp16 batch was probed (the sampler's are refused before a probe starts).
+    assert all(t.params["batch_size"] <= 128 or not t.user_attrs.get("probe_seconds") for t in fp16)
     assert run.seconds <= 180.0
 
 
@@ -494,3 +495,31 @@ def test_a_trial_whose_step_outlasts_what_is_left_is_not_started() -> None:
     assert cannot_step(trials, fp16, left=80.0) is None
     bf16 = Candidate(precision="bf16", batch_size=256, learning_rate=0.2)
     assert cannot_step(trials, bf16, left=5.0) is None
+
+
+def test_a_mode_far_slower_than_the_best_is_not_tried_at_a_smaller_batch() -> None:
+    """fp16 ran at 7 samples/s at bs=128 beside fp32's 675: the sampler's fp16 at bs=64 took
+    18 s of `make search`'s 180 to say so again. A smaller batch runs no faster a sample; a
+    larger one may (launch-bound at the base batch), and stays open."""
+    from autotune.search._risk import cannot_step
+    from autotune.spec import Candidate
+
+    def measured(precision: str, bs: int, throughput: float) -> FrozenTrial:
+        return optuna.trial.create_trial(
+            state=TrialState.PRUNED,
+            params={"precision": precision, "batch_size": bs},
+            distributions={
+                "precision": CategoricalDistribution(["fp32", "fp16"]),
+                "batch_size": CategoricalDistribution([64, 128, 256]),
+            },
+            user_attrs=TrialRecord(outcome=Outcome.SLOWER, throughput=throughput).to_attrs(),
+        )
+
+    trials = [measured("fp16", 128, 7.1), measured("fp32", 128, 675.0)]
+    small = Candidate(precision="fp16", batch_size=64, learning_rate=0.05)
+    why = cannot_step(trials, small, left=100.0)
+    assert why is not None and "a smaller batch runs no faster" in why
+    large = Candidate(precision="fp16", batch_size=256, learning_rate=0.2)
+    assert cannot_step(trials, large, left=100.0) is None
+    close = [measured("fp16", 128, 400.0), measured("fp32", 128, 675.0)]
+    assert cannot_step(close, small, left=100.0) is None

@@ -517,8 +517,9 @@ def test_a_larger_batch_still_lagging_at_validations_horizon_is_measured_over_a_
         parse_spec({**raw, "space": {"precisions": ["fp32", "fp16", "bf16"]}}), land, seed=5
     )
     cfg = run.config
-    assert (cfg.precision, cfg.batch_size) == ("bf16", 128) and cfg.evidence.validated
-    truth = land.truth(Candidate(precision="bf16", batch_size=128, learning_rate=0.8))
+    # bf16 at 4x the batch or more (8x: 1.69x, as safe): a larger batch kept, not bs=64.
+    assert cfg.precision == "bf16" and cfg.batch_size >= 128 and cfg.evidence.validated
+    truth = land.truth(cfg.candidate())
     assert truth.parity_gap <= 0.05
     assert cfg.evidence.speedup_low <= truth.speedup <= cfg.evidence.speedup_high
 

@@ -15,6 +15,7 @@ from autotune.spec import Candidate
 from autotune.study.trials import DEFAULT_INIT_SCALE, record
 
 __all__ = [
+    "HOPELESS",
     "RuledOut",
     "cannot_compile",
     "cannot_step",
@@ -145,11 +146,16 @@ class RuledOut:
         )
 
 
+# A mode whose best rate is under the best's divided by this is not tried at a smaller batch.
+HOPELESS = 4.0
+
+
 def cannot_step(trials: Iterable[FrozenTrial], cand: Candidate, left: float) -> str | None:
-    """Why ``cand`` cannot time a step in ``left`` seconds: its mode's fastest measured rate
-    says one step at its batch takes longer (a CPU's fp16 at 7 samples/s was started with 5 s
-    left at bs=256 and killed at its hard limit, the run ending past its budget); None when it
-    can, or nothing says."""
+    """Why ``cand`` is not worth a probe: its mode's fastest measured rate says two steps at its
+    batch take longer than ``left`` seconds (a CPU's fp16 at 7 samples/s was started with 5 s
+    left at bs=256 and killed at its hard limit, the run ending past its budget), or that rate,
+    at a batch no smaller, was under ``1/HOPELESS`` of the best's; None when nothing says."""
+    trials = list(trials)
     rates = [
         rate
         for t in trials
@@ -157,7 +163,22 @@ def cannot_step(trials: Iterable[FrozenTrial], cand: Candidate, left: float) -> 
     ]
     if not rates:
         return None
-    step = cand.batch_size / max(rates)
+    best_rate = max(rates)
+    # Far slower than the best at a batch at least this one's: a smaller batch runs no faster
+    # a sample (a CPU's fp16 at 7 samples/s beside bf16's 647 was tried again at half the
+    # batch, 18 s of a 3-minute budget).
+    at = max(
+        (t.params.get("batch_size", 0) for t in trials
+         if t.params.get("precision") == cand.precision and record(t).throughput == best_rate),
+        default=0,
+    )  # fmt: skip
+    fastest = max((record(t).throughput or 0.0 for t in trials), default=0.0)
+    if cand.batch_size <= at and best_rate * HOPELESS < fastest:
+        return (
+            f"{cand.precision} ran at {best_rate:,.1f} samples/s at batch_size={at}, under "
+            f"1/{HOPELESS:g} of the best's {fastest:,.0f}: a smaller batch runs no faster"
+        )
+    step = cand.batch_size / best_rate
     # Two steps at the least: the first, with its first-use costs, and one that is timed.
     if 2 * step <= left:
         return None
