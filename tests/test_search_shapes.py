@@ -466,6 +466,19 @@ def test_a_cpus_fp16_whose_steps_take_seconds_stops_inside_its_time_limit() -> N
     assert run.seconds <= 180.0
 
 
+def _measured(precision: str, bs: int, throughput: float) -> FrozenTrial:
+    """A pruned trial that measured ``throughput`` samples/s at ``precision`` and ``bs``."""
+    return optuna.trial.create_trial(
+        state=TrialState.PRUNED,
+        params={"precision": precision, "batch_size": bs},
+        distributions={
+            "precision": CategoricalDistribution(["fp32", "fp16"]),
+            "batch_size": CategoricalDistribution([64, 128, 256]),
+        },
+        user_attrs=TrialRecord(outcome=Outcome.SLOWER, throughput=throughput).to_attrs(),
+    )
+
+
 def test_a_trial_whose_step_outlasts_what_is_left_is_not_started() -> None:
     """`make search` on this CPU: with 5 s left the sampler proposed fp16 at bs=256, whose
     mode had run at 7 samples/s at best (a step: half a minute); its probe was killed at its
@@ -475,18 +488,7 @@ def test_a_trial_whose_step_outlasts_what_is_left_is_not_started() -> None:
     from autotune.search._risk import cannot_step
     from autotune.spec import Candidate
 
-    def measured(precision: str, bs: int, throughput: float) -> FrozenTrial:
-        return optuna.trial.create_trial(
-            state=TrialState.PRUNED,
-            params={"precision": precision, "batch_size": bs},
-            distributions={
-                "precision": CategoricalDistribution(["fp32", "fp16"]),
-                "batch_size": CategoricalDistribution([64, 128, 256]),
-            },
-            user_attrs=TrialRecord(outcome=Outcome.SLOWER, throughput=throughput).to_attrs(),
-        )
-
-    trials = [measured("fp16", 128, 7.1), measured("fp16", 64, 6.9), measured("fp32", 128, 675)]
+    trials = [_measured("fp16", 128, 7.1), _measured("fp16", 64, 6.9), _measured("fp32", 128, 675)]
     fp16 = Candidate(precision="fp16", batch_size=256, learning_rate=0.2)
     why = cannot_step(trials, fp16, left=5.0)
     assert why is not None and "takes about 36s, and two of them" in why
@@ -504,22 +506,11 @@ def test_a_mode_far_slower_than_the_best_is_not_tried_at_a_smaller_batch() -> No
     from autotune.search._risk import cannot_step
     from autotune.spec import Candidate
 
-    def measured(precision: str, bs: int, throughput: float) -> FrozenTrial:
-        return optuna.trial.create_trial(
-            state=TrialState.PRUNED,
-            params={"precision": precision, "batch_size": bs},
-            distributions={
-                "precision": CategoricalDistribution(["fp32", "fp16"]),
-                "batch_size": CategoricalDistribution([64, 128, 256]),
-            },
-            user_attrs=TrialRecord(outcome=Outcome.SLOWER, throughput=throughput).to_attrs(),
-        )
-
-    trials = [measured("fp16", 128, 7.1), measured("fp32", 128, 675.0)]
+    trials = [_measured("fp16", 128, 7.1), _measured("fp32", 128, 675.0)]
     small = Candidate(precision="fp16", batch_size=64, learning_rate=0.05)
     why = cannot_step(trials, small, left=100.0)
     assert why is not None and "a smaller batch runs no faster" in why
     large = Candidate(precision="fp16", batch_size=256, learning_rate=0.2)
     assert cannot_step(trials, large, left=100.0) is None
-    close = [measured("fp16", 128, 400.0), measured("fp32", 128, 675.0)]
+    close = [_measured("fp16", 128, 400.0), _measured("fp32", 128, 675.0)]
     assert cannot_step(close, small, left=100.0) is None

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "HOPELESS",
     "MIN_VALUES",
     "Estimate",
     "median_interval",
@@ -51,6 +52,11 @@ def min_values(confidence: float = CONFIDENCE) -> int:
 
 # The fewest values (block pairs, blocks) a 95% interval is claimed from.
 MIN_VALUES = min_values()
+
+# A rate under the best's divided by this is far slower than any neighbour's burst explains: a
+# probe's slow warm step so stops it as slower, and the search tries that mode at no smaller
+# batch (measure/timed.py, search/_risk.py).
+HOPELESS = 4.0
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,15 @@ from autotune.enums import Outcome
 from autotune.measure.memory import memory_cap, restart_peak
 from autotune.measure.parity import parity_gap, parity_gap_error
 from autotune.measure.precision import PrecisionMode
-from autotune.measure.stats import median_interval, spread
+from autotune.measure.stats import HOPELESS, median_interval, spread
 from autotune.measure.step import Block
-from autotune.spec import DEFAULT_MIN_TIME, Candidate, EarlyStop, ProbeSettings, format_duration
+from autotune.spec import (
+    DEFAULT_MIN_TIME,
+    Candidate,
+    EarlyStop,
+    ProbeSettings,
+    format_duration,
+)
 
 __all__ = ["Engine", "TimedRun", "min_time_for"]
 
@@ -35,11 +41,10 @@ _MAX_TIME_FACTOR = 4.0
 # Warm-up goes on while a block's steps run faster than this share of the last ones' time ...
 _STEADY = 0.8
 # ... for at most this share of min_time.
-# A warm step whose rate is under the best's divided by this stops the run as slower.
-_HOPELESS = 4.0
-# Warm steps longer than this share of the time limit run one at a time.
-_SLOW_STEP_SHARE = 0.05
 _SETTLE_SHARE = 0.5
+# Warm steps longer than this share of the time limit run one at a time (one whose rate is
+# under the best's divided by stats.HOPELESS stops the run as slower).
+_SLOW_STEP_SHARE = 0.05
 # An early "slower" verdict waits for this share of min_time of timed blocks.
 _DECIDE_SHARE = 0.5
 # A loss gap stops a probe early only this many standard errors (the two curves' own
@@ -222,10 +227,10 @@ class TimedRun:
                     return False
                 chunk = self._warm_chunk(left)
                 if not chunk:
-                    step = self.warm_seconds or self.first_step
                     self.outcome = Outcome.TOO_SLOW
                     self.reason = (
-                        f"a step takes {step:.1f}s: one more would end past its time limit of "
+                        f"a step takes {self.warm_seconds:.1f}s: one more would end past its "
+                        "time limit of "
                         f"{format_duration(settings.time_limit)}"
                     )
                     self.truncated = True
@@ -269,7 +274,7 @@ class TimedRun:
 
     def _hopeless(self, block: Block) -> bool:
         """A slow warm step (past the first, which carries first-use costs) whose run cannot
-        come near the best: its rate under ``1 / _HOPELESS`` of the best's, which no
+        come near the best: its rate under ``1 / HOPELESS`` of the best's, which no
         neighbour's burst explains (a CPU's fp16 ResNet-18 ran 10 samples/s beside bf16's 637,
         through 69 s of warm-up). Not for a compiled model, whose warm steps may recompile."""
         rule = self.early_stop
@@ -278,11 +283,11 @@ class TimedRun:
         if block.step_time <= _SLOW_STEP_SHARE * self.settings.time_limit:
             return False  # quick steps: the timed blocks' early stop decides at little cost
         rate = self.engine.candidate.batch_size / block.step_time
-        if rate * _HOPELESS >= rule.below:
+        if rate * HOPELESS >= rule.below:
             return False
         self.outcome = Outcome.SLOWER
         self.reason = (
-            f"a warm step ran at {rate:,.1f} samples/s, under 1/{_HOPELESS:g} of the best's "
+            f"a warm step ran at {rate:,.1f} samples/s, under 1/{HOPELESS:g} of the best's "
             f"{rule.below:,.0f}"
         )
         return True

@@ -254,7 +254,7 @@ def _fallback_evidence(
         timed = latest.blocks > 0
         tp, peak = latest.throughput, None
         low, high = (latest.low, latest.high) if timed else (None, None)
-        noise = reference.timing_noise(latest.spread if latest.blocks > 0 else None)
+        noise = reference.timing_noise(latest.spread if timed else None)
     elif (
         reference_run is not None
         and reference_run.reference.ok

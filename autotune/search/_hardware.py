@@ -397,8 +397,8 @@ def raise_ceiling(ctx: SearchContext, study: optuna.Study, trial: FrozenTrial) -
     the memory a batch takes, a fixed part and a part per sample, and the ceiling rises to the
     largest size of the ladder that line keeps within half the memory budget. The proportional
     rule of the ceiling phase, from one size, charges the fixed part (weights, optimizer state,
-    workspaces) to every sample: with 4 GB fixed and 4 MB a sample it stopped at 256 where 1024
-    takes 8 GB of 30. Returns the new ceiling, or None where it stays (an OOM in the search
+    workspaces) to every sample: with 4.4 GB fixed and 2.4 MB a sample it stopped at 256 where
+    1024 takes 6.8 GB of the 15 GB kept for it. Returns the new ceiling, or None where it stays (an OOM in the search
     still lowers it)."""
     p = trial.params
     mode, bs = p.get("precision"), p.get("batch_size")

@@ -10,12 +10,12 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.enums import Outcome
+from autotune.measure.stats import HOPELESS
 from autotune.search._context import SearchContext
 from autotune.spec import Candidate
 from autotune.study.trials import DEFAULT_INIT_SCALE, record
 
 __all__ = [
-    "HOPELESS",
     "RuledOut",
     "cannot_compile",
     "cannot_step",
@@ -146,32 +146,23 @@ class RuledOut:
         )
 
 
-# A mode whose best rate is under the best's divided by this is not tried at a smaller batch.
-HOPELESS = 4.0
-
-
-def cannot_step(trials: Iterable[FrozenTrial], cand: Candidate, left: float) -> str | None:
+def cannot_step(trials: list[FrozenTrial], cand: Candidate, left: float) -> str | None:
     """Why ``cand`` is not worth a probe: its mode's fastest measured rate says two steps at its
     batch take longer than ``left`` seconds (a CPU's fp16 at 7 samples/s was started with 5 s
     left at bs=256 and killed at its hard limit, the run ending past its budget), or that rate,
     at a batch no smaller, was under ``1/HOPELESS`` of the best's; None when nothing says."""
-    trials = list(trials)
-    rates = [
-        rate
+    # The mode's fastest measured rate, and the batch it was measured at.
+    mine = [
+        (rate, int(t.params.get("batch_size", 0)))
         for t in trials
         if t.params.get("precision") == cand.precision and (rate := record(t).throughput or 0.0) > 0
     ]
-    if not rates:
+    if not mine:
         return None
-    best_rate = max(rates)
+    best_rate, at = max(mine)
     # Far slower than the best at a batch at least this one's: a smaller batch runs no faster
     # a sample (a CPU's fp16 at 7 samples/s beside bf16's 647 was tried again at half the
     # batch, 18 s of a 3-minute budget).
-    at = max(
-        (t.params.get("batch_size", 0) for t in trials
-         if t.params.get("precision") == cand.precision and record(t).throughput == best_rate),
-        default=0,
-    )  # fmt: skip
     fastest = max((record(t).throughput or 0.0 for t in trials), default=0.0)
     if cand.batch_size <= at and best_rate * HOPELESS < fastest:
         return (
@@ -183,7 +174,7 @@ def cannot_step(trials: Iterable[FrozenTrial], cand: Candidate, left: float) -> 
     if 2 * step <= left:
         return None
     return (
-        f"{cand.precision} ran at {max(rates):,.1f} samples/s at best here: a step at "
+        f"{cand.precision} ran at {best_rate:,.1f} samples/s at best here: a step at "
         f"batch_size={cand.batch_size} takes about {step:.0f}s, and two of them (the first, "
         f"and one timed) more than the {left:.0f}s left"
     )
