@@ -88,7 +88,8 @@ class LossModel(_M):
     initial: float = Field(default=2.3, gt=0)
     final: float = Field(default=0.5, gt=0)
     samples_scale: float = Field(default=20000.0, gt=0)
-    # Step to step noise of a loss (relative).
+    # Step to step noise of a loss (relative, log-normal): the floor's; the curve's falling part
+    # moves by at most 5% (a fresh model's loss is near log(classes) on every batch).
     step_noise: float = Field(default=0.02, ge=0)
     # Seed to seed spread of a whole curve's level (relative): what a parity check sees move.
     seed_spread: float = Field(default=0.01, ge=0)
