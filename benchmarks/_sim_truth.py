@@ -22,6 +22,7 @@ from typing import Any
 
 from autotune import clock
 from autotune.search import reference_factor
+from autotune.search._risk import KEPT_LR_FLOOR
 from autotune.search._space import Space
 from autotune.sim import Landscape, SimulatedRunner
 from autotune.spec import Candidate, StudySpec, parse_spec
@@ -126,7 +127,28 @@ def describe(cand: Candidate, land: Landscape) -> str:
         out += f" scale={_power(cand.init_scale)}"
     if cand.fp32_modules:
         out += " islands"
+    rule = land.facts.base_lr * _rule_ratio(land, cand.batch_size)
+    if abs(cand.learning_rate / rule - 1) > 1e-6:
+        out += f" lr={cand.learning_rate:g}"
     return out
+
+
+def _rule_ratio(land: Landscape, batch: int) -> float:
+    ratio = batch / land.facts.base_batch_size
+    return {"linear": ratio, "sqrt": math.sqrt(ratio)}.get(land.facts.lr_scaling, 1.0)
+
+
+def _kept_lrs(land: Landscape, spec: StudySpec, space: Space, batch: int) -> list[float]:
+    """The lr multipliers the search may keep a batch at after its rule's lr blew up (``lr_scaling:
+    auto``): any lr the ladder's rule gives a smaller batch, the base lr the least (see
+    ``autotune.search._risk.kept_lr``)."""
+    if spec.space.lr_scaling != "auto" or batch <= space.base_batch:
+        return []
+    rule = _rule_ratio(land, batch)
+    lrs = {_rule_ratio(land, b) for b in space.ladder if space.base_batch <= b < batch}
+    return sorted(
+        r / rule for r in lrs if KEPT_LR_FLOOR * rule * (1 - 1e-9) <= r < rule * (1 - 1e-9)
+    )
 
 
 def _power(x: float) -> str:
@@ -143,24 +165,28 @@ def _knob_choices(space: Space) -> list[dict[str, Any]]:
 
 
 def space_points(land: Landscape, spec: StudySpec, space: Space) -> list[Candidate]:
-    """Every point the spec searches, at lr multiplier 1: precision x batch ladder x the searched
-    knobs, fp16 at each init_scale of the space and, where the landscape has fp32 islands and
-    the spec tries them, fp16 with those modules in fp32."""
+    """Every point the spec searches: precision x batch ladder x the searched knobs, at lr
+    multiplier 1 and at each lr the search may keep a larger batch at, fp16 at each init_scale
+    of the space and, where the landscape has fp32 islands and the spec tries them, fp16 with
+    those modules in fp32."""
     points = []
     for precision, bs, knobs in itertools.product(
         space.precisions, space.ladder, _knob_choices(space)
     ):
-        if precision != "fp16":
-            points.append(space.candidate(precision, bs, **knobs))
-            continue
-        # The default scale first: where scales tie, the optimum names the one users run.
-        for scale in sorted(space.scales, key=lambda x: x != DEFAULT_SCALE):
-            points.append(space.candidate(precision, bs, init_scale=scale, **knobs))
-            if land.fp16.islands and spec.space.fp32_islands:
-                islands = list(land.fp16.islands)
-                points.append(
-                    space.candidate(precision, bs, init_scale=scale, fp32_modules=islands, **knobs)
-                )
+        for mult in [1.0, *_kept_lrs(land, spec, space, bs)]:
+            if precision != "fp16":
+                points.append(space.candidate(precision, bs, mult, **knobs))
+                continue
+            # The default scale first: where scales tie, the optimum names the one users run.
+            for scale in sorted(space.scales, key=lambda x: x != DEFAULT_SCALE):
+                points.append(space.candidate(precision, bs, mult, init_scale=scale, **knobs))
+                if land.fp16.islands and spec.space.fp32_islands:
+                    islands = list(land.fp16.islands)
+                    points.append(
+                        space.candidate(
+                            precision, bs, mult, init_scale=scale, fp32_modules=islands, **knobs
+                        )
+                    )
     return points
 
 

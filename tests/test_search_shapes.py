@@ -12,11 +12,12 @@ from typing import Any
 import optuna
 import pytest
 from _sim import WORKLOAD, landscape
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.enums import Outcome
-from autotune.search._risk import safe_scale
+from autotune.search._risk import kept_lr, safe_scale
+from autotune.search._space import Space
 from autotune.sim import Landscape, family, simulate
 from autotune.spec import parse_spec
 from autotune.study.trials import TrialRecord
@@ -420,6 +421,11 @@ def test_the_fastest_candidate_is_measured_where_validation_holds_its_least() ->
     about 7s, more than its 8s share …") and 15 s of the 70 went unspent. A share short of
     a candidate's least is raised to it where that much is left: the leader is measured."""
     land = family(60, seed=0)[59]
+    # As drawn before the prior had lrs that blow up at every batch (this one's rule lr does
+    # from bs=256 on since): the shape this test is about is fp16's 500-step horizon.
+    land = land.model_copy(
+        update={"parity": land.parity.model_copy(update={"diverge_lr_above": None})}
+    )
     spec = parse_spec(
         {
             "name": "leader",
@@ -514,3 +520,54 @@ def test_a_mode_far_slower_than_the_best_is_not_tried_at_a_smaller_batch() -> No
     assert cannot_step(trials, large, left=100.0) is None
     close = [_measured("fp16", 128, 400.0), _measured("fp32", 128, 675.0)]
     assert cannot_step(close, small, left=100.0) is None
+
+
+def test_a_larger_batch_whose_rule_lr_blows_up_is_tried_at_the_lr_that_trained() -> None:
+    """Without a warm-up, lr 0.2 at bs=256 blew up on an H200 and on a CPU where 0.1 trained
+    (and bf16 ran 1.9x there): any lr above 1.5x the base diverges here at every batch. The
+    search keeps a larger batch at the lr seen to train (one halving below the rule's at most)
+    and validates it; with the lr rule stated outright, it does not."""
+    land = landscape(
+        schema_version=2,
+        **{
+            "parity.diverge_lr_above": 1.5,
+            "parity.gap_per_lr_log2": 0.0,
+            "parity.gap_per_batch_ratio": 0.0,
+        },
+    )
+    for seed in range(2):
+        cfg = simulate(spec("3m"), land, seed=seed).config
+        assert cfg.evidence.validated, cfg.evidence.validation_note
+        # bs=128 at lr 0.1: the base lr, one halving below the linear rule's 0.2.
+        assert (cfg.batch_size, cfg.learning_rate) == (128, pytest.approx(0.1))
+        assert not truth_of(land, cfg).diverges and cfg.evidence.speedup > 1.6
+    ruled = simulate(spec("3m", space={"lr_scaling": "linear"}), land, seed=0).config
+    assert ruled.batch_size == 64 and ruled.learning_rate == pytest.approx(0.1)
+
+
+def test_a_kept_lr_is_one_halving_below_the_rule_at_most() -> None:
+    space = Space.of(spec("3m"), ["fp32", "bf16"], rule="linear", base_lr=0.1, base_batch=128)
+
+    def trial(batch: int, outcome: str, losses: list[float | None]) -> FrozenTrial:
+        return optuna.trial.create_trial(
+            state=TrialState.PRUNED if outcome == Outcome.DIVERGED else TrialState.COMPLETE,
+            value=None if outcome == Outcome.DIVERGED else 1.0,
+            params={"precision": "bf16", "batch_size": batch, "lr_multiplier": 1.0},
+            distributions={
+                "precision": CategoricalDistribution(["fp32", "bf16"]),
+                "batch_size": CategoricalDistribution([128, 256, 512, 1024]),
+                "lr_multiplier": FloatDistribution(1.0, 1.0, log=True),
+            },
+            user_attrs=TrialRecord(outcome=outcome, losses=losses).to_attrs(),
+        )
+
+    base = trial(128, Outcome.COMPLETED, [2.5, 2.4])
+    at_256 = trial(256, Outcome.DIVERGED, [2.5, 31.0])
+    assert kept_lr(at_256, [base, at_256], space, blowup=10.0) == pytest.approx(0.5)
+    # bs=1024's rule lr is 0.8: 0.1 is three halvings below it, 0.4 (bs=512's) one.
+    at_1024 = trial(1024, Outcome.DIVERGED, [2.5, None])
+    assert kept_lr(at_1024, [base, at_256, at_1024], space, blowup=10.0) is None
+    trained_512 = trial(512, Outcome.COMPLETED, [2.5, 2.4])
+    assert kept_lr(at_1024, [base, trained_512], space, blowup=10.0) == pytest.approx(0.5)
+    # A trial at the base batch has no larger lr to come down from.
+    assert kept_lr(trial(128, Outcome.DIVERGED, [2.5, 30.0]), [], space, blowup=10.0) is None

@@ -49,6 +49,7 @@ def test_every_shipped_landscape_is_version_1_and_loads_unchanged() -> None:
         ({"noise.burst_blocks": 3}, "noise.burst_blocks need schema_version: 2"),
         ({"fp16.skip_rate": 0.1}, "fp16.skip_rate need schema_version: 2"),
         ({"parity.gap_onset_samples": 5000.0}, "parity.gap_onset_samples need"),
+        ({"parity.diverge_lr_above": 1.5}, "parity.diverge_lr_above need"),
         (
             {"knobs.compile_modes": {"max-autotune": {"speedup": 1.3, "seconds": 90.0}}},
             "knobs.compile_modes need",
@@ -299,3 +300,15 @@ def test_a_loss_floor_as_noisy_as_a_recorded_gpus_does_not_make_the_reference_di
         engine.run_steps(200)
         tail = engine.pending[-200:]
         assert max(tail) > 2 * min(tail)
+
+
+def test_an_lr_past_the_stable_one_diverges_at_every_batch_and_a_kept_lr_does_not() -> None:
+    land = v2(**{"parity.diverge_lr_above": 1.5})
+    rule = Candidate(precision="bf16", batch_size=128, learning_rate=0.2)  # the rule's, at 2x
+    kept = Candidate(precision="bf16", batch_size=128, learning_rate=0.1)
+    assert land.diverges(rule) and not land.diverges(kept)
+    assert land.diverges(Candidate(precision="bf16", batch_size=16, learning_rate=0.2))
+    result = SimulatedRunner(land).run(WORKLOAD, rule, counted(20))
+    assert result.outcome == Outcome.DIVERGED
+    # The kept lr learns less a sample: its lasting gap is the rule's cost of a halving.
+    assert land.parity_gap(kept) == pytest.approx(land.parity_gap(rule) + 0.05)

@@ -28,7 +28,7 @@ from autotune.enums import Outcome, Phase, Role
 from autotune.search._budget import TRIAL_SHARE, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._hardware import raise_ceiling
-from autotune.search._risk import safe_scale
+from autotune.search._risk import kept_lr, safe_scale
 from autotune.search._space import ISLANDS_CHOICES
 from autotune.study import study_keys
 from autotune.study.trials import (
@@ -212,13 +212,42 @@ def _try_safe_scale(ctx: SearchContext, study: optuna.Study, trial: Any) -> None
     )
 
 
+def _try_kept_lr(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
+    """A loss that blew up at the larger lr the rule gives a larger batch: the same point at
+    the largest lr seen to train is tried next (once), where the spec leaves the lr rule to
+    the workload (``lr_scaling: auto``)."""
+    if ctx.spec.space.lr_scaling != "auto":
+        return
+    trials = study.get_trials(deepcopy=False)
+    mult = kept_lr(trial, trials, ctx.space, blowup=ctx.spec.probe.loss_blowup_factor)
+    if mult is None:
+        return
+    rec = record(trial)
+    attrs = TrialRecord(fp32_modules=rec.fp32_modules).to_attrs() or None
+    study.enqueue_trial(
+        {**trial.params, "lr_multiplier": mult}, user_attrs=attrs, skip_if_exists=True
+    )
+    bs = int(trial.params["batch_size"])
+    logger.info(
+        "trial {} diverged at the {} rule's lr {:.3g} (bs={}): enqueued the same point at lr {:.3g}",
+        trial.number,
+        ctx.space.rule,
+        ctx.space.lr(bs, float(trial.params.get("lr_multiplier", 1.0))),
+        bs,
+        ctx.space.lr(bs, mult),
+    )
+
+
 def after_trial(ctx: SearchContext, study: optuna.Study, trial: Any, *, spare: float) -> None:
     """What a finished trial sets off: the fp16 diagnosis and the islands after a divergence,
-    a trial at the scale a GradScaler divergence names, the knob flips after a new best.
-    ``spare``: seconds the search phase has left."""
+    a trial at the scale a GradScaler divergence names, one at a kept lr after a larger
+    batch's blow-up, the knob flips after a new best. ``spare``: seconds the search phase has
+    left."""
     rec = record(trial)
     if rec.outcome == Outcome.DIVERGED and trial.params.get("precision") == "fp16":
         _try_safe_scale(ctx, study, trial)
+    if rec.outcome == Outcome.DIVERGED and rec.duplicate_of is None:
+        _try_kept_lr(ctx, study, trial)
     if (
         rec.outcome == Outcome.DIVERGED
         and trial.params.get("precision") == "fp16"

@@ -12,6 +12,7 @@ from optuna.trial import FrozenTrial
 from autotune.enums import Outcome
 from autotune.measure.stats import HOPELESS
 from autotune.search._context import SearchContext
+from autotune.search._space import Space
 from autotune.spec import Candidate
 from autotune.study.trials import DEFAULT_INIT_SCALE, record
 
@@ -190,3 +191,53 @@ def cannot_compile(ctx: SearchContext, cand: Candidate, left: float) -> str | No
         f"compiling in mode {cand.compile_mode!r} took {min(seen):.0f}s here, more than the "
         f"{left:.0f}s left for this trial"
     )
+
+
+# The least share of the rule's lr a kept lr may be (see kept_lr).
+KEPT_LR_FLOOR = 0.5
+# Outcomes of runs that took steps without the loss blowing up.
+_TRAINED = (Outcome.COMPLETED, Outcome.INFEASIBLE, Outcome.SLOWER, Outcome.OFF_PARITY)
+
+
+def kept_lr(
+    trial: FrozenTrial, trials: Iterable[FrozenTrial], space: Space, *, blowup: float
+) -> float | None:
+    """The lr multiplier to try ``trial``'s point at again when its loss blew up at an lr the
+    workload's rule scaled up with the batch: the one that gives the largest lr seen to train
+    (any mode, any batch) below the trial's, else the base lr (the reference trains at it).
+
+    Without a warm-up the rule's larger lr diverges from some batch on while a kept lr trains
+    there: on an H200 and on a CPU, resnet18's lr 0.2 at bs=256 blew up in fp32, bf16 and fp16
+    where 0.1 trained, and the search ended at fp32 beside a bf16 that ran 1.9x at bs=256.
+    None: the loss did not blow up (fp16's scaler skipping steps has its own retry), the lr was
+    not above the base lr, or the multiplier it needs lies outside the spec's lr range or more
+    than one halving below the trial's."""
+    rec = record(trial)
+    p = trial.params
+    if rec.outcome != Outcome.DIVERGED or "batch_size" not in p:
+        return None
+    if p.get("precision") == "fp16" and _first_nonfinite(trial) is None:
+        losses = [v for v in rec.losses if v is not None]
+        if not (losses and losses[0] > 0 and max(losses) > blowup * losses[0]):
+            return None  # skipped steps: the scaler's, not the lr's
+    mult = float(p.get("lr_multiplier", 1.0))
+    lr = space.lr(int(p["batch_size"]), mult)
+    if lr <= space.base_lr * (1 + 1e-9):
+        return None
+    trained = [
+        space.lr(int(t.params["batch_size"]), float(t.params.get("lr_multiplier", 1.0)))
+        for t in trials
+        if "batch_size" in t.params and record(t).outcome in _TRAINED
+    ]
+    below = [x for x in trained if x < lr * (1 - 1e-9)]
+    target = max(below, default=space.base_lr)
+    new = mult * target / lr
+    if space.lr_choices is not None:
+        fits = [c for c in space.lr_choices if c <= new * (1 + 1e-9)]
+        new = max(fits, default=0.0)
+    elif space.lr_range[0] < space.lr_range[1]:
+        new = max(new, space.lr_range[0])
+    # One halving at most: an lr further below the rule's learns so much less a sample that
+    # parity refuses it, and its probe and validation would take the safe candidates' time.
+    # A spec that searches no lr multiplier (the default) still gets this one point.
+    return new if mult * KEPT_LR_FLOOR * (1 - 1e-9) <= new < mult * (1 - 1e-9) else None

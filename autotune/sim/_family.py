@@ -58,6 +58,10 @@ def _draw(rng: random.Random, seed: int, i: int) -> Landscape:
     notes.append(noisy)
     knobs = _knobs(rng, input_bound=bound)
     notes.append(f"compile {knobs['compile_speedup']:.2f}x in {knobs['compile_seconds']:.0f}s")
+    # Drawn from a generator of their own: the draws above stay as they were before they came.
+    lr_limits, unstable = _lr_limits(random.Random(f"autotune.sim.family|{seed}|{i}|lr"))
+    if unstable:
+        notes.append(unstable)
     data: dict[str, Any] = {
         "schema_version": 2,
         "name": f"family{seed}-{i:04d}",
@@ -83,7 +87,7 @@ def _draw(rng: random.Random, seed: int, i: int) -> Landscape:
             "step_noise": rng.uniform(0.01, 0.04),
             "seed_spread": rng.uniform(0.002, 0.008),
         },
-        "parity": _parity(rng),
+        "parity": _parity(rng) | lr_limits,
         "fp16": fp16,
         "knobs": knobs,
         "timing": {
@@ -247,7 +251,7 @@ def _parity(rng: random.Random) -> dict[str, Any]:
     """A lasting gap per batch doubling, maybe shown only late; a larger batch's early lag."""
     out: dict[str, Any] = {
         "gap_per_batch_doubling": rng.uniform(0.0, 0.03),
-        "gap_per_lr_log2": 0.05,  # an lr off the rule learns worse
+        "gap_per_lr_log2": 0.05,  # an lr off the rule learns worse (see _lr_limits)
         "diverge_lr_multiplier": rng.uniform(2.0, 8.0),  # SGD with momentum blows up past it
     }
     if rng.random() < 0.3:
@@ -258,6 +262,19 @@ def _parity(rng: random.Random) -> dict[str, Any]:
             "lag_steps": rng.uniform(100.0, 400.0),
         }
     return out
+
+
+def _lr_limits(rng: random.Random) -> tuple[dict[str, Any], str]:
+    """How much an lr off the rule costs, and, in some, an lr past which any batch diverges:
+    without a warm-up the linear rule's larger lr blows up from some batch on while the base
+    lr trains there (recorded on an H200 and on a CPU: lr 0.2 at bs=256 diverged, 0.1 did
+    not), so only a larger batch at a kept lr is safe, at the cost of learning less a sample."""
+    out: dict[str, Any] = {"gap_per_lr_log2": rng.uniform(0.0, 0.05)}
+    if rng.random() >= 0.3:
+        return out, ""
+    above = rng.uniform(1.0, 3.0)
+    out["diverge_lr_above"] = above
+    return out, f"lr above {above:.1f}x the base diverges at any batch"
 
 
 def _knobs(rng: random.Random, *, input_bound: bool) -> dict[str, Any]:

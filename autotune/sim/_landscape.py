@@ -220,8 +220,13 @@ class Landscape(_M):
         return max(1, round(at * self.lr_multiplier(cand) ** f.diverge_lr_exponent))
 
     def lr_blows_up(self, cand: Candidate) -> bool:
-        limit = self.parity.diverge_lr_multiplier
-        return limit is not None and self.lr_multiplier(cand) > limit * 1.0001
+        """Whether the candidate's lr is past the stable one: its multiplier over the rule's
+        (``parity.diverge_lr_multiplier``), or the lr itself over the base lr at any batch
+        (``parity.diverge_lr_above``)."""
+        limit, above = self.parity.diverge_lr_multiplier, self.parity.diverge_lr_above
+        if limit is not None and self.lr_multiplier(cand) > limit * 1.0001:
+            return True
+        return above is not None and cand.learning_rate > above * self.facts.base_lr * 1.0001
 
     def diverge_step(self, cand: Candidate) -> int | None:
         """The step at which the candidate's loss turns inf, however long it runs; None: never."""

@@ -98,7 +98,7 @@ class LossModel(_M):
 class ParityModel(_M):
     """How far a candidate's curve lies above the reference's, beyond its mode's own gap."""
 
-    V2 = frozenset({"gap_onset_samples"})
+    V2 = frozenset({"gap_onset_samples", "diverge_lr_above"})
 
     # Per doubling of the batch above the workload's base (at the lr its rule gives) ...
     gap_per_batch_doubling: float = 0.0
@@ -123,6 +123,11 @@ class ParityModel(_M):
     gap_onset_samples: float = Field(default=0.0, ge=0)
     # An lr multiplier above this blows the loss up (None: never).
     diverge_lr_multiplier: float | None = None
+    # An lr above this many times the workload's base lr blows the loss up at any batch (None:
+    # never): without a warm-up the first updates at that lr leave the stable region however
+    # large the batch, so the linear rule's lr diverges from some batch up while the base lr
+    # trains there (an H200's and a CPU's recorded resnet18: lr 0.2 at bs=256 diverged).
+    diverge_lr_above: float | None = Field(default=None, gt=0)
 
 
 class Fp16Model(_M):
