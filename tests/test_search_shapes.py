@@ -7,6 +7,7 @@ ends inside its budget."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -15,10 +16,12 @@ from _sim import WORKLOAD, landscape
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune import clock
 from autotune.enums import Outcome
+from autotune.search import Budget, run_search
 from autotune.search._risk import kept_lr, safe_scale
 from autotune.search._space import Space
-from autotune.sim import Landscape, family, simulate
+from autotune.sim import Landscape, SimulatedRunner, family, simulate
 from autotune.spec import parse_spec
 from autotune.study.trials import TrialRecord
 
@@ -522,7 +525,9 @@ def test_a_mode_far_slower_than_the_best_is_not_tried_at_a_smaller_batch() -> No
     assert cannot_step(close, small, left=100.0) is None
 
 
-def test_a_larger_batch_whose_rule_lr_blows_up_is_tried_at_the_lr_that_trained() -> None:
+def test_a_larger_batch_whose_rule_lr_blows_up_is_tried_at_the_lr_that_trained(
+    tmp_path: Path,
+) -> None:
     """Without a warm-up, lr 0.2 at bs=256 blew up on an H200 and on a CPU where 0.1 trained
     (and bf16 ran 1.9x there): any lr above 1.5x the base diverges here at every batch. The
     search keeps a larger batch at the lr seen to train (one halving below the rule's at most)
@@ -535,8 +540,18 @@ def test_a_larger_batch_whose_rule_lr_blows_up_is_tried_at_the_lr_that_trained()
             "parity.gap_per_batch_ratio": 0.0,
         },
     )
-    for seed in range(2):
-        cfg = simulate(spec("3m"), land, seed=seed).config
+    # Seed 0 in a database, as `autotune search` keeps a study: the config becomes its best
+    # trial, the kept lr's multiplier inside the distribution the study stores for it.
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    runner = SimulatedRunner(land, seed=0)
+    with clock.use(runner.clock):
+        stored = run_search(
+            spec("3m", storage=storage), out_dir=tmp_path, runner=runner, budget=Budget(180.0)
+        )
+    assert stored.study.best_trial.params["lr_multiplier"] == pytest.approx(0.5)
+    for run in (stored, simulate(spec("3m"), land, seed=1)):
+        cfg = run.config
+        assert cfg is not None
         assert cfg.evidence.validated, cfg.evidence.validation_note
         # bs=128 at lr 0.1: the base lr, one halving below the linear rule's 0.2.
         assert (cfg.batch_size, cfg.learning_rate) == (128, pytest.approx(0.1))

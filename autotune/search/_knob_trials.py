@@ -158,7 +158,11 @@ def _enqueue_islands(
             {**ctx.space.params("fp16", max(fitting)), "fp32_islands": ISLANDS_CHOICES[1]}
         )
     for i, params in enumerate(points):
-        rec = TrialRecord(fp32_modules=modules, role=Role.FP32_ISLANDS if i == 0 else None)
+        # The diverged trial's own point keeps its lr (a kept one too); the ceiling's is new.
+        if i == 0:
+            rec = record(trial).settings(fp32_modules=modules, role=Role.FP32_ISLANDS)
+        else:
+            rec = TrialRecord(fp32_modules=modules)
         study.enqueue_trial(params, user_attrs=rec.to_attrs(), skip_if_exists=True)
     logger.info("enqueued fp16 with {} in fp32 at {} point(s)", ", ".join(modules), len(points))
 
@@ -187,8 +191,7 @@ def _flip_leader(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
     best = pick(done, key=lambda t: cast(float, t.value))  # COMPLETE, so valued
     if best.number != trial.number:
         return
-    modules = record(best).fp32_modules
-    attrs = TrialRecord(fp32_modules=modules).to_attrs() if modules else None
+    attrs = record(best).settings().to_attrs() or None
     for params in ctx.space.knob_flips(dict(best.params)):
         study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
 
@@ -200,7 +203,7 @@ def _try_safe_scale(ctx: SearchContext, study: optuna.Study, trial: Any) -> None
     if scale is None or "init_scale" not in trial.params:
         return
     rec = record(trial)
-    attrs = TrialRecord(fp32_modules=rec.fp32_modules).to_attrs() or None
+    attrs = rec.settings().to_attrs() or None
     study.enqueue_trial(
         {**trial.params, "init_scale": scale}, user_attrs=attrs, skip_if_exists=True
     )
@@ -222,8 +225,7 @@ def _try_kept_lr(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
     mult = kept_lr(trial, trials, ctx.space, blowup=ctx.spec.probe.loss_blowup_factor)
     if mult is None:
         return
-    rec = record(trial)
-    attrs = TrialRecord(fp32_modules=rec.fp32_modules).to_attrs() or None
+    attrs = record(trial).settings(kept_lr=mult).to_attrs()
     study.enqueue_trial(
         {**trial.params, "lr_multiplier": mult}, user_attrs=attrs, skip_if_exists=True
     )

@@ -13,7 +13,6 @@ never sampled: only a trial enqueued with the diagnosed modules in its record as
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import optuna
@@ -166,11 +165,14 @@ class Space:
         if self.lr_choices is not None:
             multiplier = trial.suggest_categorical("lr_multiplier", list(self.lr_choices))
         else:
-            with warnings.catch_warnings():
-                # A kept lr after a larger batch's blow-up is enqueued below a range of one
-                # point (the default: no lr multiplier searched); the sampler never draws one.
-                warnings.filterwarnings("ignore", "Fixed parameter lr_multiplier")
-                multiplier = trial.suggest_float("lr_multiplier", *self.lr_range, log=True)
+            # A kept lr after a larger batch's blow-up (enqueued) may lie below the spec's
+            # range (by default the one point 1): its trial's range reaches down to it, so
+            # the study stores a value its distribution holds; the sampler never draws one.
+            lo, hi = self.lr_range
+            kept = record(trial).kept_lr
+            if kept is not None:
+                lo = min(lo, kept)
+            multiplier = trial.suggest_float("lr_multiplier", lo, hi, log=True)
         init_scale = DEFAULT_INIT_SCALE
         if precision == "fp16":
             init_scale = trial.suggest_categorical("init_scale", list(self.scales))

@@ -443,9 +443,7 @@ class TrialStep:
         rec = record(trial)
         if rec.retry_of is not None or not trial.params:
             return
-        attrs = TrialRecord(
-            role=rec.role, retry_of=trial.number, fp32_modules=rec.fp32_modules
-        ).to_attrs()
+        attrs = rec.settings(role=rec.role, retry_of=trial.number).to_attrs()
         self.study.enqueue_trial(dict(trial.params), user_attrs=attrs)
         logger.info("trial {} will be retried once", trial.number)
 

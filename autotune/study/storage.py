@@ -323,7 +323,7 @@ def retry_stale_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> N
         return
     if not trial.params:
         return
-    retry = TrialRecord(retry_of=trial.number, role=rec.role)
+    retry = rec.settings(retry_of=trial.number, role=rec.role)
     study.enqueue_trial(dict(trial.params), user_attrs=retry.to_attrs())
 
 

@@ -18,6 +18,7 @@ role                   ``reference`` (fp32 at the base batch and lr), ``amp_reci
                        (fp16 with default GradScaler), ``<mode>_at_base``, ``fp32_islands``
                        (fp16 with the diagnosed modules in fp32); None otherwise
 fp32_modules           the modules an fp32-islands trial kept in fp32
+kept_lr                the lr multiplier a larger batch is tried at after its rule's lr blew up
 compile_seconds        what compiling took in a compiled trial's untimed warm-up
 outcome / reason       how the probe ended and why, in words a person can act on
 throughput             samples/s of the timed steps (the median over timed blocks)
@@ -135,6 +136,7 @@ class TrialRecord(BaseModel):
     probe_seconds: float | None = None
     compile_seconds: float | None = None
     fp32_modules: list[str] = []
+    kept_lr: float | None = None
     # Bulky series, stored last: optuna-dashboard lists a trial's attributes by name.
     losses: list[float | None] = _series("losses")
     scales: list[tuple[int, float]] = _series("scales")
@@ -170,6 +172,21 @@ class TrialRecord(BaseModel):
         is left out, never stored as null: absent means absent."""
         data = self.model_dump(mode="json", include=self.model_fields_set, by_alias=True)
         return {k: v for k, v in ((k, _json_safe(v)) for k, v in data.items()) if v is not None}
+
+    def settings(self, **fields: Any) -> TrialRecord:
+        """What a trial run again at its params must carry besides them (its fp32 modules, a
+        kept lr's multiplier), with ``fields`` set too: for ``enqueue_trial``'s user_attrs.
+
+        Example:
+            >>> TrialRecord(fp32_modules=["fc"], kept_lr=0.5, throughput=9.0).settings(
+            ...     retry_of=3
+            ... ).to_attrs()
+            {'fp32_modules': ['fc'], 'kept_lr': 0.5, 'retry_of': 3}
+        """
+        own: dict[str, Any] = {"fp32_modules": self.fp32_modules} if self.fp32_modules else {}
+        if self.kept_lr is not None:
+            own["kept_lr"] = self.kept_lr
+        return TrialRecord(**(own | fields))
 
     def write(self, trial: optuna.Trial) -> None:
         """Store the fields that were set on a running trial."""
