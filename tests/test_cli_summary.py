@@ -377,3 +377,24 @@ def test_a_fallback_and_the_reference_show_one_throughput(tmp_path: Path, wide) 
     ref = next(line for line in rows if "fp32 reference" in line and "1.00x" in line)
     assert "950.0 ±1.1%" in winner and "950.0 ±1.1%" in ref
     assert "6,179.9" not in out.get()
+
+
+def test_a_reference_that_moved_over_the_search_says_to_compare_rows_by_ratio(
+    tmp_path: Path, wide
+) -> None:
+    """On an H200 the reference drifted from 21,760 to 14,922 samples/s: the AMP recipe's
+    19,756 stood at 0.94x beside the reference's latest 14,922, which read as faster."""
+    result = _result(tmp_path)
+    with console.capture() as out:
+        _search._print_summary(result)
+    assert "compare rows by their ratios" not in out.get()  # 950 and 1,000: 5% apart
+    moved = [
+        ReferenceMeasurement(at=1.0, throughput=21760.0, low=21500.0, high=22000.0, blocks=9),
+        ReferenceMeasurement(at=2.0, throughput=14922.4, low=14362.0, high=16113.0, blocks=9),
+    ]
+    result.reference = REFERENCE.model_copy(update={"measurements": moved})
+    with console.capture() as out:
+        _search._print_summary(result)
+    text = " ".join(out.get().split())
+    assert "the fp32 reference measured 14,922–21,760 samples/s over the search (2 runs)" in text
+    assert "compare rows by their ratios" in text

@@ -232,6 +232,9 @@ def print_summary(result: Any, console: Console) -> None:
         line = f"plain AMP recipe: {outcome}: {record(amp).reason}"
         console.print(escape(line), highlight=False)
     console.print(f"timing noise: {_noise(result)}", highlight=False)
+    moved = moved_text(result.reference)
+    if moved:
+        console.print(moved, highlight=False)
     if ev.cut:
         console.print("[bold]cut from the space:[/]")
         _items(console, [f"{key}: {why}" for key, why in ev.cut.items()])
@@ -296,4 +299,30 @@ def kept_lr_text(cfg: TunedConfig) -> str:
     return (
         f" (the winner's lr {cfg.learning_rate:.3g} is kept below the rule's {rule:.3g}, "
         "which blew up at this batch)"
+    )
+
+
+# The fp32 reference's measurements this far apart (highest over lowest) are worth a line.
+MOVED = 1.1
+
+
+def moved_text(reference: ReferenceRecord | None) -> str:
+    """A line where the fp32 reference's measurements moved by more than a tenth over the
+    search: the table's samples/s were measured at different times, and each ratio divides by
+    the reference measured nearest in time (on an H200 the AMP recipe's 19,756 samples/s stood
+    at 0.94x beside the reference's latest 14,922); empty otherwise.
+
+    Example:
+        >>> from autotune.study.reference import ReferenceMeasurement as M
+        >>> ms = [M(at=1.0, throughput=t, low=t, high=t) for t in (21760.0, 14922.4)]
+        >>> moved_text(ReferenceRecord(batch_size=128, learning_rate=0.1, measurements=ms))
+        'the fp32 reference measured 14,922–21,760 samples/s over the search (2 runs): each ratio divides by the one measured nearest in time, so compare rows by their ratios'
+    """
+    rates = [m.throughput for m in (reference.measurements if reference else []) if m.throughput]
+    if len(rates) < 2 or max(rates) < MOVED * min(rates):
+        return ""
+    return (
+        f"the fp32 reference measured {min(rates):,.0f}–{max(rates):,.0f} samples/s over the "
+        f"search ({len(rates)} runs): each ratio divides by the one measured nearest in time, "
+        "so compare rows by their ratios"
     )
