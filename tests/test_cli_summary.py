@@ -398,3 +398,15 @@ def test_a_reference_that_moved_over_the_search_says_to_compare_rows_by_ratio(
     text = " ".join(out.get().split())
     assert "the fp32 reference measured 14,922–21,760 samples/s over the search (2 runs)" in text
     assert "compare rows by their ratios" in text
+
+
+def test_a_search_beside_a_busy_neighbour_says_how_much_it_took(tmp_path: Path, wide) -> None:
+    result = _result(tmp_path)
+    result.others_cores = 0.2
+    with console.capture() as out:
+        _search._print_summary(result)
+    assert "other processes kept" not in out.get()
+    result.others_cores = 1.02
+    with console.capture() as out:
+        _search._print_summary(result)
+    assert "other processes kept 1.0 of this machine's" in " ".join(out.get().split())

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from autotune.config import TunedConfig
 from autotune.enums import Role
+from autotune.execution.contention import NOTABLE, cores, others_text
 from autotune.progress import scale_text
 from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.report._knob_gains import config_knobs, knob_lines
@@ -235,6 +236,9 @@ def print_summary(result: Any, console: Console) -> None:
     moved = moved_text(result.reference)
     if moved:
         console.print(moved, highlight=False)
+    taken = getattr(result, "others_cores", None)
+    if taken is not None and taken >= NOTABLE:
+        console.print(others_text(taken, cores()), highlight=False)
     if ev.cut:
         console.print("[bold]cut from the space:[/]")
         _items(console, [f"{key}: {why}" for key, why in ev.cut.items()])

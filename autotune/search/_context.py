@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from autotune import clock
+from autotune.execution.contention import CpuContention
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.worker import Runner
 from autotune.measure.result import PairedResult, ProbeResult
@@ -78,6 +79,8 @@ class SearchContext:
     compile_seconds: dict[str, list[float]] = field(default_factory=dict)
     # Where the job's time went, by phase (seconds); see :meth:`clock`.
     spent: dict[str, float] = field(default_factory=dict)
+    # What other processes take of this machine's CPU while the search runs.
+    contention: CpuContention = field(default_factory=CpuContention, repr=False)
     _clocks: list[list] = field(default_factory=list, repr=False)
 
     @contextmanager

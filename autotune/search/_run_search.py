@@ -90,6 +90,8 @@ class SearchResult:
     # Where the job's time went, by phase: start (worker and facts), ceilings, reference,
     # trials, diagnosis, validation, writing.
     spent: dict[str, float] = field(default_factory=dict)
+    # Cores other processes kept busy on average while it ran (None: not measured).
+    others_cores: float | None = None
 
 
 def _fix_choices(study: optuna.Study, spec: StudySpec, runnable: list[str]) -> list[str]:
@@ -506,4 +508,5 @@ def _write_up(study: optuna.Study, outcome: _Outcome, out: Path, budget: Budget)
         validated_by=outcome.validated_by,
         selection=outcome.selection,
         spent=spent,
+        others_cores=ctx.contention.report(),
     )
