@@ -10,6 +10,9 @@ import os
 # minute). Set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+# The suite runs beside a busy process (CI's, and its own second worker): a service under test
+# must not wait for a quiet CPU (tests/test_contention.py turns the wait on where it tests it).
+os.environ.setdefault("AUTOTUNE_CPU_BUSY_CORES", "off")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

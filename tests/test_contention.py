@@ -61,3 +61,41 @@ def test_a_simulated_device_measures_no_contention() -> None:
     with use(VirtualClock()):
         measure = CpuContention()
     assert measure.before is None and measure.others_cores() is None
+
+
+def test_the_service_waits_while_a_neighbour_keeps_the_cpu_busy(
+    neighbour: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At load 8 on a 2-core box the service's page said "busy: no" and probes ran under
+    contention: a CPU device is busy while others keep its cores busy, and says why."""
+    from autotune.service._devices import DeviceMonitor
+
+    monkeypatch.setenv(contention.BUSY_ENV, "0.5")
+    monitor = DeviceMonitor(["cpu"], own_pids=lambda: {os.getpid()})
+    monitor._meter.window = 0.5
+    deadline = time.monotonic() + 60
+    reason = ""
+    while not reason and time.monotonic() < deadline:
+        time.sleep(0.6)
+        reason = monitor.room_for("cpu", need_bytes=0, margin=0.0)
+    assert "other processes kept" in reason and "AUTOTUNE_CPU_BUSY_CORES=0.5" in reason
+    assert "kept busy by others" in monitor.read("cpu").description
+    # Turned off, the same neighbour never makes it wait.
+    monkeypatch.setenv(contention.BUSY_ENV, "off")
+    quiet = DeviceMonitor(["cpu"], own_pids=lambda: {os.getpid()})
+    quiet._meter.window = 0.5
+    for _ in range(3):
+        time.sleep(0.6)
+        assert not quiet.read("cpu").busy
+
+
+@pytest.mark.parametrize("value", ["lots", "-1", "0", "nan"])
+def test_a_bad_busy_threshold_is_one_error_naming_the_variable(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.errors import SpecError
+    from autotune.service._devices import DeviceMonitor
+
+    monkeypatch.setenv(contention.BUSY_ENV, value)
+    with pytest.raises(SpecError, match="AUTOTUNE_CPU_BUSY_CORES=.*a positive number.*or off"):
+        DeviceMonitor(["cpu"], own_pids=lambda: {os.getpid()})

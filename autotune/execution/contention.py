@@ -20,8 +20,9 @@ from pathlib import Path
 from loguru import logger
 
 from autotune import clock
+from autotune.errors import SpecError
 
-__all__ = ["CpuContention", "cores", "others_text"]
+__all__ = ["BUSY_ENV", "CoreMeter", "CpuContention", "busy_cores", "cores", "others_text"]
 
 # Others' cores worth a word: half a core kept busy (a neighbour's build, a stray loop).
 NOTABLE = 0.5
@@ -61,9 +62,9 @@ def _snapshot() -> dict[int, tuple[int, float]]:
     return out
 
 
-def _ours(snapshot: dict[int, tuple[int, float]]) -> set[int]:
-    """This process and its descendants."""
-    tree, grown = {os.getpid()}, True
+def _ours(snapshot: dict[int, tuple[int, float]], roots: set[int] | None = None) -> set[int]:
+    """``roots`` (this process by default) and their descendants."""
+    tree, grown = set(roots or {os.getpid()}), True
     while grown:
         more = {pid for pid, (parent, _) in snapshot.items() if parent in tree} - tree
         tree |= more
@@ -90,15 +91,7 @@ class CpuContention:
         if self.before is None or seconds < 1.0:
             return None
         now = _snapshot()
-        ours = _ours(now) | _ours(self.before)
-        used = 0.0
-        for pid, (_, cpu) in now.items():
-            if pid in ours:
-                continue
-            before = self.before.get(pid)
-            # A process started since counts whole; a reused pid whose time fell, from zero.
-            used += cpu - before[1] if before is not None and before[1] <= cpu else cpu
-        return max(0.0, used / seconds)
+        return _others(self.before, now, _ours(now) | _ours(self.before)) / seconds
 
     def report(self) -> float | None:
         """:meth:`others_cores`, logged where it is notable."""
@@ -106,6 +99,82 @@ class CpuContention:
         if taken is not None and taken >= NOTABLE:
             logger.warning("{}", others_text(taken, cores()))
         return taken
+
+
+def _others(
+    before: dict[int, tuple[int, float]], now: dict[int, tuple[int, float]], ours: set[int]
+) -> float:
+    """CPU seconds the processes outside ``ours`` used between two snapshots."""
+    used = 0.0
+    for pid, (_, cpu) in now.items():
+        if pid in ours:
+            continue
+        then = before.get(pid)
+        # A process started since counts whole; a reused pid whose time fell, from zero.
+        used += cpu - then[1] if then is not None and then[1] <= cpu else cpu
+    return max(0.0, used)
+
+
+class CoreMeter:
+    """Cores other processes kept busy between one reading and the next (the service's view of
+    a CPU device): each :meth:`read` measures since the last one at least ``window`` seconds
+    before, and repeats its figure in between."""
+
+    def __init__(self, window: float = 2.0) -> None:
+        self.window = window
+        self._last: tuple[float, dict[int, tuple[int, float]]] | None = None
+        self.taken: float | None = None
+        self.seconds = 0.0
+
+    def read(self, own: set[int]) -> float | None:
+        """Others' cores since the last reading (None before a second reading, or off Linux);
+        ``own``: our processes, whose descendants are ours too."""
+        if not _PROC.joinpath("stat").exists():
+            return None
+        at = time.monotonic()
+        if self._last is not None and at - self._last[0] < self.window:
+            return self.taken
+        now = _snapshot()
+        if self._last is not None:
+            then, before = self._last
+            ours = _ours(now, own | {os.getpid()}) | _ours(before, own | {os.getpid()})
+            self.seconds = at - then
+            self.taken = _others(before, now, ours) / self.seconds
+        self._last = (at, now)
+        return self.taken
+
+
+# The environment variable that sets how many cores others may keep busy before a CPU device
+# counts as busy ("off": never).
+BUSY_ENV = "AUTOTUNE_CPU_BUSY_CORES"
+
+
+def busy_cores(value: str | None = None) -> float | None:
+    """Others' cores at which a CPU device is busy: ``AUTOTUNE_CPU_BUSY_CORES`` (a number, or
+    ``off``), by default half the cores and at least one.
+
+    Raises:
+        SpecError: the variable is neither a positive number nor ``off``.
+
+    Example:
+        >>> busy_cores("1.5"), busy_cores("off")
+        (1.5, None)
+    """
+    text = (os.environ.get(BUSY_ENV, "") if value is None else value).strip().lower()
+    if not text:
+        return max(1.0, cores() / 2)
+    if text == "off":
+        return None
+    try:
+        limit = float(text)
+    except ValueError:
+        limit = -1.0
+    if not 0 < limit < float("inf"):
+        raise SpecError(
+            f"{BUSY_ENV}={text!r}: give the cores other processes may keep busy before a CPU "
+            f"device counts as busy (a positive number, e.g. {BUSY_ENV}=1), or off"
+        )
+    return limit
 
 
 def others_text(taken: float, total: int) -> str:

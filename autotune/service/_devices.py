@@ -11,8 +11,10 @@ probe reuses it. NVML ties memory to a process id, which does not match ours ins
 with its own process numbering; the worker's own report covers that case.
 
 A device is *busy* when someone else's work holds it: on a GPU, utilisation at or above
-``BUSY_UTILIZATION`` percent while our own worker is idle. CPU load is not counted (a shared
-box always has some); CPU memory is, through the free-memory check in :meth:`room_for`.
+``BUSY_UTILIZATION`` percent while our own worker is idle; on the CPU, other processes keeping
+``AUTOTUNE_CPU_BUSY_CORES`` cores busy (half the cores by default, at least one; ``off``:
+never) over the last readings, measured from their CPU time (ours, and our workers', left out).
+CPU memory counts too, through the free-memory check in :meth:`room_for`.
 
 Tests fake a colleague's job on a CPU box from outside (:mod:`autotune.testing.busy`).
 """
@@ -30,6 +32,7 @@ from loguru import logger
 
 from autotune import clock
 from autotune.errors import DeviceError, SpecError
+from autotune.execution.contention import BUSY_ENV, CoreMeter, busy_cores, cores
 from autotune.execution.limits import (
     VISIBLE_ENV,
     gpu_handle,
@@ -212,6 +215,10 @@ class DeviceMonitor:
         self.worker_memory = worker_memory or (lambda device: None)
         self._warned_fallback = False
         self._cache: dict[str, tuple[float, DeviceReading]] = {}
+        # Others' cores at which the CPU is busy (None: never); read once, so a bad value
+        # stops the service at its start.
+        self.busy_cores = busy_cores()
+        self._meter = CoreMeter()
 
     def check(self) -> None:
         """Fail early when a configured device does not exist on this machine.
@@ -274,14 +281,24 @@ class DeviceMonitor:
         total, free = info.get("MemTotal"), info.get("MemAvailable")
         own = sum(_rss(pid) for pid in self.own_pids())
         others = None if total is None or free is None else max(0, total - free - own)
+        taken = self._meter.read(self.own_pids())
+        busy = ""
+        if taken is not None and self.busy_cores is not None and taken >= self.busy_cores:
+            busy = (
+                f"other processes kept {taken:.1f} of {cores()} cores busy over the last "
+                f"{self._meter.seconds:.0f}s ({BUSY_ENV}={self.busy_cores:g}): waiting, so "
+                "probes are timed on a quiet CPU"
+            )
         return DeviceReading(
             name="cpu",
             kind="cpu",
-            description=f"{os.cpu_count()} cores",
+            description=f"{cores()} cores"
+            + (f", {taken:.1f} kept busy by others" if taken is not None else ""),
             total_bytes=total,
             free_bytes=free,
             own_bytes=own,
             others_bytes=others,
+            busy_reason=busy,
         )
 
     def _read_cuda(self, device: str) -> DeviceReading:
