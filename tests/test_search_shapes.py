@@ -546,17 +546,17 @@ def test_a_larger_batch_whose_rule_lr_blows_up_is_tried_at_the_lr_that_trained(
     runner = SimulatedRunner(land, seed=0)
     with clock.use(runner.clock):
         stored = run_search(
-            spec("3m", storage=storage), out_dir=tmp_path, runner=runner, budget=Budget(180.0)
+            spec("45s", storage=storage), out_dir=tmp_path, runner=runner, budget=Budget(45.0)
         )
     assert stored.study.best_trial.params["lr_multiplier"] == pytest.approx(0.5)
-    for run in (stored, simulate(spec("3m"), land, seed=1)):
+    for run in (stored, simulate(spec("1m"), land, seed=1)):
         cfg = run.config
         assert cfg is not None
         assert cfg.evidence.validated, cfg.evidence.validation_note
         # bs=128 at lr 0.1: the base lr, one halving below the linear rule's 0.2.
         assert (cfg.batch_size, cfg.learning_rate) == (128, pytest.approx(0.1))
         assert not truth_of(land, cfg).diverges and cfg.evidence.speedup > 1.6
-    ruled = simulate(spec("3m", space={"lr_scaling": "linear"}), land, seed=0).config
+    ruled = simulate(spec("1m", space={"lr_scaling": "linear"}), land, seed=0).config
     assert ruled.batch_size == 64 and ruled.learning_rate == pytest.approx(0.1)
 
 
