@@ -23,7 +23,7 @@ from autotune.search._risk import kept_lr, safe_scale
 from autotune.search._space import Space
 from autotune.sim import Landscape, SimulatedRunner, family, simulate
 from autotune.spec import parse_spec
-from autotune.study.trials import TrialRecord
+from autotune.study.trials import TrialRecord, record
 
 
 def spec(budget: str, **fields: Any) -> Any:
@@ -586,3 +586,32 @@ def test_a_kept_lr_is_one_halving_below_the_rule_at_most() -> None:
     assert kept_lr(at_1024, [base, trained_512], space, blowup=10.0) == pytest.approx(0.5)
     # A trial at the base batch has no larger lr to come down from.
     assert kept_lr(trial(128, Outcome.DIVERGED, [2.5, 30.0]), [], space, blowup=10.0) is None
+
+
+def test_an_lr_at_or_above_one_that_blew_up_is_not_run_again() -> None:
+    """On this CPU, after bf16 and fp32 blew up at lr 0.2 (bs=256), their ceilings' lr 1.6
+    (bs=2048) was built and run to blow up at step 1: 33 s of a 3-minute search. Once an lr
+    above the base lr blows up in fp32 (or in a mode itself), a trial at that lr or above is
+    pruned without a run, saying which trial blew up."""
+    land = landscape(schema_version=2, **{"parity.diverge_lr_above": 1.5})
+    run = simulate(spec("3m"), land, seed=0)
+    trials = sorted(run.study.trials, key=lambda t: t.number)
+    blown: dict[str, float] = {}
+    skipped = 0
+    for t in trials:
+        rec = record(t)
+        if rec.duplicate_of is not None:
+            continue  # a copy of an earlier trial's measurement: not run either
+        mode, lr = t.params.get("precision"), rec.learning_rate or 0.0
+        limit = min((v for m, v in blown.items() if m in ("fp32", mode)), default=None)
+        if limit is not None and lr >= limit * (1 - 1e-9) and mode != "fp16":
+            # Past an lr that blew up: never run (no losses; pruned for it, the reason naming
+            # the trial that blew up, unless an earlier check, such as a ceiling, pruned it).
+            assert not rec.losses, (t.number, rec.outcome)
+            if rec.outcome == Outcome.DIVERGED:
+                assert "not run: lr" in (rec.reason or "") and "blew up" in (rec.reason or "")
+                skipped += 1
+        elif rec.outcome == Outcome.DIVERGED and rec.losses and mode != "fp16" and lr > 0.1:
+            blown[str(mode)] = min(lr, blown.get(str(mode), lr))
+    assert blown and skipped >= 1
+    assert run.config.evidence.validated

@@ -253,6 +253,7 @@ def after_trial(ctx: SearchContext, study: optuna.Study, trial: Any, *, spare: f
     if (
         rec.outcome == Outcome.DIVERGED
         and trial.params.get("precision") == "fp16"
+        and rec.losses  # it ran: one pruned for an lr that blew up elsewhere has none
         and not rec.fp32_modules
         and ctx.spec.space.fp32_islands
     ):

@@ -29,7 +29,7 @@ from autotune.search._events import Standing, TrialFinished, TrialStarted
 from autotune.search._hardware import lower_ceiling
 from autotune.search._probe_settings import trial_settings
 from autotune.search._reference import ReferenceKeeper
-from autotune.search._risk import cannot_compile, cannot_step, carries_risk, overflow_step, unproven
+from autotune.search._risk import cannot_compile, carries_risk, not_worth, overflow_step, unproven
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.study import study_keys
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
@@ -108,8 +108,8 @@ class TrialStep:
         done = self.study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)
         )
-        if (why := cannot_step(done, cand, left)) is not None:
-            self.prune(trial, Outcome.TOO_SLOW, why)
+        if (no := not_worth(done, cand, left, ctx.space)) is not None:
+            self.prune(trial, *no)
             return
         before = ctx.budget.elapsed()
         reference = self.refs.current()

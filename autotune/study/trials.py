@@ -366,10 +366,13 @@ def worst_diverged(trials: Iterable[FrozenTrial], precision: str = "fp16") -> Fr
         finite = next((n for n, v in enumerate(losses) if v is None), len(losses))
         return finite, -(record(t).learning_rate or 0.0)
 
+    # One pruned without a run (its lr past one that blew up) has no losses: nothing to read.
     diverged = [
         t
         for t in trials
-        if t.params.get("precision") == precision and record(t).outcome == Outcome.DIVERGED
+        if t.params.get("precision") == precision
+        and record(t).outcome == Outcome.DIVERGED
+        and record(t).losses
     ]
     return min(diverged, key=key) if diverged else None
 
