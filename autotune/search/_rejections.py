@@ -17,7 +17,10 @@ def rejection_summary(trials: Iterable[FrozenTrial]) -> list[Rejection]:
     """Why search trials were rejected, grouped by mode and outcome, most common first.
 
     Example:
-        >>> rejection_summary([])
+        >>> from optuna.trial import create_trial
+        >>> from autotune.study.trials import TrialRecord
+        >>> queued = TrialRecord(outcome=Outcome.NOT_RUN, reason="the search ended first")
+        >>> rejection_summary([create_trial(state=TrialState.FAIL, user_attrs=queued.to_attrs())])
         []
     """
     groups: Counter[tuple[str, str]] = Counter()
@@ -27,7 +30,10 @@ def rejection_summary(trials: Iterable[FrozenTrial]) -> list[Rejection]:
         if rec.duplicate_of is not None:
             continue
         outcome = display_outcome(t)
-        if outcome is None or outcome == Outcome.COMPLETED or t.state == TrialState.WAITING:
+        # Queued and never run (the search ended first) is no rejection: nothing was measured
+        # (the summary listed it as "?: 1 not_run", a queued trial having no params).
+        skip = (None, Outcome.COMPLETED, Outcome.NOT_RUN)
+        if outcome in skip or t.state == TrialState.WAITING:
             continue
         key = (str(t.params.get("precision", "?")), outcome)
         groups[key] += 1
