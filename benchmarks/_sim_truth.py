@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune import clock
-from autotune.search import reference_factor
+from autotune.search import lr_for, reference_factor
 from autotune.search._risk import KEPT_LR_FLOOR
 from autotune.search._space import Space
 from autotune.sim import Landscape, SimulatedRunner
@@ -127,15 +127,15 @@ def describe(cand: Candidate, land: Landscape) -> str:
         out += f" scale={_power(cand.init_scale)}"
     if cand.fp32_modules:
         out += " islands"
-    rule = land.facts.base_lr * _rule_ratio(land, cand.batch_size)
-    if abs(cand.learning_rate / rule - 1) > 1e-6:
+    if abs(cand.learning_rate / _rule_lr(land, cand.batch_size) - 1) > 1e-6:
         out += f" lr={cand.learning_rate:g}"
     return out
 
 
-def _rule_ratio(land: Landscape, batch: int) -> float:
-    ratio = batch / land.facts.base_batch_size
-    return {"linear": ratio, "sqrt": math.sqrt(ratio)}.get(land.facts.lr_scaling, 1.0)
+def _rule_lr(land: Landscape, batch: int) -> float:
+    """The lr the workload's rule gives ``batch``."""
+    f = land.facts
+    return lr_for(f.lr_scaling, f.base_lr, f.base_batch_size, batch, 1.0)
 
 
 def _kept_lrs(land: Landscape, spec: StudySpec, space: Space, batch: int) -> list[float]:
@@ -144,8 +144,8 @@ def _kept_lrs(land: Landscape, spec: StudySpec, space: Space, batch: int) -> lis
     ``autotune.search._risk.kept_lr``)."""
     if spec.space.lr_scaling != "auto" or batch <= space.base_batch:
         return []
-    rule = _rule_ratio(land, batch)
-    lrs = {_rule_ratio(land, b) for b in space.ladder if space.base_batch <= b < batch}
+    rule = _rule_lr(land, batch)
+    lrs = {_rule_lr(land, b) for b in space.ladder if space.base_batch <= b < batch}
     return sorted(
         r / rule for r in lrs if KEPT_LR_FLOOR * rule * (1 - 1e-9) <= r < rule * (1 - 1e-9)
     )

@@ -1034,3 +1034,22 @@ def test_the_report_shows_what_each_knob_brought_and_what_compiling_cost(tmp_pat
     assert "What each knob brought" in page.headings
     assert "compiling 12.0s, pays off after 1,013 steps" in html
     assert "compile (12.0s)" in html and "fp32: amplify" in html
+
+
+def test_a_config_at_a_kept_lr_says_so_in_the_report_as_in_the_summary(
+    handmade: SimpleNamespace,
+) -> None:
+    """The rule gives bf16 bs=64 lr 0.05 here: a config validated at 0.025 was kept below it
+    (the rule's blew up), and the report says so where it names the lr rule, in the words the
+    terminal summary uses."""
+    out = handmade.tmp / "out"
+    out.mkdir()
+    cfg = validated_config()
+    write_config(out / "best.json", cfg.model_copy(update={"learning_rate": 0.025}))
+    html = render_html(collect(handmade.study, out_dir=out, storage=handmade.storage))
+    text = html.replace("&#x27;", "'")
+    assert "linear scaling with the batch size (the winner's lr 0.025 is kept below the rule's " \
+        "0.05, which blew up at this batch)" in text  # fmt: skip
+    write_config(out / "best.json", cfg)  # lr 0.4, above the rule's: nothing to say
+    html = render_html(collect(handmade.study, out_dir=out, storage=handmade.storage))
+    assert "is kept below the rule" not in html

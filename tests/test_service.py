@@ -454,6 +454,24 @@ def test_gpu_room_from_nvml(
 # ---- a study's standing, read through the trial record -----------------------------------------
 
 
+def _detail(name: str, state: str, standing: Any, progress: dict[str, Any]) -> Any:
+    """The API's answer for a study with this standing, as the service builds it."""
+    from autotune.service._models import StudyDetail
+
+    return StudyDetail(
+        name=name,
+        state=state,
+        detail=state if state == "done" else "",
+        priority=0,
+        workload="w",
+        device="cpu",
+        submitted_at=datetime.now().astimezone(),
+        progress=progress,
+        best=standing.best,
+        trials=standing.latest,
+    )
+
+
 def test_standing_reads_trials_through_their_record(tmp_path: Path) -> None:
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
@@ -523,18 +541,7 @@ def test_standing_reads_trials_through_their_record(tmp_path: Path) -> None:
     assert by_number[4].outcome == "stale" and "no heartbeat" in (by_number[4].reason or "")
     assert by_number[5].outcome is None and by_number[5].speedup is None
     # The API's answer carries the intervals (and parses back: the client reads it).
-    detail = StudyDetail(
-        name="s",
-        state="running",
-        detail="",
-        priority=0,
-        workload="w",
-        device="cpu",
-        submitted_at=datetime.now(),
-        progress={"budget_seconds": 60.0, "budget_used_seconds": 1.0},
-        best=best,
-        trials=standing.latest,
-    )
+    detail = _detail("s", "running", standing, {"budget_seconds": 60.0, "budget_used_seconds": 1.0})
     again = StudyDetail.model_validate_json(detail.model_dump_json())
     assert again.best is not None and again.best.speedup_low == 1.8
 
@@ -556,7 +563,6 @@ def test_a_done_studys_status_names_the_config_not_the_searchs_best(tmp_path: Pa
 
     from autotune.cli import _service as cli_service
     from autotune.cli._app import console
-    from autotune.service._models import StudyDetail
     from autotune.service._standing import read_standing
     from autotune.study.trials import TrialRecord
 
@@ -591,18 +597,8 @@ def test_a_done_studys_status_names_the_config_not_the_searchs_best(tmp_path: Pa
     standing = read_standing(study)
     assert standing.best is not None and standing.best.number == 2
     assert standing.trials == {"complete": 2, "not_run": 1}
-    detail = StudyDetail(
-        name="d",
-        state="done",
-        detail="done",
-        priority=0,
-        workload="w",
-        device="cpu",
-        submitted_at=datetime.now().astimezone(),
-        progress={"budget_seconds": 60.0, "budget_used_seconds": 60.0, "trials": standing.trials},
-        best=standing.best,
-        trials=standing.latest,
-    )
+    progress = {"budget_seconds": 60.0, "budget_used_seconds": 60.0, "trials": standing.trials}
+    detail = _detail("d", "done", standing, progress)
     width = console.width
     console.width = 200
     try:

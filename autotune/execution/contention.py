@@ -138,7 +138,7 @@ class CoreMeter:
         if self._last is not None:
             then, before = self._last
             ours = _ours(now, own | {os.getpid()}) | _ours(before, own | {os.getpid()})
-            self.seconds = at - then
+            self.seconds = max(at - then, 1e-6)
             self.taken = _others(before, now, ours) / self.seconds
         self._last = (at, now)
         return self.taken

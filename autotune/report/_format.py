@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import math
 
+from autotune.config import TunedConfig
+from autotune.search import lr_for
+
 __all__ = [
     "ceiling_text",
+    "kept_lr_text",
     "noise_text",
     "optimism_text",
     "ratio_text",
@@ -165,3 +169,29 @@ def ceiling_text(mode: str, batch_size: int, limited_by: str | None) -> str:
     """
     why = _LIMITS.get(limited_by or "")
     return f"{mode} ceiling {batch_size}" + (f": {why}" if why else "")
+
+
+def kept_lr_text(cfg: TunedConfig) -> str:
+    """`` (the winner's lr 0.1 is kept below the rule's 0.2, ...)`` where the config's lr is
+    below what its rule gives at its batch (the search kept it after the rule's blew up);
+    empty otherwise.
+
+    Example:
+        >>> from autotune.config import Evidence
+        >>> ev = Evidence.model_construct(
+        ...     lr_scaling="linear", base_learning_rate=0.1, base_batch_size=128
+        ... )
+        >>> cfg = TunedConfig.model_construct(batch_size=256, learning_rate=0.1, evidence=ev)
+        >>> kept_lr_text(cfg)
+        " (the winner's lr 0.1 is kept below the rule's 0.2, which blew up at this batch)"
+    """
+    ev = cfg.evidence
+    if ev.base_learning_rate is None or ev.base_batch_size is None:
+        return ""
+    rule = lr_for(ev.lr_scaling, ev.base_learning_rate, ev.base_batch_size, cfg.batch_size, 1.0)
+    if cfg.learning_rate >= rule * (1 - 1e-6):
+        return ""
+    return (
+        f" (the winner's lr {cfg.learning_rate:.3g} is kept below the rule's {rule:.3g}, "
+        "which blew up at this batch)"
+    )

@@ -13,6 +13,7 @@ from autotune.report._data import ReportData, measured_interval
 from autotune.report._evidence import reference_figure, speed_line, validation_figure
 from autotune.report._format import (
     ceiling_text,
+    kept_lr_text,
     noise_text,
     optimism_text,
     ratio_text,
@@ -332,7 +333,8 @@ def _facts(data: ReportData) -> str:
                 f"{env.device} · torch {env.torch} · CUDA {env.cuda or '—'} · autotune {env.autotune}",
             ),
         )
-        items.append(("learning rate", f"{cfg.evidence.lr_scaling} scaling with the batch size"))
+        rule = f"{cfg.evidence.lr_scaling} scaling with the batch size{kept_lr_text(cfg)}"
+        items.append(("learning rate", rule))
     items.append(("timing noise", noise_text(data.noise, data.noise_interval)))
     if data.ceilings:
         text = "; ".join(

@@ -9,7 +9,6 @@ lines of its own.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,11 +18,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from autotune.config import TunedConfig
 from autotune.enums import Role
 from autotune.execution.contention import NOTABLE, cores, others_text
 from autotune.progress import scale_text
-from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
+from autotune.report._format import (
+    kept_lr_text,
+    noise_text,
+    optimism_text,
+    ratio_text,
+    throughput_text,
+)
 from autotune.report._knob_gains import config_knobs, knob_lines
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import display_outcome, record, role_trials
@@ -276,34 +280,6 @@ def print_summary(result: Any, console: Console) -> None:
     if ev.validation_note:
         console.print(f"validation: {escape(ev.validation_note)}", highlight=False)
     console.print(f"config written to [bold]{escape(str(result.path))}[/]", highlight=False)
-
-
-def kept_lr_text(cfg: TunedConfig) -> str:
-    """`` (the winner's lr 0.1 is kept below the rule's 0.2, ...)`` where the config's lr is
-    below what its rule gives at its batch (the search kept it after the rule's blew up);
-    empty otherwise.
-
-    Example:
-        >>> from autotune.config import Evidence
-        >>> ev = Evidence.model_construct(
-        ...     lr_scaling="linear", base_learning_rate=0.1, base_batch_size=128
-        ... )
-        >>> cfg = TunedConfig.model_construct(batch_size=256, learning_rate=0.1, evidence=ev)
-        >>> kept_lr_text(cfg)
-        " (the winner's lr 0.1 is kept below the rule's 0.2, which blew up at this batch)"
-    """
-    ev = cfg.evidence
-    if ev.base_learning_rate is None or ev.base_batch_size is None:
-        return ""
-    ratio = cfg.batch_size / ev.base_batch_size
-    scaled = {"linear": ratio, "sqrt": math.sqrt(ratio)}.get(ev.lr_scaling, 1.0)
-    rule = ev.base_learning_rate * scaled
-    if cfg.learning_rate >= rule * (1 - 1e-6):
-        return ""
-    return (
-        f" (the winner's lr {cfg.learning_rate:.3g} is kept below the rule's {rule:.3g}, "
-        "which blew up at this batch)"
-    )
 
 
 # The fp32 reference's measurements this far apart (highest over lowest) are worth a line.

@@ -77,6 +77,12 @@ def unproven(trial: FrozenTrial, overflow: int | None) -> bool:
     )
 
 
+def _rose_past(losses: list[float | None], blowup: float) -> bool:
+    """Whether the finite losses rose past ``blowup`` times the first."""
+    finite = [v for v in losses if v is not None]
+    return bool(finite) and finite[0] > 0 and max(finite) > blowup * finite[0]
+
+
 def safe_scale(
     trial: FrozenTrial | optuna.Trial, scales: Iterable[float], *, blowup: float
 ) -> float | None:
@@ -93,8 +99,7 @@ def safe_scale(
         return None
     if _first_nonfinite(trial) is not None or not rec.scales:
         return None  # the loss itself ran out of range: no scale helps
-    losses = [v for v in rec.losses if v is not None]
-    if losses and losses[0] > 0 and max(losses) > blowup * losses[0]:
+    if _rose_past(rec.losses, blowup):
         return None  # the updates that were applied drove it up: the lr's, not the scale's
     reached = rec.scales[-1][1]
     init = float(trial.params.get("init_scale", DEFAULT_INIT_SCALE))
@@ -216,10 +221,9 @@ def kept_lr(
     p = trial.params
     if rec.outcome != Outcome.DIVERGED or "batch_size" not in p:
         return None
-    if p.get("precision") == "fp16" and _first_nonfinite(trial) is None:
-        losses = [v for v in rec.losses if v is not None]
-        if not (losses and losses[0] > 0 and max(losses) > blowup * losses[0]):
-            return None  # skipped steps: the scaler's, not the lr's
+    fp16 = p.get("precision") == "fp16"
+    if fp16 and _first_nonfinite(trial) is None and not _rose_past(rec.losses, blowup):
+        return None  # skipped steps: the scaler's, not the lr's
     mult = float(p.get("lr_multiplier", 1.0))
     lr = space.lr(int(p["batch_size"]), mult)
     if lr <= space.base_lr * (1 + 1e-9):
@@ -254,7 +258,9 @@ def past_blown_lr(trials: Iterable[FrozenTrial], cand: Candidate, space: Space) 
         mode = t.params.get("precision")
         if record(t).outcome != Outcome.DIVERGED or "batch_size" not in t.params:
             continue
-        if mode not in ("fp32", "tf32") and mode != cand.precision or mode == "fp16":
+        # fp32's and tf32's blow-ups speak for every mode; a 16-bit one for its own mode,
+        # but fp16's never (an overflow is its range's, not the lr's).
+        if mode == "fp16" or (mode not in ("fp32", "tf32") and mode != cand.precision):
             continue
         lr = space.lr(int(t.params["batch_size"]), float(t.params.get("lr_multiplier", 1.0)))
         if space.base_lr * (1 + 1e-9) < lr <= cand.learning_rate * (1 + 1e-9):
