@@ -588,6 +588,32 @@ def test_a_kept_lr_is_one_halving_below_the_rule_at_most() -> None:
     assert kept_lr(trial(128, Outcome.DIVERGED, [2.5, 30.0]), [], space, blowup=10.0) is None
 
 
+def test_an_fp16_overflow_met_at_the_base_lr_too_is_not_retried_at_a_kept_lr() -> None:
+    """fp16's range ran out at step 3 at the base lr (bs=128) and at bs=256's rule lr alike: a
+    lower lr would only meet the same overflow; a loss that blew up (finite) still is retried."""
+    space = Space.of(spec("3m"), ["fp32", "fp16"], rule="linear", base_lr=0.1, base_batch=128)
+
+    def fp16(batch: int, losses: list[float | None]) -> FrozenTrial:
+        return optuna.trial.create_trial(
+            state=TrialState.PRUNED,
+            params={"precision": "fp16", "batch_size": batch, "lr_multiplier": 1.0},
+            distributions={
+                "precision": CategoricalDistribution(["fp32", "fp16"]),
+                "batch_size": CategoricalDistribution([128, 256]),
+                "lr_multiplier": FloatDistribution(1.0, 1.0, log=True),
+            },
+            user_attrs=TrialRecord(outcome=Outcome.DIVERGED, losses=losses).to_attrs(),
+        )
+
+    at_256 = fp16(256, [2.5, 2.4, 2.3, None])
+    assert kept_lr(at_256, [at_256], space, blowup=10.0) == pytest.approx(0.5)
+    at_base = fp16(128, [2.5, 2.4, 2.3, None])
+    assert kept_lr(at_256, [at_base, at_256], space, blowup=10.0) is None
+    # The base lr's run overflowed later than bs=256's: bs=256's came sooner, maybe its lr's.
+    later = fp16(128, [2.5, 2.4, 2.3, 2.2, 2.1, None])
+    assert kept_lr(at_256, [later, at_256], space, blowup=10.0) == pytest.approx(0.5)
+
+
 def test_an_lr_at_or_above_one_that_blew_up_is_not_run_again() -> None:
     """On this CPU, after bf16 and fp32 blew up at lr 0.2 (bs=256), their ceilings' lr 1.6
     (bs=2048) was built and run to blow up at step 1: 33 s of a 3-minute search. Once an lr

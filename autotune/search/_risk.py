@@ -215,8 +215,9 @@ def kept_lr(
     there: on an H200 and on a CPU, resnet18's lr 0.2 at bs=256 blew up in fp32, bf16 and fp16
     where 0.1 trained, and the search ended at fp32 beside a bf16 that ran 1.9x at bs=256.
     None: the loss did not blow up (fp16's scaler skipping steps has its own retry), the lr was
-    not above the base lr, or the multiplier it needs lies outside the spec's lr range or more
-    than one halving below the trial's."""
+    not above the base lr, fp16's loss ran out of range as early at the base lr (its range's,
+    not the lr's), or the multiplier it needs lies outside the spec's lr range or more than one
+    halving below the trial's."""
     rec = record(trial)
     p = trial.params
     if rec.outcome != Outcome.DIVERGED or "batch_size" not in p:
@@ -228,6 +229,9 @@ def kept_lr(
     lr = space.lr(int(p["batch_size"]), mult)
     if lr <= space.base_lr * (1 + 1e-9):
         return None
+    trials = list(trials)
+    if fp16 and _range_at_base_lr(trial, trials, space):
+        return None  # fp16 ran out of range at the base lr as early: the range's, not the lr's
     trained = [
         space.lr(int(t.params["batch_size"]), float(t.params.get("lr_multiplier", 1.0)))
         for t in trials
@@ -245,6 +249,23 @@ def kept_lr(
     # parity refuses it, and its probe and validation would take the safe candidates' time.
     # A spec that searches no lr multiplier (the default) still gets this one point.
     return new if mult * KEPT_LR_FLOOR * (1 - 1e-9) <= new < mult * (1 - 1e-9) else None
+
+
+def _range_at_base_lr(trial: FrozenTrial, trials: list[FrozenTrial], space: Space) -> bool:
+    """Whether an fp16 run at an lr not above the base lr ran out of range (a non-finite loss)
+    no later than ``trial`` did: then ``trial``'s overflow is fp16's range, which a lower lr
+    does not widen (an lr retry would only meet it again at the same step)."""
+    at = _first_nonfinite(trial)
+    if at is None:
+        return False
+    for t in trials:
+        if t.params.get("precision") != "fp16" or "batch_size" not in t.params:
+            continue
+        lr = space.lr(int(t.params["batch_size"]), float(t.params.get("lr_multiplier", 1.0)))
+        first = _first_nonfinite(t)
+        if lr <= space.base_lr * (1 + 1e-9) and first is not None and first <= at:
+            return True
+    return False
 
 
 def past_blown_lr(trials: Iterable[FrozenTrial], cand: Candidate, space: Space) -> str | None:
