@@ -132,7 +132,7 @@ def test_bad_train_options_are_named(fields: dict, needle: str) -> None:
 
 
 def test_the_user_workload_example_loads_and_trains(monkeypatch: pytest.MonkeyPatch) -> None:
-    """examples/mypkg as docs/specs.md runs it: PYTHONPATH=examples, mypkg.train:workload."""
+    """examples/mypkg as docs/own-model.md runs it: PYTHONPATH=examples, mypkg.train:workload."""
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
     spec = load_spec(ROOT / "studies" / "mypkg.yaml")
     assert spec.workload == "mypkg.train:workload"
