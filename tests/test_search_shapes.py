@@ -560,6 +560,35 @@ def test_a_larger_batch_whose_rule_lr_blows_up_is_tried_at_the_lr_that_trained(
     assert ruled.batch_size == 64 and ruled.learning_rate == pytest.approx(0.1)
 
 
+def test_the_batch_between_a_leader_that_validation_refuses_and_the_one_below_is_measured() -> None:
+    """fp16 runs 4.4x at bs=128 (twice the base), 6.7x at 1024 and 6x at 512; the lasting gap
+    grows with the batch (0.4% a base batch: +6% at 1024, +2.8% at 512). Wave two measures 128
+    and the ceiling, 1024, whose gap validation's longer look refuses; the batch between them
+    is measured too, not stopped as slower than the refused one, and is the config."""
+    land = landscape(
+        **{
+            "modes.fp16.throughput": {16: 3000, 64: 9000, 256: 27000, 512: 36000, 1024: 40000},
+            "modes.bf16.throughput": {16: 2800, 64: 8400, 256: 25000, 512: 33000, 1024: 37000},
+            "parity.gap_per_batch_ratio": 0.004,
+        }
+    )
+    spec = parse_spec(
+        {
+            "name": "between",
+            "workload": land.workload,
+            "budget": "60s",
+            "space": {"precisions": ["fp32", "fp16", "bf16"]},
+        }
+    )
+    run = simulate(spec, land, seed=0)
+    tried = {(t.params.get("precision"), t.params.get("batch_size")) for t in run.study.trials}
+    assert ("fp16", 512) in tried
+    cfg = run.config
+    assert (cfg.precision, cfg.batch_size) == ("fp16", 512), cfg.evidence.rejected
+    true = truth_of(land, cfg)
+    assert true.feasible and true.parity_gap <= 0.05 and run.seconds <= 60.0
+
+
 def test_a_kept_lr_is_one_halving_below_the_rule_at_most() -> None:
     space = Space.of(spec("3m"), ["fp32", "bf16"], rule="linear", base_lr=0.1, base_batch=128)
 

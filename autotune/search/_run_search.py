@@ -42,7 +42,11 @@ from autotune.search._coordination import (
     validation_job,
 )
 from autotune.search._events import EventSink, PhaseStarted
-from autotune.search._first_trials import enqueue_base_trials, enqueue_larger_batches
+from autotune.search._first_trials import (
+    enqueue_base_trials,
+    enqueue_between,
+    enqueue_larger_batches,
+)
 from autotune.search._hardware import check_hardware, find_ceilings
 from autotune.search._knob_trials import (
     after_trial,
@@ -121,6 +125,7 @@ def _search(
     ctx.emit(PhaseStarted(phase=Phase.SEARCH))
     wave_two = False
     while True:
+        enqueue_between(ctx, study)  # before the next mode's batches: the leader's first
         if not wave_two:
             wave_two = enqueue_larger_batches(ctx, study, modes, step.refs.record)
         # From what the search measured so far: a new leader's pair may need more.

@@ -239,7 +239,7 @@ class TrialStep:
         below = None
         best = standing(self.study, reference)
         if best.best_params is not None and self.ctx.maximize:
-            best_trial = self._best_trial(carries_risk(dict(cand)))
+            best_trial = self._best_trial(carries_risk(dict(cand)), cand.batch_size)
             low = record(best_trial).speedup_low if best_trial is not None else None
             if low and low > 0:  # an interval wider than the value has no lower bound
                 below = low * reference.throughput
@@ -253,10 +253,12 @@ class TrialStep:
             reference_batch_size=ref.batch_size,
         )
 
-    def _best_trial(self, risky: bool) -> FrozenTrial | None:
+    def _best_trial(self, risky: bool, batch: int) -> FrozenTrial | None:
         """The bar for "slower": the best feasible trial no probe found off parity (one on the
-        boundary would stop the safe ones below it); for a safe candidate, the best safe one
-        (a risky bar may fail validation and leave no safe pick to fall back to)."""
+        boundary would stop the safe ones below it), none above ``batch`` with a parity gap
+        past half the tolerance (validation may refuse it; a smaller batch is its standby);
+        for a safe candidate, the best safe one (a risky bar may fail validation)."""
+        half = self.ctx.spec.parity_tolerance / 2
         done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         contested = {_settings(t) for t in done if not is_feasible(t)}
         # Nor is an fp16 trial shorter than fp16's known overflow: it may diverge.
@@ -267,6 +269,7 @@ class TrialStep:
             if _settings(t) not in contested
             and not unproven(t, overflow)
             and (risky or not carries_risk(t.params))
+            and (t.params.get("batch_size", 0) <= batch or (record(t).parity_gap or 0.0) <= half)
         ]
         return max(bars, key=lambda t: cast(float, t.value)) if bars else None
 

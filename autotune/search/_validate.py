@@ -82,6 +82,9 @@ class Rerun:
     # is the mean of (each its own draw of the seed's offset).
     gap_error: float = 0.0
     seeds: int = 1
+    # The gap at its first, shorter horizon, where it was measured again over a longer one (a
+    # lag, or a gap still growing, there); None where it was not.
+    first_gap: float | None = None
 
 
 @dataclass
