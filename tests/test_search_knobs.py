@@ -13,6 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.execution.facts import WorkerFacts
+from autotune.execution.messages import CompareRequest, DiagnoseRequest, ProbeRequest
 from autotune.execution.worker import InProcessRunner
 from autotune.measure.knobs import break_even_steps
 from autotune.measure.result import PairedResult, ProbeResult
@@ -30,15 +31,15 @@ def _throughput(c: Candidate) -> float:
     return tp * (1.5 if c.compile else 1.0) * (1.1 if c.channels_last else 1.0)
 
 
-def _base(workload: str, candidate: Candidate, settings: ProbeSettings, device: str) -> dict:
+def _base(request: ProbeRequest, device: str) -> dict:
     """What every result of a fake runner says of the probe it answers."""
     return {
-        "candidate": candidate,
-        "workload": workload,
+        "candidate": request.candidate,
+        "workload": request.workload,
         "device": device,
-        "batch_size": candidate.batch_size,
-        "planned_steps": settings.steps,
-        "seed": settings.seed,
+        "batch_size": request.candidate.batch_size,
+        "planned_steps": request.settings.steps,
+        "seed": request.settings.seed,
     }
 
 
@@ -46,17 +47,10 @@ class KnownRunner(InProcessRunner):
     """Answers every probe at once with the figures above; losses follow samples seen, so every
     candidate keeps parity."""
 
-    def run(
-        self,
-        workload: str,
-        candidate: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-        early_stop: Any = None,
-    ) -> ProbeResult:
+    def answer_probe(self, request: ProbeRequest, timeout: float | None) -> ProbeResult:
+        candidate, settings = request.candidate, request.settings
         steps = settings.warmup_steps + settings.steps
-        base = _base(workload, candidate, settings, "cpu")
+        base = _base(request, "cpu")
         if candidate.compile and not candidate.channels_last:
             return ProbeResult(
                 **base,
@@ -78,17 +72,9 @@ class KnownRunner(InProcessRunner):
             wall_seconds=0.01 + (_COMPILE_SECONDS if candidate.compile else 0.0),
         )
 
-    def compare(
-        self,
-        workload: str,
-        candidate: Candidate,
-        reference: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-    ) -> PairedResult:
-        c = self.run(workload, candidate, settings)
-        r = self.run(workload, reference, settings)
+    def answer_compare(self, request: CompareRequest, timeout: float | None) -> PairedResult:
+        c = self.run(request.workload, request.candidate, request.settings)
+        r = self.run(request.workload, request.reference, request.settings)
         if not c.ok:
             return PairedResult(candidate=c, reference=r)
         s = c.throughput / r.throughput
@@ -101,7 +87,7 @@ class KnownRunner(InProcessRunner):
             pairs=8,
         )
 
-    def diagnose(self, *args: Any, **kwargs: Any) -> dict | None:
+    def answer_diagnose(self, request: DiagnoseRequest, timeout: float) -> dict | None:
         return None
 
     def facts(self, workload: str) -> WorkerFacts:
@@ -241,20 +227,12 @@ class CompilingRunner(InProcessRunner):
         self.compile_seconds = compile_seconds
         self.timeouts: list[float] = []
 
-    def run(
-        self,
-        workload: str,
-        candidate: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-        early_stop: Any = None,
-    ) -> ProbeResult:
+    def answer_probe(self, request: ProbeRequest, timeout: float | None) -> ProbeResult:
         assert timeout is not None
         self.timeouts.append(timeout)
-        base = _base(workload, candidate, settings, "cuda:0")
-        compiling = self.compile_seconds[candidate.compile_mode]
-        if settings.time_limit + compiling > timeout:
+        base = _base(request, "cuda:0")
+        compiling = self.compile_seconds[request.candidate.compile_mode]
+        if request.settings.time_limit + compiling > timeout:
             return ProbeResult(**base, outcome="crashed", reason="killed", timed_out=True)
         return ProbeResult(
             **base, outcome="completed", throughput=1000.0, compile_seconds=compiling

@@ -67,12 +67,12 @@ from autotune.execution.runner import (
     RESTARTED,
     InProcessRunner,
     Runner,
+    crashed_pair,
     crashed_result,
     poisons_context,
 )
 from autotune.measure.oom import OOM_MESSAGES
 from autotune.measure.result import PairedResult, ProbeResult
-from autotune.spec import Candidate, EarlyStop, ProbeSettings
 
 __all__ = ["InProcessRunner", "ProbeWorker", "Runner", "WorkerMemory", "poisons_context"]
 
@@ -95,6 +95,11 @@ class _Failure:
     # The worker's own words ("Type: message"); "" when it said nothing: it died, or hung.
     said: str = ""
     timed_out: bool = False
+
+
+def _hard(request: ProbeRequest | CompareRequest, timeout: float | None) -> float:
+    """A probe's hard time limit: ``timeout``, or its soft limit and a grace period."""
+    return timeout if timeout is not None else request.settings.time_limit + _GRACE
 
 
 def _serve(
@@ -336,40 +341,16 @@ class ProbeWorker(Runner):
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def run(
-        self,
-        workload: str,
-        candidate: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-        early_stop: EarlyStop | None = None,
-    ) -> ProbeResult:
-        """Run one probe in the worker; restart the worker when it died or hung.
-
-        Args:
-            workload: the workload reference (the worker imports it).
-            candidate: what to train with.
-            settings: probe settings; ``time_limit`` is the soft limit.
-            timeout: the hard limit in seconds; default ``time_limit`` plus a grace period.
-
-        Returns:
-            The probe's result; ``crashed`` with a reason when the worker hung or died.
-
-        Raises:
-            WorkloadError, SpecError, DeviceError: the user's mistake, raised again here.
-        """
-        hard = timeout if timeout is not None else settings.time_limit + _GRACE
-        request = ProbeRequest(
-            workload=workload, candidate=candidate, settings=settings, early_stop=early_stop
-        )
-        answer = self._ask(request, ResultReply, hard, doing="probe")
+    def answer_probe(self, request: ProbeRequest, timeout: float | None) -> ProbeResult:
+        """In the worker, restarted when it died or hung; ``timeout`` defaults to the probe's
+        ``time_limit`` plus a grace period."""
+        answer = self._ask(request, ResultReply, _hard(request, timeout), doing="probe")
         if isinstance(answer, _Failure):
             result = crashed_result(
-                workload,
-                candidate,
+                request.workload,
+                request.candidate,
                 self.device,
-                settings,
+                request.settings,
                 answer.reason,
                 timed_out=answer.timed_out,
             )
@@ -377,29 +358,11 @@ class ProbeWorker(Runner):
             result = self._noted_result(answer.result)
         return self._with_output(result)
 
-    def compare(
-        self,
-        workload: str,
-        candidate: Candidate,
-        reference: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-    ) -> PairedResult:
-        """Run a paired measurement in the worker; a crashed arm when the worker hung or died."""
-        hard = timeout if timeout is not None else settings.time_limit + _GRACE
-        request = CompareRequest(
-            workload=workload, candidate=candidate, reference=reference, settings=settings
-        )
-        answer = self._ask(request, PairedReply, hard, doing="paired run")
+    def answer_compare(self, request: CompareRequest, timeout: float | None) -> PairedResult:
+        """In the worker, as :meth:`answer_probe`."""
+        answer = self._ask(request, PairedReply, _hard(request, timeout), doing="paired run")
         if isinstance(answer, _Failure):
-            arms = (
-                crashed_result(
-                    workload, arm, self.device, settings, answer.reason, timed_out=answer.timed_out
-                )
-                for arm in (candidate, reference)
-            )
-            return PairedResult(candidate=next(arms), reference=next(arms))
+            return crashed_pair(request, self.device, answer.reason, timed_out=answer.timed_out)
         paired = answer.paired
         return paired.model_copy(
             update={
@@ -416,18 +379,7 @@ class ProbeWorker(Runner):
             raise RuntimeError(f"the probe worker did not answer about workload {workload!r}")
         raise WorkloadError(f"workload {workload!r} could not be inspected: {answer.said}")
 
-    def diagnose(
-        self,
-        workload: str,
-        candidate: Candidate,
-        *,
-        steps: int = 3,
-        seed: int = 0,
-        timeout: float = 60.0,
-    ) -> dict | None:
-        """Run :func:`autotune.diagnose.diagnose` in the worker; its JSON, or None when it could
-        not run (the diagnosis is evidence, never a reason to fail a search)."""
-        request = DiagnoseRequest(workload=workload, candidate=candidate, steps=steps, seed=seed)
+    def answer_diagnose(self, request: DiagnoseRequest, timeout: float) -> dict | None:
         try:
             answer = self._ask(request, DiagnosisReply, timeout, doing="diagnosis")
         except AutotuneError:

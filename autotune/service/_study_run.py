@@ -15,11 +15,12 @@ from optuna.trial import TrialState
 from autotune import clock
 from autotune.enums import StudyState
 from autotune.execution.facts import WorkerFacts
-from autotune.execution.worker import ProbeWorker, Runner
+from autotune.execution.messages import CompareRequest, DiagnoseRequest, ProbeRequest
+from autotune.execution.runner import Runner
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.search import Budget
 from autotune.service._queue import QueueRow
-from autotune.spec import Candidate, EarlyStop, ProbeSettings, StudySpec
+from autotune.spec import Candidate, StudySpec
 from autotune.study.trials import record
 
 __all__ = ["DeviceRunner", "StudyRun", "accepts", "preemptor"]
@@ -124,7 +125,7 @@ class DeviceRunner(Runner):
 
     def __init__(
         self,
-        worker: ProbeWorker,
+        worker: Runner,
         run: StudyRun,
         ended: dict[str, float],
     ) -> None:
@@ -143,51 +144,23 @@ class DeviceRunner(Runner):
             self.run_state.probing = False
             self.ended[self.run_state.device] = clock.now()
 
-    def run(
-        self,
-        workload: str,
-        candidate: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-        early_stop: EarlyStop | None = None,
-    ) -> ProbeResult:
+    def answer_probe(self, request: ProbeRequest, timeout: float | None) -> ProbeResult:
         with self._in_flight():
-            return self.worker.run(
-                workload, candidate, settings, timeout=timeout, early_stop=early_stop
-            )
+            return self.worker.answer_probe(request, timeout)
 
-    def compare(
-        self,
-        workload: str,
-        candidate: Candidate,
-        reference: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-    ) -> PairedResult:
+    def answer_compare(self, request: CompareRequest, timeout: float | None) -> PairedResult:
         with self._in_flight():
-            return self.worker.compare(workload, candidate, reference, settings, timeout=timeout)
+            return self.worker.answer_compare(request, timeout)
 
     def facts(self, workload: str) -> WorkerFacts:
         # Asked of the worker: the service never imports a workload or touches a device itself.
         return self.worker.facts(workload)
 
-    def diagnose(
-        self,
-        workload: str,
-        candidate: Candidate,
-        *,
-        steps: int = 3,
-        seed: int = 0,
-        timeout: float = 60.0,
-    ) -> dict | None:
+    def answer_diagnose(self, request: DiagnoseRequest, timeout: float) -> dict | None:
         # In the worker too, never a workload in the service process. The search has already
         # waited at its gate for room on the device.
         with self._in_flight():
-            return self.worker.diagnose(
-                workload, candidate, steps=steps, seed=seed, timeout=timeout
-            )
+            return self.worker.answer_diagnose(request, timeout)
 
     def start(self) -> None:
         self.worker.start()

@@ -23,6 +23,7 @@ from autotune.config import Environment
 from autotune.enums import Outcome
 from autotune.errors import DeviceError
 from autotune.execution.facts import WorkerFacts
+from autotune.execution.messages import CompareRequest, DiagnoseRequest, ProbeRequest
 from autotune.execution.runner import Runner, crashed_result
 from autotune.measure.paired import interleave
 from autotune.measure.result import PairedResult, ProbeResult
@@ -30,7 +31,7 @@ from autotune.measure.timed import TimedRun
 from autotune.sim._diagnosis import DIAGNOSIS_SLOWDOWN, simulated_diagnosis
 from autotune.sim._engine import Bursts, HardTimeout, Killed, SimEngine
 from autotune.sim._landscape import Landscape
-from autotune.spec import PRECISIONS, Candidate, EarlyStop, ProbeSettings
+from autotune.spec import PRECISIONS, Candidate, ProbeSettings
 
 __all__ = ["SimulatedRunner"]
 
@@ -122,24 +123,17 @@ class SimulatedRunner(Runner):
             ),
         )
 
-    def run(
-        self,
-        workload: str,
-        candidate: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-        early_stop: EarlyStop | None = None,
-    ) -> ProbeResult:
-        self._check_workload(workload)
+    def answer_probe(self, request: ProbeRequest, timeout: float | None) -> ProbeResult:
+        self._check_workload(request.workload)
         self.start()
+        candidate, settings = request.candidate, request.settings
         base = self._base(candidate, settings)
         why = self.unsupported().get(candidate.precision)
         if why is not None:
             return ProbeResult(**base, outcome=Outcome.UNSUPPORTED, reason=why)
         started = self.clock.monotonic()
         engine = self._engine(candidate, settings, started, timeout)
-        run = TimedRun(engine, settings, started, early_stop, timer=self.clock.monotonic)
+        run = TimedRun(engine, settings, started, request.early_stop, timer=self.clock.monotonic)
         try:
             oom = engine.run(lambda e: run.measure())
         except HardTimeout:
@@ -164,17 +158,10 @@ class SimulatedRunner(Runner):
             autocast_dtype=_dtype(candidate),
         )
 
-    def compare(
-        self,
-        workload: str,
-        candidate: Candidate,
-        reference: Candidate,
-        settings: ProbeSettings,
-        *,
-        timeout: float | None = None,
-    ) -> PairedResult:
-        self._check_workload(workload)
+    def answer_compare(self, request: CompareRequest, timeout: float | None) -> PairedResult:
+        self._check_workload(request.workload)
         self.start()
+        candidate, reference, settings = request.candidate, request.reference, request.settings
         bases = {
             "candidate": self._base(candidate, settings),
             "reference": self._base(reference, settings),
@@ -225,22 +212,13 @@ class SimulatedRunner(Runner):
                 arm.autocast_dtype = _dtype(cand)
         return result
 
-    def diagnose(
-        self,
-        workload: str,
-        candidate: Candidate,
-        *,
-        steps: int = 3,
-        seed: int = 0,
-        timeout: float = 60.0,
-    ) -> dict | None:
-        """The diagnosis the real worker would send (:func:`autotune.diagnose.diagnose`'s
-        JSON), from the landscape: its fp16 islands, an overflow between modules, an lr past
-        the stable one, a wasteful init_scale. The steps run on the virtual clock, uncompiled;
-        None when they ran past ``timeout`` or the worker was killed (it restarts)."""
-        self._check_workload(workload)
+    def answer_diagnose(self, request: DiagnoseRequest, timeout: float) -> dict | None:
+        """From the landscape: its fp16 islands, an overflow between modules, an lr past the
+        stable one, a wasteful init_scale. The steps run on the virtual clock, uncompiled; the
+        worker restarts after a diagnosis it killed."""
+        self._check_workload(request.workload)
         self.start()
-        eager = candidate.model_copy(update={"compile": False})
+        eager = request.candidate.model_copy(update={"compile": False})
         why = self.unsupported().get(eager.precision)
         losses: list[float] = []
         scales: list[float] = []
@@ -251,7 +229,7 @@ class SimulatedRunner(Runner):
                 self.landscape,
                 eager,
                 self.clock,
-                seed=seed,
+                seed=request.seed,
                 noise=random.Random(f"{self.seed}|diagnosis|{self.clock.monotonic()}"),
                 deadline=self.clock.monotonic() + timeout,
                 world=self.seed,
@@ -259,7 +237,7 @@ class SimulatedRunner(Runner):
                 slowdown=DIAGNOSIS_SLOWDOWN,
             )
             try:
-                why = engine.run(lambda e: _diagnosed_steps(e, steps, scales))
+                why = engine.run(lambda e: _diagnosed_steps(e, request.steps, scales))
             except (HardTimeout, Killed):
                 self.clock.advance(self.landscape.timing.worker_start_seconds)
                 return None

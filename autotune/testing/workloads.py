@@ -207,6 +207,32 @@ def _sleep_seconds() -> float:
     return float(os.environ.get("AUTOTUNE_SLEEPY_SECONDS", "0.05"))
 
 
+def _waiting_mlp(
+    name: str, wait: Callable[[], None], *, samples: int, base_batch_size: int, description: str
+) -> Workload:
+    """The tiny MLP on ``samples`` synthetic images, each loss call after ``wait()``: a step's
+    time is what it sleeps."""
+    base = tiny_mlp()
+
+    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        wait()
+        x, y = batch
+        return nn.functional.cross_entropy(model(x), y)
+
+    return Workload(
+        name=name,
+        build_model=base.build_model,
+        make_batches=lambda bs, dev, g: synthetic_batches(
+            class_images(10, (64,), noise=1.5), bs, dev, g, samples=samples
+        ),
+        build_optimizer=base.build_optimizer,
+        base_lr=base.base_lr,
+        base_batch_size=base_batch_size,
+        loss=loss,
+        description=description,
+    )
+
+
 def sleepy() -> Workload:
     """A step that takes a fixed wall time and almost no compute: for scale-out measurements.
 
@@ -215,23 +241,11 @@ def sleepy() -> Workload:
     """
     import time
 
-    base = tiny_mlp()
-
-    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-        time.sleep(_sleep_seconds())
-        x, y = batch
-        return nn.functional.cross_entropy(model(x), y)
-
-    return Workload(
-        name="sleepy",
-        build_model=base.build_model,
-        make_batches=lambda bs, dev, g: synthetic_batches(
-            class_images(10, (64,), noise=1.5), bs, dev, g, samples=256
-        ),
-        build_optimizer=base.build_optimizer,
-        base_lr=base.base_lr,
+    return _waiting_mlp(
+        "sleepy",
+        lambda: time.sleep(_sleep_seconds()),
+        samples=256,
         base_batch_size=32,
-        loss=loss,
         description="tiny MLP whose every step sleeps a fixed time",
     )
 
@@ -256,23 +270,11 @@ def drifting(
     now = clock or time.monotonic
     wait = sleep or time.sleep
     made = now()
-    base = tiny_mlp()
-
-    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-        wait(step_seconds * (1 + drift_per_second * (now() - made)))
-        x, y = batch
-        return nn.functional.cross_entropy(model(x), y)
-
-    return Workload(
-        name="drifting",
-        build_model=base.build_model,
-        make_batches=lambda bs, dev, g: synthetic_batches(
-            class_images(10, (64,), noise=1.5), bs, dev, g, samples=512
-        ),
-        build_optimizer=base.build_optimizer,
-        base_lr=base.base_lr,
+    return _waiting_mlp(
+        "drifting",
+        lambda: wait(step_seconds * (1 + drift_per_second * (now() - made))),
+        samples=512,
         base_batch_size=16,
-        loss=loss,
         description="tiny MLP whose steps sleep longer and longer: a drifting machine",
     )
 
