@@ -281,7 +281,8 @@ def test_only_the_study_layer_touches_user_attributes() -> None:
     ]
     assert not found, (
         "user attributes touched outside autotune/study/; read and write them through "
-        "autotune.study.store.StudyStore (a study's) or TrialRecord (a trial's): " + ", ".join(found)
+        "autotune.study.store.StudyStore (a study's) or TrialRecord (a trial's): "
+        + ", ".join(found)
     )
 
 

@@ -86,6 +86,17 @@ class StudyStore:
         older version's may still hold it)."""
         return _table(self._get(study_keys.SPEC))
 
+    def set_spec(self, stored: Mapping[str, Any]) -> None:
+        """Store the spec's JSON form (:func:`autotune.study.storage.stored_spec`)."""
+        self._set(study_keys.SPEC, dict(stored))
+
+    def set_identity(self, fingerprint: str, workload: str, stored: Mapping[str, Any]) -> None:
+        """Write what a new study is: its space's fingerprint (workers joining wait for it),
+        its workload and its spec's JSON form."""
+        self._set(study_keys.SPACE_FINGERPRINT, fingerprint)
+        self._set(study_keys.WORKLOAD, workload)
+        self.set_spec(stored)
+
     # ---- the job's budget and choices --------------------------------------------------------
 
     def budget_window(self) -> BudgetWindow | None:
