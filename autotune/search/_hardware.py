@@ -33,6 +33,7 @@ from autotune.search._context import SearchContext
 from autotune.search._events import CeilingFound, HardwareChecked, PhaseStarted
 from autotune.spec import ProbeSettings
 from autotune.study.store import StudyStore
+from autotune.study.study_keys import ceilings_key
 from autotune.study.trials import record
 
 __all__ = [
@@ -75,6 +76,11 @@ def check_hardware(ctx: SearchContext, modes: list[str]) -> list[str]:
 def _where(ctx: SearchContext) -> tuple[str, str]:
     # Per machine and device: workers on other boxes may have other GPUs.
     return socket.gethostname(), ctx.device
+
+
+def _key(ctx: SearchContext, *, limits: bool = False) -> str:
+    # The study attribute this machine's and device's ceilings are stored under (tests write one).
+    return ceilings_key(*_where(ctx), limits=limits)
 
 
 def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
