@@ -270,6 +270,22 @@ def test_stored_keys_are_spelled_only_in_their_home() -> None:
     )
 
 
+def test_only_the_study_layer_touches_user_attributes() -> None:
+    # A study's attributes go through study/store.py's StudyStore, a trial's through TrialRecord.
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{n}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] != "study"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "user_attr" in line
+    ]
+    assert not found, (
+        "user attributes touched outside autotune/study/; read and write them through "
+        "autotune.study.store.StudyStore (a study's) or TrialRecord (a trial's): "
+        + ", ".join(found)
+    )
+
+
 @pytest.mark.parametrize(
     ("source", "flagged"),
     [

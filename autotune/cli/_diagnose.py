@@ -112,7 +112,7 @@ def diagnose(  # noqa: PLR0913 - a typer command: its parameters are its command
 def _resolve(target: str, storage: str, precision: str) -> tuple[str, Any, str]:
     """A workload reference or a study name → (workload reference, trial or None, a note)."""
     from autotune.diagnose import worst_diverged_trial
-    from autotune.study import study_keys
+    from autotune.study.store import StudyStore
     from autotune.study.trials import record
     from autotune.workloads import BUILTINS, normalize_reference
 
@@ -120,7 +120,7 @@ def _resolve(target: str, storage: str, precision: str) -> tuple[str, Any, str]:
     if ":" in ref:
         return ref, None, ""
     study = _load_study(target, storage)
-    reference = study.user_attrs.get(study_keys.WORKLOAD)
+    reference = StudyStore(study).workload()
     if not reference:
         raise StorageError(
             f"study {target!r} has no stored workload (user attr 'workload'); diagnose its workload "

@@ -95,8 +95,8 @@ def _stored_spec(study: str, storage: str | None, device: str | None) -> StudySp
     import optuna
 
     from autotune.spec import parse_spec
-    from autotune.study import study_keys
     from autotune.study.storage import mask_url, open_storage
+    from autotune.study.store import StudyStore
 
     if storage is None:
         raise SpecError("--study needs --storage URL: the storage the study lives in")
@@ -109,8 +109,8 @@ def _stored_spec(study: str, storage: str | None, device: str | None) -> StudySp
             f"study {study!r} does not exist in {mask_url(storage)!r} (studies there: "
             f"{names or 'none'}); start it with `autotune search` or a worker given its spec"
         ) from None
-    data = stored.user_attrs.get(study_keys.SPEC)
-    if not isinstance(data, dict):
+    data = StudyStore(stored).spec()
+    if data is None:
         raise SpecError(f"study {study!r} was not made by autotune: it has no stored spec")
     data = {**data, "storage": storage}
     if device is not None:

@@ -20,8 +20,8 @@ def worst_diverged_trial(trials: Iterable[Any], precision: str = "fp16") -> Any 
     """The diverged trial of a precision that broke soonest, or None.
 
     "Worst" is the earliest divergence (fewest finite losses recorded), then the highest
-    learning rate. Works on Optuna ``FrozenTrial`` objects (anything with ``params`` and
-    ``user_attrs``).
+    learning rate. Works on Optuna ``FrozenTrial`` objects (anything with ``params`` that
+    :func:`~autotune.study.trials.record` reads).
 
     Args:
         trials: the study's trials.
@@ -32,13 +32,13 @@ def worst_diverged_trial(trials: Iterable[Any], precision: str = "fp16") -> Any 
 
     Example:
         >>> from optuna.distributions import CategoricalDistribution
-        >>> from optuna.trial import create_trial
+        >>> from autotune.study.trials import TrialRecord, frozen_trial
         >>> def made(lr, losses):
-        ...     return create_trial(
+        ...     return frozen_trial(
+        ...         TrialRecord(outcome=Outcome.DIVERGED, learning_rate=lr, losses=losses),
         ...         params={"precision": "fp16"},
         ...         distributions={"precision": CategoricalDistribution(["fp16"])},
         ...         value=0.0,
-        ...         user_attrs={"outcome": "diverged", "learning_rate": lr, "losses": losses},
         ...     )
         >>> worst = worst_diverged_trial([made(0.1, [2.3, None]), made(0.4, [2.3, 2.2, None])])
         >>> record(worst).learning_rate

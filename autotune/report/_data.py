@@ -17,26 +17,20 @@ from autotune.config import TunedConfig, read_config
 from autotune.enums import Role
 from autotune.errors import ConfigError, StorageError
 from autotune.spec import StudySpec
-from autotune.study import study_keys
-from autotune.study.crown import stored_config
-from autotune.study.reference import ReferenceMeasurement, ReferenceRecord, stored_references
+from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.storage import mask_url, open_storage
+from autotune.study.store import StudyStore
 from autotune.study.trials import (
     DEFAULT_INIT_SCALE,
     TrialRecord,
-    ceilings_key,
     feasible_trials,
     is_feasible,
-    parse_ceilings_key,
     record,
     role_trials,
-    stored_ceilings,
 )
 
 __all__ = ["DEFAULT_STORAGE", "ReportData", "collect", "load_study", "measured_interval"]
 
-# The key older studies stored their one ceilings table under, followed by the device.
-_LEGACY_CEILINGS = "ceilings:"
 # The spec's default, so `autotune report tiny` finds what `autotune search` wrote.
 DEFAULT_STORAGE: str = StudySpec.model_fields["storage"].default
 
@@ -213,33 +207,24 @@ def _pick(where: list[tuple[str, str]], device: str) -> tuple[str, str] | None:
 
 
 def _pick_ceilings(
-    data: ReportData, attrs: dict[str, Any], device: str
+    data: ReportData, store: StudyStore, device: str
 ) -> tuple[dict[str, int], str | None]:
-    stored = stored_ceilings(attrs)
+    stored = store.all_ceilings()
     where = _pick(list(stored), device)
     if where is not None:
-        limits = attrs.get(ceilings_key(*where, limits=True))
-        if isinstance(limits, dict):
-            data.ceiling_limits = {str(m): str(why) for m, why in limits.items()}
+        data.ceiling_limits = store.ceiling_limits(*where)
         return stored[where], f"{where[0]}:{where[1]}"
-    # Older studies stored one table per device, without the machine: "ceilings:<device>".
-    legacy = {
-        k[len(_LEGACY_CEILINGS) :]: v
-        for k, v in attrs.items()
-        if k.startswith(_LEGACY_CEILINGS) and parse_ceilings_key(k) is None and isinstance(v, dict)
-    }
+    # Older studies stored one table per device, without the machine.
+    legacy = store.legacy_ceilings()
     if not legacy:
         return {}, None
     key = device if device in legacy else sorted(legacy)[0]
-    try:
-        return {str(m): int(b) for m, b in legacy[key].items()}, key
-    except (TypeError, ValueError):
-        return {}, None
+    return legacy[key], key
 
 
-def _pick_reference(data: ReportData, attrs: dict[str, Any], roles: dict[str, FrozenTrial]) -> None:
+def _pick_reference(data: ReportData, store: StudyStore, roles: dict[str, FrozenTrial]) -> None:
     """The study's fp32 reference for the spec's device; an older study's reference trial."""
-    stored = stored_references(attrs)
+    stored = store.references()
     where = _pick(list(stored), str(data.spec.get("device", "")))
     if where is not None:
         data.reference, data.reference_where = stored[where], f"{where[0]}:{where[1]}"
@@ -287,8 +272,9 @@ def _find_config(
     places: list[Path] = []
     if out_dir is not None:
         places.append(out_dir / "best.json")
-    if study.user_attrs.get(study_keys.BEST_CONFIG):
-        places.append(Path(str(study.user_attrs[study_keys.BEST_CONFIG])))
+    store = StudyStore(study)
+    if (recorded := store.best_config_path()) is not None:
+        places.append(recorded)
     places.append(Path("studies") / study.study_name / "best.json")
     for path in dict.fromkeys(places):
         if not path.is_file():
@@ -304,8 +290,8 @@ def _find_config(
         return cfg, path
     # The search also stores the config in the study: the one copy every box of a
     # PostgreSQL-backed study can read.
-    stored = stored_config(study)
-    if stored is None and study.user_attrs.get(study_keys.CONFIG) is not None:
+    stored = store.config()
+    if stored is None and store.config_stored():
         notes.append("the config stored in the study does not validate")
     return stored, None
 
@@ -403,8 +389,8 @@ def collect(
         The ReportData; missing pieces (no config yet, no importances) come with notes.
     """
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
-    attrs = study.user_attrs
-    spec = dict(attrs.get(study_keys.SPEC) or {})
+    store = StudyStore(study)
+    spec = dict(store.spec() or {})
     if "storage" in spec:  # a study stored by an older version may hold the password
         spec["storage"] = mask_url(str(spec["storage"]))
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
@@ -419,12 +405,12 @@ def collect(
         validated=[t for t in trials if t.number in crowned],
     )
     data.records = records
-    data.ceilings, data.ceiling_device = _pick_ceilings(data, attrs, str(spec.get("device", "")))
+    data.ceilings, data.ceiling_device = _pick_ceilings(data, store, str(spec.get("device", "")))
     data.config, data.config_path = _find_config(
         study, Path(out_dir) if out_dir is not None else None, data.notes
     )
     roles = role_trials(trials)
-    _pick_reference(data, attrs, roles)
+    _pick_reference(data, store, roles)
     data.amp_recipe = roles.get(Role.AMP_RECIPE)
     data.winner, data.winner_note = _winner(data)
     data.importances, data.importance_note = _importances(study, data)

@@ -12,7 +12,7 @@ import optuna
 from autotune import clock
 from autotune.errors import AutotuneError
 from autotune.spec import MIN_BUDGET
-from autotune.study import study_keys
+from autotune.study.store import BudgetWindow, StudyStore
 
 __all__ = [
     "CEILING_SHARE",
@@ -93,11 +93,11 @@ class Budget:
 
         Returns None when the study has no open window (nobody started a search on it).
         """
-        window = study.user_attrs.get(study_keys.BUDGET_WINDOW)
-        if not isinstance(window, dict):
+        window = StudyStore(study).budget_window()
+        if window is None:
             return None
-        ago = clock.wall() - float(window["started_at"])
-        return cls(total=float(window["seconds"]), started=clock.now() - ago)
+        ago = clock.wall() - float(window.started_at)
+        return cls(total=float(window.seconds), started=clock.now() - ago)
 
 
 def open_window(study: optuna.Study, budget: Budget) -> str:
@@ -108,17 +108,15 @@ def open_window(study: optuna.Study, budget: Budget) -> str:
     """
     started_at = clock.wall() - budget.elapsed()
     # Its own id: two windows opened at one (virtual) time are two windows all the same.
-    window = {"started_at": started_at, "seconds": budget.total, "id": uuid.uuid4().hex[:12]}
-    study.set_user_attr(study_keys.BUDGET_WINDOW, window)
+    window = BudgetWindow(started_at=started_at, seconds=budget.total, id=uuid.uuid4().hex[:12])
+    StudyStore(study).set_budget_window(window)
     return window_id(study)
 
 
 def window_id(study: optuna.Study) -> str:
     """The id of the study's open budget window (``"0"`` when none is open)."""
-    window = study.user_attrs.get(study_keys.BUDGET_WINDOW)
-    if not isinstance(window, dict):
-        return "0"
-    return str(window.get("id") or window.get("started_at", 0))  # older studies: its start
+    window = StudyStore(study).budget_window()
+    return window.name if window is not None else "0"
 
 
 def finishing_seconds(total: float) -> float:

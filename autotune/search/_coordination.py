@@ -24,6 +24,7 @@ from autotune.study.storage import (
     fail_stale,
     retry_stale_trial,
 )
+from autotune.study.store import StudyStore
 from autotune.study.trials import TrialRecord, record, write_attrs
 
 __all__ = [
@@ -209,7 +210,6 @@ def requeue_not_run(study: optuna.Study) -> list[int]:
         ]
         if params in later:
             continue
-        attrs = {k: v for k, v in rec.to_attrs().items() if k not in ("outcome", "reason")}
-        study.enqueue_trial(dict(params), user_attrs=attrs)
+        StudyStore(study).enqueue(params, rec.without("outcome", "reason"))
         queued.append(t.number)
     return queued

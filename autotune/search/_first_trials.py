@@ -25,6 +25,7 @@ from autotune.enums import Outcome, Role
 from autotune.search._context import SearchContext
 from autotune.search._shortlist import eligible
 from autotune.study.reference import ReferenceRecord
+from autotune.study.store import StudyStore
 from autotune.study.trials import TrialRecord, record
 
 __all__ = ["enqueue_base_trials", "enqueue_between", "enqueue_larger_batches"]
@@ -40,10 +41,8 @@ def enqueue_base_trials(ctx: SearchContext, study: optuna.Study, modes: list[str
     for mode in sorted(modes, key=lambda m: _WAVE_ONE.index(m) if m in _WAVE_ONE else 9):
         if mode != "fp32":
             role = Role.AMP_RECIPE if mode == "fp16" else Role.at_base(mode)
-            study.enqueue_trial(
-                ctx.space.params(mode, base),
-                user_attrs=TrialRecord(role=role).to_attrs(),
-                skip_if_exists=True,
+            StudyStore(study).enqueue(
+                ctx.space.params(mode, base), TrialRecord(role=role), skip_if_exists=True
             )
 
 

@@ -32,6 +32,7 @@ from autotune.search._budget import CEILING_SHARE, SAFE_PLAN, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._events import CeilingFound, HardwareChecked, PhaseStarted
 from autotune.spec import ProbeSettings
+from autotune.study.store import StudyStore
 from autotune.study.study_keys import ceilings_key
 from autotune.study.trials import record
 
@@ -72,18 +73,23 @@ def check_hardware(ctx: SearchContext, modes: list[str]) -> list[str]:
     return runnable
 
 
-def _key(ctx: SearchContext, *, limits: bool = False) -> str:
+def _where(ctx: SearchContext) -> tuple[str, str]:
     # Per machine and device: workers on other boxes may have other GPUs.
-    return ceilings_key(socket.gethostname(), ctx.device, limits=limits)
+    return socket.gethostname(), ctx.device
+
+
+def _key(ctx: SearchContext, *, limits: bool = False) -> str:
+    # The study attribute this machine's and device's ceilings are stored under (tests write one).
+    return ceilings_key(*_where(ctx), limits=limits)
 
 
 def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
     """Measure (or read back) each mode's batch ceiling into ``ctx.ceilings``."""
     space = ctx.spec.space
-    key = _key(ctx)
-    stored = study.user_attrs.get(key)
-    if isinstance(stored, dict) and all(m in stored for m in modes):
-        ctx.ceilings.update({m: int(stored[m]) for m in modes})
+    store, where = StudyStore(study), _where(ctx)
+    stored = store.ceilings(*where)
+    if stored is not None and all(m in stored for m in modes):
+        ctx.ceilings.update({m: stored[m] for m in modes})
         logger.info("ceilings from the stored study: {}", ctx.ceilings)
         return
     ctx.runner.start()
@@ -137,8 +143,8 @@ def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> 
         _twins_take(ctx, modes, mode, ceiling, limits, start=start)
     if "busy" in limits.values():
         return
-    study.set_user_attr(key, dict(ctx.ceilings))
-    study.set_user_attr(_key(ctx, limits=True), limits)
+    store.set_ceilings(*where, ctx.ceilings)
+    store.set_ceiling_limits(*where, limits)
 
 
 def _twins_take(  # noqa: PLR0913 - the phase's state, keyword-only start
@@ -385,10 +391,9 @@ def lower_ceiling(ctx: SearchContext, study: optuna.Study, mode: str, batch_size
     if lower < ctx.ceilings.get(mode, 0):
         logger.info("{} bs={} → OOM, ceiling now {}", mode, batch_size, lower)
         ctx.ceilings[mode] = lower
-        study.set_user_attr(_key(ctx), dict(ctx.ceilings))
-        limits = study.user_attrs.get(_key(ctx, limits=True))
-        limits = dict(limits) if isinstance(limits, dict) else {}
-        study.set_user_attr(_key(ctx, limits=True), {**limits, mode: "memory"})
+        store, where = StudyStore(study), _where(ctx)
+        store.set_ceilings(*where, ctx.ceilings)
+        store.set_ceiling_limits(*where, {**store.ceiling_limits(*where), mode: "memory"})
 
 
 def raise_ceiling(ctx: SearchContext, study: optuna.Study, trial: FrozenTrial) -> int | None:
@@ -406,8 +411,9 @@ def raise_ceiling(ctx: SearchContext, study: optuna.Study, trial: FrozenTrial) -
         return None
     if record(trial).fp32_modules:
         return None
-    limits = study.user_attrs.get(_key(ctx, limits=True))
-    if not isinstance(limits, dict) or limits.get(mode) != "time":
+    store, where = StudyStore(study), _where(ctx)
+    limits = store.ceiling_limits(*where)
+    if limits.get(mode) != "time":
         return None  # memory or the margin set it, or it is the space's cap already
     budget = ctx.facts.memory_budget(ctx.spec.memory_margin)
     knobs = {k: v for k, v in p.items() if k in ("compile", "compile_mode", "channels_last")}
@@ -440,8 +446,8 @@ def raise_ceiling(ctx: SearchContext, study: optuna.Study, trial: FrozenTrial) -
         ctx.cut[f"{mode} batch>{new}"] = (
             f"{mode} ceiling is {new} (limited by time; raised from {bs} by the search's peaks)"
         )
-    study.set_user_attr(_key(ctx), dict(ctx.ceilings))
-    study.set_user_attr(_key(ctx, limits=True), {**limits, mode: "cap" if new >= cap else "time"})
+    store.set_ceilings(*where, ctx.ceilings)
+    store.set_ceiling_limits(*where, {**limits, mode: "cap" if new >= cap else "time"})
     logger.info(
         "{} ceiling {} → {}: trials at bs={} and {} peaked at {:.0f} and {:.0f} MiB, {:.2f} MiB "
         "more a sample; bs={} takes about {:.0f} MiB of the {:.0f} MiB kept for it",

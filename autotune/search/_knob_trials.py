@@ -30,7 +30,7 @@ from autotune.search._context import SearchContext
 from autotune.search._hardware import raise_ceiling
 from autotune.search._risk import kept_lr, safe_scale
 from autotune.search._space import ISLANDS_CHOICES
-from autotune.study import study_keys
+from autotune.study.store import StudyStore
 from autotune.study.trials import (
     TrialRecord,
     candidate,
@@ -100,7 +100,7 @@ def diagnose_failures(
         The stored summary (with ``fp32_modules`` and the ``islands`` decision), or None when
         there was nothing to diagnose, no time, or the diagnosis could not run.
     """
-    if study_keys.DIAGNOSIS in study.user_attrs:
+    if StudyStore(study).diagnosis() is not None:
         return None
     if trial is None:
         trial = worst_diverged(study.get_trials(deepcopy=False), "fp16")
@@ -136,7 +136,7 @@ def diagnose_failures(
         "fp32_modules": modules,
         "islands": islands,
     }
-    study.set_user_attr(study_keys.DIAGNOSIS, summary)
+    StudyStore(study).set_diagnosis(summary)
     logger.info(
         "fp16 diagnosis of trial {}: {} (first non-finite: {}); fp32 islands {}",
         trial.number,
@@ -163,15 +163,15 @@ def _enqueue_islands(
             rec = record(trial).settings(fp32_modules=modules, role=Role.FP32_ISLANDS)
         else:
             rec = TrialRecord(fp32_modules=modules)
-        study.enqueue_trial(params, user_attrs=rec.to_attrs(), skip_if_exists=True)
+        StudyStore(study).enqueue(params, rec, skip_if_exists=True)
     logger.info("enqueued fp16 with {} in fp32 at {} point(s)", ", ".join(modules), len(points))
 
 
 def enqueue_diagnosed_islands(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
     """A study diagnosed before (a resumed run, another worker, or a diagnosis that came too
     late for the search phase): its islands are enqueued now, unless they already were."""
-    found = study.user_attrs.get(study_keys.DIAGNOSIS)
-    if not isinstance(found, dict) or not ctx.spec.space.fp32_islands or "fp16" not in modes:
+    found = StudyStore(study).diagnosis()
+    if found is None or not ctx.spec.space.fp32_islands or "fp16" not in modes:
         return
     modules = found.get("fp32_modules") or []
     trials = study.get_trials(deepcopy=False)
@@ -191,9 +191,9 @@ def _flip_leader(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
     best = pick(done, key=lambda t: cast(float, t.value))  # COMPLETE, so valued
     if best.number != trial.number:
         return
-    attrs = record(best).settings().to_attrs() or None
+    settings = record(best).settings()
     for params in ctx.space.knob_flips(dict(best.params)):
-        study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
+        StudyStore(study).enqueue(params, settings, skip_if_exists=True)
 
 
 def _try_safe_scale(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
@@ -203,9 +203,8 @@ def _try_safe_scale(ctx: SearchContext, study: optuna.Study, trial: Any) -> None
     if scale is None or "init_scale" not in trial.params:
         return
     rec = record(trial)
-    attrs = rec.settings().to_attrs() or None
-    study.enqueue_trial(
-        {**trial.params, "init_scale": scale}, user_attrs=attrs, skip_if_exists=True
+    StudyStore(study).enqueue(
+        {**trial.params, "init_scale": scale}, rec.settings(), skip_if_exists=True
     )
     logger.info(
         "trial {} backed off to scale {:g}: enqueued the same point at init_scale={:g}",
@@ -225,9 +224,10 @@ def _try_kept_lr(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
     mult = kept_lr(trial, trials, ctx.space, blowup=ctx.spec.probe.loss_blowup_factor)
     if mult is None:
         return
-    attrs = record(trial).settings(kept_lr=mult).to_attrs()
-    study.enqueue_trial(
-        {**trial.params, "lr_multiplier": mult}, user_attrs=attrs, skip_if_exists=True
+    StudyStore(study).enqueue(
+        {**trial.params, "lr_multiplier": mult},
+        record(trial).settings(kept_lr=mult),
+        skip_if_exists=True,
     )
     bs = int(trial.params["batch_size"])
     logger.info(

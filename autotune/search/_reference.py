@@ -40,6 +40,7 @@ from autotune.search._events import PhaseStarted
 from autotune.search._space import reference_factor
 from autotune.spec import Candidate
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
+from autotune.study.store import StudyStore
 from autotune.study.study_keys import reference_key
 
 __all__ = ["ReferenceKeeper", "ReferenceUnavailable"]
@@ -135,14 +136,9 @@ class ReferenceKeeper:
     def __init__(self, ctx: SearchContext, study: optuna.Study) -> None:
         self.ctx = ctx
         self.study = study
-        self.key = reference_key(socket.gethostname(), ctx.device)
-        stored = study.user_attrs.get(self.key)
-        self.record: ReferenceRecord | None = None
-        if isinstance(stored, dict):
-            try:
-                self.record = ReferenceRecord.model_validate(stored)
-            except ValueError:
-                self.record = None
+        self.where = (socket.gethostname(), ctx.device)
+        self.key = reference_key(*self.where)
+        self.record: ReferenceRecord | None = StudyStore(study).reference(*self.where)
         self.drifted = False
         # Measurements (by time) a disagreeing trial challenged already, or that a challenge
         # confirmed: never challenged (again).
@@ -152,7 +148,7 @@ class ReferenceKeeper:
 
     def _save(self) -> None:
         if self.record is not None:
-            self.study.set_user_attr(self.key, self.record.model_dump(mode="json"))
+            StudyStore(self.study).set_reference(*self.where, self.record)
 
     def establish(self) -> ReferenceRecord:
         """The reference with its loss curve: the long first run, or the stored one measured

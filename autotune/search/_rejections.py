@@ -17,10 +17,9 @@ def rejection_summary(trials: Iterable[FrozenTrial]) -> list[Rejection]:
     """Why search trials were rejected, grouped by mode and outcome, most common first.
 
     Example:
-        >>> from optuna.trial import create_trial
-        >>> from autotune.study.trials import TrialRecord
+        >>> from autotune.study.trials import TrialRecord, frozen_trial
         >>> queued = TrialRecord(outcome=Outcome.NOT_RUN, reason="the search ended first")
-        >>> rejection_summary([create_trial(state=TrialState.FAIL, user_attrs=queued.to_attrs())])
+        >>> rejection_summary([frozen_trial(queued, state=TrialState.FAIL)])
         []
     """
     groups: Counter[tuple[str, str]] = Counter()

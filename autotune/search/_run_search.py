@@ -60,11 +60,11 @@ from autotune.search._trial import TrialStep
 from autotune.search._validate import Selection, measure_spread, validation_reserve
 from autotune.search._validation_run import validate
 from autotune.spec import StudySpec
-from autotune.study import study_keys
 from autotune.study.claims import LEASE, holding, mark_done
 from autotune.study.crown import store_config, stored_config
 from autotune.study.reference import ReferenceRecord
 from autotune.study.storage import fail_stale, heartbeat, open_study
+from autotune.study.store import StudyStore
 from autotune.study.trials import (
     Rejection,
     TrialRecord,
@@ -101,11 +101,12 @@ class SearchResult:
 def _fix_choices(study: optuna.Study, spec: StudySpec, runnable: list[str]) -> list[str]:
     """The precision choices the sampler offers: the spec's modes the study's first device
     runs, stored with the study so every worker and every resumed run offers the same ones."""
-    stored = study.user_attrs.get(study_keys.PRECISION_CHOICES)
-    if isinstance(stored, list) and stored:
-        return [str(m) for m in stored]
+    store = StudyStore(study)
+    stored = store.precision_choices()
+    if stored is not None:
+        return stored
     choices = [m for m in spec.space.precisions if m in runnable] or list(spec.space.precisions)
-    study.set_user_attr(study_keys.PRECISION_CHOICES, choices)
+    store.set_precision_choices(choices)
     return cast(list[str], choices)  # precision names, read as plain strings
 
 
@@ -451,7 +452,7 @@ def _validate_once(
         trials=trials,
         rejected=outcome.rejected,
         seed_noise=noise,
-        fp16_diagnosis=study.user_attrs.get(study_keys.DIAGNOSIS),
+        fp16_diagnosis=StudyStore(study).diagnosis(),
     )
     return outcome
 
@@ -482,7 +483,7 @@ def _write_up(study: optuna.Study, outcome: _Outcome, out: Path, budget: Budget)
     path, config = None, outcome.config
     if config is not None:
         path = config.save(out / "best.json")
-        study.set_user_attr(study_keys.BEST_CONFIG, str(path))
+        StudyStore(study).set_best_config_path(path)
         store_config(study, config)
         if outcome.job:
             mark_done(study, outcome.job)

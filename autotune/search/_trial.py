@@ -34,10 +34,13 @@ from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.study import study_keys
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.storage import owner_id
+from autotune.study.store import StudyStore
 from autotune.study.trials import (
     TrialRecord,
     feasible_trials,
     is_feasible,
+    measurement_name,
+    name_measurement,
     objective_value,
     record,
     set_constraints,
@@ -308,7 +311,7 @@ class TrialStep:
             reference = self.refs.divisor(
                 cand, result.throughput, reference, same_work=self._same_work(cand)
             )
-        trial.set_user_attr(study_keys.MEASUREMENT, self.refs.name(reference))
+        name_measurement(trial, self.refs.name(reference))
         rec = TrialRecord(reference_throughput=reference.throughput)
         if reference.throughput > 0:
             rec.speedup = result.throughput / reference.throughput
@@ -396,7 +399,7 @@ class TrialStep:
             losses=list(ref.losses),
             parity_gap=0.0,
         ).write(trial)
-        trial.set_user_attr(study_keys.MEASUREMENT, self.refs.name(reference))
+        name_measurement(trial, self.refs.name(reference))
         set_constraints(trial, {"parity": -self.ctx.spec.parity_tolerance})
         value = 1.0
         if self.ctx.spec.objective == "time_to_loss":
@@ -446,8 +449,8 @@ class TrialStep:
         rec = record(trial)
         if rec.retry_of is not None or not trial.params:
             return
-        attrs = rec.settings(role=rec.role, retry_of=trial.number).to_attrs()
-        self.study.enqueue_trial(dict(trial.params), user_attrs=attrs)
+        retry = rec.settings(role=rec.role, retry_of=trial.number)
+        StudyStore(self.study).enqueue(trial.params, retry)
         logger.info("trial {} will be retried once", trial.number)
 
     def _latest(self) -> ReferenceMeasurement | None:
@@ -475,8 +478,8 @@ class TrialStep:
             if k not in ("role", "retry_of", "worker")
         }
         attrs["duplicate_of"] = twin.number
-        if study_keys.MEASUREMENT in twin.user_attrs:
-            attrs[study_keys.MEASUREMENT] = twin.user_attrs[study_keys.MEASUREMENT]
+        if (named := measurement_name(twin)) is not None:
+            attrs[study_keys.MEASUREMENT] = named
         write_attrs(trial.storage, trial._trial_id, attrs)
         if twin.state == TrialState.COMPLETE:
             set_constraints(trial, twin.constraints)

@@ -36,8 +36,8 @@ from autotune.service._scheduler import Scheduler
 from autotune.service._standing import StandingCache, StudyStanding
 from autotune.service._study_run import accepts
 from autotune.spec import StudySpec, format_duration, parse_duration, parse_spec
-from autotune.study import study_keys
 from autotune.study.storage import mask_url, open_storage, owner_alive
+from autotune.study.store import StudyStore
 
 __all__ = ["MAX_BUDGET", "RequestError", "TuningService"]
 
@@ -268,11 +268,12 @@ class TuningService:
             study = optuna.load_study(study_name=spec.name, storage=self.storage)
         except KeyError:
             return 0
-        if study.user_attrs.get(study_keys.SPACE_FINGERPRINT) != spec.space_fingerprint():
+        store = StudyStore(study)
+        if store.space_fingerprint() != spec.space_fingerprint():
             raise RequestError(
                 409,
                 f"study {spec.name!r} already exists in the service's storage with a different "
-                f"space (workload {study.user_attrs.get(study_keys.WORKLOAD, '?')!r}); its trials are "
+                f"space (workload {store.workload() or '?'!r}); its trials are "
                 f"kept. Submit under a new name, e.g. name: {spec.name}-2",
             )
         return len(study.trials)

@@ -19,8 +19,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.enums import Outcome
 from autotune.service._models import TrialInfo
-from autotune.study.crown import stored_config
-from autotune.study.reference import ReferenceMeasurement, stored_references
+from autotune.study.reference import ReferenceMeasurement
+from autotune.study.store import StudyStore
 from autotune.study.trials import (
     display_outcome,
     feasible_trials,
@@ -74,10 +74,10 @@ def trial_info(t: FrozenTrial) -> TrialInfo:
     )
 
 
-def latest_reference(attrs: dict[str, Any]) -> ReferenceMeasurement | None:
+def latest_reference(store: StudyStore) -> ReferenceMeasurement | None:
     """The most recent measurement of the study's fp32 references (a study the service runs
     is measured on one device at a time: the latest is the one its trials divide by now)."""
-    latest = [m for ref in stored_references(attrs).values() if (m := ref.latest()) is not None]
+    latest = [m for ref in store.references().values() if (m := ref.latest()) is not None]
     return max(latest, key=lambda m: m.at) if latest else None
 
 
@@ -93,8 +93,8 @@ def read_standing(study: optuna.Study) -> StudyStanding:
         outcome = display_outcome(t)
         if outcome is not None:
             out.by_outcome[outcome] = out.by_outcome.get(outcome, 0) + 1
-    attrs = study.user_attrs
-    ref = latest_reference(attrs)
+    store = StudyStore(study)
+    ref = latest_reference(store)
     out.reference_throughput = ref.throughput if ref is not None else None
     # The config, once there is one (the trial that carries validation's figure); before,
     # as validation ranks them: feasible, measured (not copied from a twin), best value first.
@@ -106,7 +106,7 @@ def read_standing(study: optuna.Study) -> StudyStanding:
         pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
         out.best = trial_info(pick(feasible, key=lambda t: cast(float, t.value)))
     out.latest = [trial_info(t) for t in trials[-_LATEST:]][::-1]
-    stored = stored_config(attrs)
+    stored = store.config()
     out.tuned_config = stored.model_dump(mode="json") if stored is not None else None
     return out
 

@@ -21,9 +21,9 @@ from autotune.errors import StorageError
 from autotune.files import create_file, make_dirs
 from autotune.redact import mask_url, remember, userinfo_ats
 from autotune.spec import StudySpec
-from autotune.study import study_keys
 from autotune.study.claims import claim, delete_claims, owner_alive, owner_id
 from autotune.study.guarded import GuardedStorage, database_error
+from autotune.study.store import StudyStore
 from autotune.study.trials import TrialRecord, record, write_attrs
 
 __all__ = [
@@ -175,27 +175,26 @@ def open_study(
         raise StorageError(f"storage {mask_url(spec.storage)!r} cannot be read: {exc}") from None
     if spec.name in existing:
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
-        stored = study.user_attrs.get(study_keys.SPACE_FINGERPRINT)
+        store = StudyStore(study)
+        stored = store.space_fingerprint()
         for _ in range(20):
             if stored is not None:
                 break
             # Another worker has just created it and is writing its attributes.
             time.sleep(0.25)  # another process writes it: real time
-            stored = optuna.load_study(study_name=spec.name, storage=storage).user_attrs.get(
-                study_keys.SPACE_FINGERPRINT
-            )
+            stored = store.space_fingerprint()
         if stored != fingerprint:
             raise StorageError(
                 f"study {spec.name!r} already exists in {mask_url(spec.storage)!r} with a different "
                 f"space (workload, space, probe lengths or objective changed; stored "
-                f"{study.user_attrs.get(study_keys.WORKLOAD, '?')!r}); its {len(study.trials)} trials are kept. "
+                f"{store.workload() or '?'!r}); its {len(study.trials)} trials are kept. "
                 f"Use --name {spec.name}-2 for a new study, or run with the spec it was made with"
             )
-        kept = study.user_attrs.get(study_keys.SPEC)
-        if isinstance(kept, dict) and kept.get("storage") != mask_url(str(kept.get("storage"))):
+        kept = store.spec()
+        if kept is not None and kept.get("storage") != mask_url(str(kept.get("storage"))):
             # Made by a version that stored the password: write it again without.
             with contextlib.suppress(SQLAlchemyError, optuna.exceptions.StorageInternalError):
-                study.set_user_attr(study_keys.SPEC, {**kept, "storage": mask_url(kept["storage"])})
+                store.set_spec({**kept, "storage": mask_url(kept["storage"])})
         if study.metric_names is None:  # made by a version that did not name it
             # Several workers resuming at once may race to write it: one write is enough.
             with contextlib.suppress(SQLAlchemyError, optuna.exceptions.StorageInternalError):
@@ -216,9 +215,7 @@ def open_study(
         return open_study(spec, storage, create=False)
     # Before the fingerprint: workers joining wait for it, then find the study complete.
     name_objective(study, spec.objective)
-    study.set_user_attr(study_keys.SPACE_FINGERPRINT, fingerprint)
-    study.set_user_attr(study_keys.WORKLOAD, spec.workload)
-    study.set_user_attr(study_keys.SPEC, stored_spec(spec))
+    StudyStore(study).set_identity(fingerprint, spec.workload, stored_spec(spec))
     return study
 
 
@@ -324,7 +321,7 @@ def retry_stale_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> N
     if not trial.params:
         return
     retry = rec.settings(retry_of=trial.number, role=rec.role)
-    study.enqueue_trial(dict(trial.params), user_attrs=retry.to_attrs())
+    StudyStore(study).enqueue(trial.params, retry)
 
 
 @contextmanager

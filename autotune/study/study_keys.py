@@ -1,8 +1,8 @@
 """The study's keys: every user attribute autotune stores on an Optuna study, named once.
 
 As optuna keeps ``_CONSTRAINTS_KEY`` beside the one rule that reads it, autotune keeps the name of
-everything it stores on a study here, and every module reads and writes through these names: a
-reader never spells a key. What a *trial* stores is :class:`autotune.study.trials.TrialRecord`'s
+everything it stores on a study here, and the study store (:mod:`autotune.study.store`) reads
+and writes through these names: a reader never spells a key. What a *trial* stores is :class:`autotune.study.trials.TrialRecord`'s
 fields; the one trial attribute outside it (:data:`MEASUREMENT`) is named here too.
 
 Older studies may also hold ``time_spent`` (wall seconds by phase): nothing read it, so it is no
@@ -22,6 +22,7 @@ fp16_diagnosis                 what diagnosing fp16's divergence found (its modu
 ceilings:<host>:<device>       the batch ceiling of each mode on one device of one machine
 ceiling_limits:<host>:<device> what limited each ceiling: memory, margin, time, cap, crash
 reference:<host>:<device>      the fp32 reference of one device of one machine
+ceilings:<device>              older studies: the batch ceilings of a device, without the machine
 =============================  =============================================================
 """
 
@@ -39,6 +40,7 @@ __all__ = [
     "WORKLOAD",
     "ceilings_key",
     "parse_ceilings_key",
+    "parse_legacy_ceilings_key",
     "parse_reference_key",
     "reference_key",
 ]
@@ -103,6 +105,21 @@ def parse_ceilings_key(key: str) -> tuple[str, str] | None:
         True
     """
     return _parse(_CEILINGS, key)
+
+
+def parse_legacy_ceilings_key(key: str) -> str | None:
+    """The device of an older study's ceilings key (``ceilings:<device>``, one table per device
+    without the machine), or None when ``key`` is not one.
+
+    Example:
+        >>> parse_legacy_ceilings_key("ceilings:cuda")
+        'cuda'
+        >>> parse_legacy_ceilings_key("ceilings:box1:cuda:0") is None
+        True
+    """
+    if not key.startswith(f"{_CEILINGS}:") or parse_ceilings_key(key) is not None:
+        return None
+    return key[len(_CEILINGS) + 1 :]
 
 
 def parse_reference_key(key: str) -> tuple[str, str] | None:

@@ -49,7 +49,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from autotune.enums import Outcome
 from autotune.spec import Candidate
-from autotune.study.study_keys import ceilings_key, parse_ceilings_key
+from autotune.study.study_keys import MEASUREMENT, ceilings_key, parse_ceilings_key
 
 __all__ = [
     "CONSTRAINTS_KEY",
@@ -61,8 +61,11 @@ __all__ = [
     "constraints",
     "display_outcome",
     "feasible_trials",
+    "frozen_trial",
     "is_feasible",
     "label",
+    "measurement_name",
+    "name_measurement",
     "objective_value",
     "parse_ceilings_key",
     "record",
@@ -188,6 +191,18 @@ class TrialRecord(BaseModel):
             own["kept_lr"] = self.kept_lr
         return TrialRecord(**(own | fields))
 
+    def without(self, *fields: str) -> TrialRecord:
+        """This record with ``fields`` unset, so not stored.
+
+        Example:
+            >>> TrialRecord(outcome=Outcome.NOT_RUN, reason="the search ended", kept_lr=0.5).without(
+            ...     "outcome", "reason"
+            ... ).to_attrs()
+            {'kept_lr': 0.5}
+        """
+        kept = self.model_fields_set - set(fields)
+        return TrialRecord.model_construct(kept, **{k: getattr(self, k) for k in kept})
+
     def write(self, trial: optuna.Trial) -> None:
         """Store the fields that were set on a running trial."""
         attrs = self.to_attrs()
@@ -211,6 +226,30 @@ def _json_safe(value: Any) -> Any:
 def record(trial: FrozenTrial | optuna.Trial) -> TrialRecord:
     """Shorthand for :meth:`TrialRecord.from_trial`."""
     return TrialRecord.from_trial(trial)
+
+
+def frozen_trial(rec: TrialRecord, **fields: Any) -> FrozenTrial:
+    """A trial that stores ``rec``, made by ``optuna.trial.create_trial`` with ``fields``
+    (``state``, ``value``, ``params``, ...): for ``study.add_trial``, and for examples.
+
+    Example:
+        >>> made = frozen_trial(TrialRecord(outcome=Outcome.OOM), state=TrialState.FAIL)
+        >>> record(made).outcome
+        <Outcome.OOM: 'oom'>
+    """
+    return optuna.trial.create_trial(user_attrs=rec.to_attrs(), **fields)
+
+
+def measurement_name(trial: FrozenTrial | optuna.Trial) -> dict[str, Any] | None:
+    """How a trial names the fp32 reference measurement its speedup was divided by (its
+    ``reference_measurement``: ``{"key", "index"}``), or None when it names none."""
+    named = trial.user_attrs.get(MEASUREMENT)
+    return named if isinstance(named, dict) else None
+
+
+def name_measurement(trial: optuna.Trial, name: Mapping[str, Any]) -> None:
+    """Store on a running trial the reference measurement its speedup was divided by."""
+    trial.set_user_attr(MEASUREMENT, dict(name))
 
 
 # ---- constraints and feasibility -------------------------------------------------------------
