@@ -8,10 +8,10 @@ from typing import cast
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.parity import clearly_off
-from autotune.search._risk import carries_risk, settings_key, unproven
+from autotune.search._risk import carries_risk, overflow_step, settings_key, unproven
 from autotune.study.trials import constraints, feasible_trials, is_feasible, record
 
-__all__ = ["eligible", "safe_standby", "shortlist"]
+__all__ = ["eligible", "safe_standby", "shortlist", "slower_bar"]
 
 
 def shortlist(  # noqa: PLR0913 - the shortlist's rules, keyword-only
@@ -151,3 +151,37 @@ def safe_standby(  # noqa: PLR0913 - the standby's rules, keyword-only
         and t not in ruled_out
     ]
     return max(options, key=_rank, default=None)
+
+
+def slower_bar(
+    trials: Iterable[FrozenTrial], *, risky: bool, batch: int, parity_tolerance: float
+) -> FrozenTrial | None:
+    """The trial a probe is stopped as slower than: the best feasible trial no probe found off
+    parity (one on the boundary would stop the safe ones below it), none above ``batch`` with
+    a parity gap past half the tolerance (validation may refuse it; a smaller batch is its
+    standby), none an fp16 trial shorter than fp16's known overflow (it may diverge); for a
+    candidate not ``risky``, the best safe one (a risky bar may fail validation and leave no
+    safe pick to fall back to)."""
+    trials = list(trials)
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    contested = {_curve_settings(t) for t in done if not is_feasible(t)}
+    overflow = overflow_step(t for t in trials if t.state == TrialState.PRUNED)
+    bars = [
+        t
+        for t in feasible_trials(done)
+        if _curve_settings(t) not in contested
+        and not unproven(t, overflow)
+        and (risky or not carries_risk(t.params))
+        and (
+            t.params.get("batch_size", 0) <= batch
+            or (record(t).parity_gap or 0.0) <= parity_tolerance / 2
+        )
+    ]
+    return max(bars, key=lambda t: cast(float, t.value)) if bars else None
+
+
+def _curve_settings(trial: FrozenTrial) -> tuple[object, ...]:
+    """What decides a trial's loss curve, apart from the seed: precision, batch and lr (the
+    GradScaler's init_scale only shifts its first steps)."""
+    p = trial.params
+    return (p.get("precision"), p.get("batch_size"), p.get("lr_multiplier"))

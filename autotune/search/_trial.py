@@ -29,7 +29,8 @@ from autotune.search._events import Standing, TrialFinished, TrialStarted
 from autotune.search._hardware import lower_ceiling
 from autotune.search._probe_settings import trial_settings
 from autotune.search._reference import ReferenceKeeper
-from autotune.search._risk import cannot_compile, carries_risk, not_worth, overflow_step, unproven
+from autotune.search._risk import cannot_compile, carries_risk, not_worth
+from autotune.search._shortlist import slower_bar
 from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.study import study_keys
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
@@ -38,7 +39,6 @@ from autotune.study.store import StudyStore
 from autotune.study.trials import (
     TrialRecord,
     feasible_trials,
-    is_feasible,
     measurement_name,
     name_measurement,
     objective_value,
@@ -242,7 +242,12 @@ class TrialStep:
         below = None
         best = standing(self.study, reference)
         if best.best_params is not None and self.ctx.maximize:
-            best_trial = self._best_trial(carries_risk(dict(cand)), cand.batch_size)
+            best_trial = slower_bar(
+                self.study.get_trials(deepcopy=False),
+                risky=carries_risk(dict(cand)),
+                batch=cand.batch_size,
+                parity_tolerance=self.ctx.spec.parity_tolerance,
+            )
             low = record(best_trial).speedup_low if best_trial is not None else None
             if low and low > 0:  # an interval wider than the value has no lower bound
                 below = low * reference.throughput
@@ -255,26 +260,6 @@ class TrialStep:
             reference_losses=ref.finite_losses,
             reference_batch_size=ref.batch_size,
         )
-
-    def _best_trial(self, risky: bool, batch: int) -> FrozenTrial | None:
-        """The bar for "slower": the best feasible trial no probe found off parity (one on the
-        boundary would stop the safe ones below it), none above ``batch`` with a parity gap
-        past half the tolerance (validation may refuse it; a smaller batch is its standby);
-        for a safe candidate, the best safe one (a risky bar may fail validation)."""
-        half = self.ctx.spec.parity_tolerance / 2
-        done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        contested = {_settings(t) for t in done if not is_feasible(t)}
-        # Nor is an fp16 trial shorter than fp16's known overflow: it may diverge.
-        overflow = overflow_step(self.study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)))
-        bars = [
-            t
-            for t in feasible_trials(done)
-            if _settings(t) not in contested
-            and not unproven(t, overflow)
-            and (risky or not carries_risk(t.params))
-            and (t.params.get("batch_size", 0) <= batch or (record(t).parity_gap or 0.0) <= half)
-        ]
-        return max(bars, key=lambda t: cast(float, t.value)) if bars else None
 
     # ---- telling ---------------------------------------------------------------------------------
 
@@ -494,13 +479,6 @@ class TrialStep:
                 standing=standing(self.study, self._latest()),
             )
         )
-
-
-def _settings(trial: FrozenTrial) -> tuple[object, ...]:
-    """What decides a trial's loss curve, apart from the seed: precision, batch and lr (the
-    GradScaler's init_scale only shifts its first steps)."""
-    p = trial.params
-    return (p.get("precision"), p.get("batch_size"), p.get("lr_multiplier"))
 
 
 def _ratio_interval(ratio: float, a: float, b: float) -> tuple[float, float]:
