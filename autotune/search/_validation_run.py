@@ -20,43 +20,41 @@ from loguru import logger
 from optuna.trial import FrozenTrial
 
 from autotune.enums import Outcome
-from autotune.measure.parity import clearly_off, parity_gap
-from autotune.measure.result import PairedResult, ProbeResult
+from autotune.measure.parity import clearly_off
+from autotune.measure.result import PairedResult
 from autotune.measure.stats import MIN_VALUES
 from autotune.search._budget import WRITE_RESERVE
 from autotune.search._context import SearchContext
-from autotune.search._risk import RuledOut, fp16_horizon, steps_run
+from autotune.search._rerun import (
+    least_seconds,
+    paired_rerun,
+    reference_arm,
+    run_alone,
+    run_pair,
+    shared_samples,
+    would_pass,
+)
+from autotune.search._risk import RuledOut, fp16_horizon
 from autotune.search._validate import (
     UPPER,
     Rerun,
     Selection,
     candidates,
     charged,
-    covered,
     gap_bound,
-    judge,
     parity_bar,
     select,
     with_gap,
 )
 from autotune.search._validation_time import (
-    ENDURANCE_SHARE,
     LONGER,
     compiling,
-    endurance_seconds,
-    in_pair_seconds,
     proof_seconds,
     rerun_need,
-    setup_seconds,
-    six_pairs,
 )
 from autotune.study.reference import ReferenceRecord
-from autotune.study.trials import candidate, record
 
 __all__ = ["validate"]
-
-# Each arm of a validation pair measures for about this share of the pair's slice.
-_PAIR_SHARE = 0.3
 
 
 def validate(
@@ -87,7 +85,7 @@ def validate(
             break
         fresh = _round(ctx, study, reference, (leaders, standby), end, reruns, noise, ruled)
         reruns += fresh
-        ref_run, noise = _reference_run(reruns, reference, tol)
+        ref_run, noise = reference_arm(reruns, reference, tol)
         reruns = _lengthen(ctx, reference, reruns, fresh, noise)
         reruns = _reseed_all(ctx, reference, reruns, [r.trial for r in fresh], noise)
         selection = select(reruns, min_speedup=min_speedup, parity_tolerance=tol, seed_noise=noise)
@@ -149,38 +147,18 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         ]
         needs = [rerun_need(ctx, t, horizon) for t in rest]
         # What the ones after it must keep: each its least, fp16's horizon included.
-        keep = sum(1.5 * _least(ctx, t) + proof_seconds(ctx, t, horizon) for t in rest[1:])
+        keep = sum(1.5 * least_seconds(ctx, t) + proof_seconds(ctx, t, horizon) for t in rest[1:])
         # At least what it needs to be measured at all, where that is left: a share short of
         # it skips it for certain, and a better candidate goes unmeasured for a worse one.
-        room = max(left - keep, min(left, _least(ctx, trial) + proof_seconds(ctx, trial, horizon)))
+        least = least_seconds(ctx, trial) + proof_seconds(ctx, trial, horizon)
+        room = max(left - keep, min(left, least))
         # At most twice its need: what it leaves goes to the next round, should it fail.
         share = min(max(left * needs[0] / sum(needs), needs[0]), room, 2 * needs[0])
-        rerun = _rerun(ctx, trial, reference, share=share, horizon=horizon)
+        rerun = paired_rerun(ctx, trial, reference, share=share, horizon=horizon)
         out.append(rerun)
         if rerun.paired is not None or rerun.endurance is not None:
             _rule_out(ruled, rerun)
     return out
-
-
-def _least(ctx: SearchContext, trial: FrozenTrial) -> float:
-    """The least time that gives ``trial`` an interval: its set-up, six pairs, compiling."""
-    return six_pairs(ctx, trial) + compiling(trial) + 1.0
-
-
-def _reference_run(
-    reruns: list[Rerun], reference: ReferenceRecord, tol: float
-) -> tuple[PairedResult | None, float]:
-    """The first reference arm measured, and the seed noise it and the search's repeats give
-    together (one root mean square of every seed gap they saw)."""
-    ref_run = next(
-        (
-            r.paired
-            for r in reruns
-            if r.paired is not None and r.paired.reference.ok and r.paired.reference.throughput > 0
-        ),
-        None,
-    )
-    return ref_run, reference.seed_noise(tol, also=_seed_gaps(ref_run, reference))
 
 
 def _rule_out(ruled: RuledOut, rerun: Rerun) -> None:
@@ -191,134 +169,6 @@ def _rule_out(ruled: RuledOut, rerun: Rerun) -> None:
     outcome = result.outcome if result is not None else Outcome.COMPLETED
     overflowed = result is not None and any(not math.isfinite(v) for v in result.losses)
     ruled.add(rerun.trial, outcome, overflowed)
-
-
-def _endure(
-    ctx: SearchContext, trial: FrozenTrial, horizon: int, share: float, *, ran: int = 0
-) -> ProbeResult | None:
-    """An fp16 candidate run alone to ``horizon`` steps (or as far as its time reaches: at
-    most ``share``, its set-up and warm-up paid out of it): does its loss stay in range?
-    None when it ran that far in the search already, when its time reaches no further than
-    the search's run or its pair (``ran`` steps) did, or when the run ended for another
-    reason than a divergence (a run stopped at its limit proves nothing either way)."""
-    seconds = endurance_seconds(ctx, trial, horizon)
-    rec = record(trial)
-    if not seconds or not rec.throughput:
-        return None
-    probe = ctx.spec.probe
-    step = trial.params.get("batch_size", 1) / rec.throughput
-    # Its time limit counts from its start: set-up and warm-up come out of it.
-    limit = min(share, seconds)
-    timed = limit - (probe.warmup_steps + 2) * step - setup_seconds(trial)
-    if timed < (max(ran, steps_run(trial)) - probe.warmup_steps + 1) * step:
-        return None
-    settings = probe.model_copy(
-        update={
-            "steps": max(1, horizon - probe.warmup_steps),
-            "min_time": 0.0,
-            "time_limit": max(1.0, limit),
-            "seed": probe.seed + 1,
-            "early_stop": False,
-        }
-    )
-    result = ctx.run_probe(candidate(trial), settings, within=share)
-    logger.info("validation of {}: alone for {} steps: {}", trial.number, horizon, result.summary())
-    return result if result.ok or result.outcome == Outcome.DIVERGED else None
-
-
-def _rerun(
-    ctx: SearchContext,
-    trial: FrozenTrial,
-    reference: ReferenceRecord,
-    *,
-    share: float,
-    horizon: int = 0,
-) -> Rerun:
-    """One candidate measured again, paired with the reference, inside ``share`` seconds (a
-    compiled one only where its share covers compiling again and six pairs after it); an
-    fp16 one whose pair would be accepted then runs alone to ``horizon`` steps, in the time
-    kept for it, so a refusal for speed or parity never pays for it."""
-    started = ctx.budget.elapsed()
-    seconds = compiling(trial)
-    least = seconds + six_pairs(ctx, trial)
-    kept = endurance_seconds(ctx, trial, horizon, capped=False) if horizon else 0.0
-    along = in_pair_seconds(ctx, trial, horizon) if kept else 0.0
-    steps = 0
-    if along and along <= kept and least + along <= share:
-        # Cheaper than a run alone (its build and first step): the pair's arms run to the
-        # horizon, and fp16's verdict comes from the pair itself.
-        kept, steps = 0.0, horizon
-    if kept and kept > min(ENDURANCE_SHARE * ctx.budget.total, share - least):
-        # fp16 cannot be run to its horizon beside its pair in this share: a verdict short of
-        # it would be refused, so the time goes to the next candidate.
-        cap = ENDURANCE_SHARE * ctx.budget.total
-        limit = (
-            f"the {cap:.0f}s ({ENDURANCE_SHARE:.0%} of the budget) an fp16 run alone may take"
-            if cap < share - least
-            else f"its {share:.0f}s share leaves beside its pairs"
-        )
-        why = (
-            f"not validated: running fp16 to {horizon} steps takes about {kept:.0f}s, more "
-            f"than {limit}; give the search more time"
-        )
-        return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
-    pair_share = share - kept
-    if pair_share < least:
-        # Too short for the pairs an interval needs: measuring would only overrun the budget.
-        again = f"compiling it again ({seconds:.0f}s), " if seconds else ""
-        why = (
-            f"not validated: {share:.0f}s left, too short for {again}its set-up and the "
-            f"{MIN_VALUES} pairs where {MIN_VALUES} are needed; give the search more time"
-        )
-        return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
-    paired = _pair(ctx, trial, reference, pair_share, seconds, steps=steps)
-    rerun = with_gap(Rerun(trial, paired, share=share, horizon=horizon), reference)
-    if horizon and covered(rerun) < horizon and _would_pass(ctx, reference, rerun):
-        left = share - (ctx.budget.elapsed() - started)
-        rerun.endurance = _endure(ctx, trial, horizon, left, ran=len(paired.candidate.losses))
-    return rerun
-
-
-def _would_pass(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) -> bool:
-    """Would this pair be accepted on its figures (speed and parity, as :func:`select` judges
-    them, with the seed noise its own reference arm gives)?"""
-    paired, tol = rerun.paired, ctx.spec.parity_tolerance
-    if paired is None or not paired.ok or paired.pairs < MIN_VALUES:
-        return False
-    noise = _reference_run([rerun], reference, tol)[1]
-    verdict = judge(
-        "", rerun, min_speedup=ctx.spec.validation.min_speedup, parity_tolerance=tol,
-        seed_noise=noise,
-    )  # fmt: skip
-    return verdict is None
-
-
-def _pair(  # noqa: PLR0913 - one pair's settings, from validation alone
-    ctx: SearchContext, trial: FrozenTrial, reference: ReferenceRecord, share: float,
-    seconds: float, seed: int = 1, steps: int = 0,
-) -> PairedResult:  # fmt: skip
-    """The paired run itself, in ``share`` seconds, ``seconds`` of them compiling, at the
-    probe's seed plus ``seed``, its arms running ``steps`` steps at least."""
-    probe = ctx.spec.probe
-    settings = probe.model_copy(
-        update={"steps": max(ctx.spec.validation.steps, steps), "seed": probe.seed + seed}
-    )
-    # The pair measures for most of its share (each arm about a third of it; warm-ups and
-    # the reference's catch-up to the horizon fit in the rest): the budget kept for
-    # validation buys a tighter interval instead of going unused. Compiling counts apart.
-    timed = share - seconds
-    min_time = max(ctx.default_min_time if settings.min_time is None else settings.min_time,
-                   _PAIR_SHARE * timed)  # fmt: skip
-    paired = ctx.run_compare(
-        candidate(trial),
-        reference.candidate(),
-        settings.model_copy(
-            update={"time_limit": max(1.0, timed - 1.0), "min_time": min_time, "precision": 0.005}
-        ),
-        timeout=share + ctx.hard_grace(),
-    )
-    logger.info("validation of {}: {}", trial.number, paired.summary())
-    return paired
 
 
 # A parity horizon shorter than this share of the candidate's own curve is short.
@@ -345,7 +195,7 @@ def _lengthen(
             r = out[i]
             why = (
                 f"not validated: its parity gap, {r.gap[0] if r.gap else 0.0:+.1%} over "
-                f"{_shared_samples(r.paired):,} samples, grows to about {grown:+.1%} as a larger "
+                f"{shared_samples(r.paired):,} samples, grows to about {grown:+.1%} as a larger "
                 "batch's did over a longer horizon"
             )
             out[i] = Rerun(r.trial, None, share=r.share, skipped=why, horizon=r.horizon)
@@ -362,7 +212,7 @@ def _grown_gap(ctx: SearchContext, rerun: Rerun, reruns: list[Rerun], noise: flo
     batch = rerun.trial.params.get("batch_size", 0)
     if rerun.first_gap is not None or rerun.gap is None or rerun.gap[0] > tol + noise:
         return None
-    seen = _shared_samples(rerun.paired)
+    seen = shared_samples(rerun.paired)
     growth = [
         q.gap[0] / max(q.first_gap, tol / 10)
         for q in reruns
@@ -371,7 +221,7 @@ def _grown_gap(ctx: SearchContext, rerun: Rerun, reruns: list[Rerun], noise: flo
         and q.gap[0] > tol + noise
         and q.trial.params.get("precision") == mode
         and q.trial.params.get("batch_size", 0) > batch
-        and _shared_samples(q.paired) > seen
+        and shared_samples(q.paired) > seen
     ]
     grown = max(growth, default=0.0) * rerun.gap[0]
     return grown if grown > tol + noise else None
@@ -391,7 +241,7 @@ def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise
     # is a small part of what the candidate ran): a lasting gap may still be showing.
     paired = rerun.paired
     short = paired is not None and len(paired.candidate.losses) * paired.candidate.batch_size > (
-        _SHORT * _shared_samples(paired)
+        _SHORT * shared_samples(paired)
     )
     growing = (
         grew is not None
@@ -408,10 +258,10 @@ def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise
         "horizon",
         rerun.trial.number,
         gap[0],
-        _shared_samples(rerun.paired),
+        shared_samples(rerun.paired),
         "within a larger batch's early lag" if lagging else "and still growing",
     )
-    again = _rerun(ctx, rerun.trial, reference, share=share, horizon=rerun.horizon)
+    again = paired_rerun(ctx, rerun.trial, reference, share=share, horizon=rerun.horizon)
     again.endurance = again.endurance or rerun.endurance
     again.first_gap = gap[0]
     return again
@@ -442,7 +292,7 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
         return rerun
     trial, seconds = rerun.trial, compiling(rerun.trial)
     share = min(rerun.share, ctx.budget.total - WRITE_RESERVE - ctx.budget.elapsed())
-    if share < _least(ctx, trial):
+    if share < least_seconds(ctx, trial):
         return rerun
     logger.info(
         "validation of {}: {:+.1%} off parity, a verdict one seed's spread could turn: "
@@ -450,7 +300,9 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
         trial.number,
         rerun.gap[0],
     )
-    other = with_gap(Rerun(trial, _pair(ctx, trial, reference, share, seconds, seed=2)), reference)
+    other = with_gap(
+        Rerun(trial, run_pair(ctx, trial, reference, share, seconds, seed=2)), reference
+    )
     if other.gap is None:
         return rerun
     gap = ((rerun.gap[0] + other.gap[0]) / 2, rerun.gap[1], rerun.gap[2])
@@ -460,11 +312,11 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
     # batch whose true gap was 5.25%).
     error = max(math.hypot(rerun.gap_error, other.gap_error), abs(rerun.gap[0] - other.gap[0])) / 2
     merged = replace(rerun, gap=gap, gap_error=error, seeds=2)
-    if merged.horizon and merged.endurance is None and _would_pass(ctx, reference, merged):
+    if merged.horizon and merged.endurance is None and would_pass(ctx, reference, merged):
         # fp16's run alone was kept for a pair that would pass: this one now would.
         left = ctx.budget.total - WRITE_RESERVE - ctx.budget.elapsed()
         ran = len(paired.candidate.losses)
-        merged.endurance = _endure(ctx, trial, merged.horizon, left, ran=ran)
+        merged.endurance = run_alone(ctx, trial, merged.horizon, left, ran=ran)
     return merged
 
 
@@ -490,21 +342,3 @@ def _reseed_all(
     for i in order:
         out[i] = _reseed(ctx, reference, reruns[i], noise)
     return out
-
-
-def _shared_samples(paired: PairedResult | None) -> int:
-    """The samples both arms of a pair saw: the horizon its parity gap is taken at."""
-    if paired is None:
-        return 0
-    c, r = paired.candidate, paired.reference
-    return min(len(c.losses) * c.batch_size, len(r.losses) * r.batch_size)
-
-
-def _seed_gaps(ref_run: PairedResult | None, reference: ReferenceRecord) -> list[float]:
-    """How far a fresh seed moved the reference's loss curve by itself: its validation arm's
-    gap to its first run (none where there is no arm to compare)."""
-    if ref_run is None or not reference.finite_losses:
-        return []
-    r = ref_run.reference
-    seed_gap = parity_gap(r.losses, r.batch_size, reference.finite_losses, reference.batch_size)
-    return [seed_gap[0]] if seed_gap else []

@@ -1,0 +1,205 @@
+"""One shortlisted candidate measured again: paired with the fp32 reference in its share of
+validation's time, and fp16 run alone to its overflow horizon where its pair would pass."""
+
+from __future__ import annotations
+
+from loguru import logger
+from optuna.trial import FrozenTrial
+
+from autotune.enums import Outcome
+from autotune.measure.parity import parity_gap
+from autotune.measure.result import PairedResult, ProbeResult
+from autotune.measure.stats import MIN_VALUES
+from autotune.search._context import SearchContext
+from autotune.search._risk import steps_run
+from autotune.search._validate import Rerun, covered, judge, with_gap
+from autotune.search._validation_time import (
+    ENDURANCE_SHARE,
+    compiling,
+    endurance_seconds,
+    in_pair_seconds,
+    setup_seconds,
+    six_pairs,
+)
+from autotune.study.reference import ReferenceRecord
+from autotune.study.trials import candidate, record
+
+__all__ = [
+    "least_seconds",
+    "paired_rerun",
+    "reference_arm",
+    "run_alone",
+    "run_pair",
+    "shared_samples",
+    "would_pass",
+]
+
+# Each arm of a validation pair measures for about this share of the pair's slice.
+_PAIR_SHARE = 0.3
+
+
+def least_seconds(ctx: SearchContext, trial: FrozenTrial) -> float:
+    """The least time that gives ``trial`` an interval: its set-up, six pairs, compiling."""
+    return six_pairs(ctx, trial) + compiling(trial) + 1.0
+
+
+def reference_arm(
+    reruns: list[Rerun], reference: ReferenceRecord, tol: float
+) -> tuple[PairedResult | None, float]:
+    """The first reference arm measured, and the seed noise it and the search's repeats give
+    together (one root mean square of every seed gap they saw)."""
+    ref_run = next(
+        (
+            r.paired
+            for r in reruns
+            if r.paired is not None and r.paired.reference.ok and r.paired.reference.throughput > 0
+        ),
+        None,
+    )
+    return ref_run, reference.seed_noise(tol, also=_seed_gaps(ref_run, reference))
+
+
+def _seed_gaps(ref_run: PairedResult | None, reference: ReferenceRecord) -> list[float]:
+    """How far a fresh seed moved the reference's loss curve by itself: its validation arm's
+    gap to its first run (none where there is no arm to compare)."""
+    if ref_run is None or not reference.finite_losses:
+        return []
+    r = ref_run.reference
+    seed_gap = parity_gap(r.losses, r.batch_size, reference.finite_losses, reference.batch_size)
+    return [seed_gap[0]] if seed_gap else []
+
+
+def shared_samples(paired: PairedResult | None) -> int:
+    """The samples both arms of a pair saw: the horizon its parity gap is taken at."""
+    if paired is None:
+        return 0
+    c, r = paired.candidate, paired.reference
+    return min(len(c.losses) * c.batch_size, len(r.losses) * r.batch_size)
+
+
+def run_alone(
+    ctx: SearchContext, trial: FrozenTrial, horizon: int, share: float, *, ran: int = 0
+) -> ProbeResult | None:
+    """An fp16 candidate run alone to ``horizon`` steps (or as far as its time reaches: at
+    most ``share``, its set-up and warm-up paid out of it): does its loss stay in range?
+    None when it ran that far in the search already, when its time reaches no further than
+    the search's run or its pair (``ran`` steps) did, or when the run ended for another
+    reason than a divergence (a run stopped at its limit proves nothing either way)."""
+    seconds = endurance_seconds(ctx, trial, horizon)
+    rec = record(trial)
+    if not seconds or not rec.throughput:
+        return None
+    probe = ctx.spec.probe
+    step = trial.params.get("batch_size", 1) / rec.throughput
+    # Its time limit counts from its start: set-up and warm-up come out of it.
+    limit = min(share, seconds)
+    timed = limit - (probe.warmup_steps + 2) * step - setup_seconds(trial)
+    if timed < (max(ran, steps_run(trial)) - probe.warmup_steps + 1) * step:
+        return None
+    settings = probe.model_copy(
+        update={
+            "steps": max(1, horizon - probe.warmup_steps),
+            "min_time": 0.0,
+            "time_limit": max(1.0, limit),
+            "seed": probe.seed + 1,
+            "early_stop": False,
+        }
+    )
+    result = ctx.run_probe(candidate(trial), settings, within=share)
+    logger.info("validation of {}: alone for {} steps: {}", trial.number, horizon, result.summary())
+    return result if result.ok or result.outcome == Outcome.DIVERGED else None
+
+
+def paired_rerun(
+    ctx: SearchContext,
+    trial: FrozenTrial,
+    reference: ReferenceRecord,
+    *,
+    share: float,
+    horizon: int = 0,
+) -> Rerun:
+    """One candidate measured again, paired with the reference, inside ``share`` seconds (a
+    compiled one only where its share covers compiling again and six pairs after it); an
+    fp16 one whose pair would be accepted then runs alone to ``horizon`` steps, in the time
+    kept for it, so a refusal for speed or parity never pays for it."""
+    started = ctx.budget.elapsed()
+    seconds = compiling(trial)
+    least = seconds + six_pairs(ctx, trial)
+    kept = endurance_seconds(ctx, trial, horizon, capped=False) if horizon else 0.0
+    along = in_pair_seconds(ctx, trial, horizon) if kept else 0.0
+    steps = 0
+    if along and along <= kept and least + along <= share:
+        # Cheaper than a run alone (its build and first step): the pair's arms run to the
+        # horizon, and fp16's verdict comes from the pair itself.
+        kept, steps = 0.0, horizon
+    if kept and kept > min(ENDURANCE_SHARE * ctx.budget.total, share - least):
+        # fp16 cannot be run to its horizon beside its pair in this share: a verdict short of
+        # it would be refused, so the time goes to the next candidate.
+        cap = ENDURANCE_SHARE * ctx.budget.total
+        limit = (
+            f"the {cap:.0f}s ({ENDURANCE_SHARE:.0%} of the budget) an fp16 run alone may take"
+            if cap < share - least
+            else f"its {share:.0f}s share leaves beside its pairs"
+        )
+        why = (
+            f"not validated: running fp16 to {horizon} steps takes about {kept:.0f}s, more "
+            f"than {limit}; give the search more time"
+        )
+        return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
+    pair_share = share - kept
+    if pair_share < least:
+        # Too short for the pairs an interval needs: measuring would only overrun the budget.
+        again = f"compiling it again ({seconds:.0f}s), " if seconds else ""
+        why = (
+            f"not validated: {share:.0f}s left, too short for {again}its set-up and the "
+            f"{MIN_VALUES} pairs where {MIN_VALUES} are needed; give the search more time"
+        )
+        return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
+    paired = run_pair(ctx, trial, reference, pair_share, seconds, steps=steps)
+    rerun = with_gap(Rerun(trial, paired, share=share, horizon=horizon), reference)
+    if horizon and covered(rerun) < horizon and would_pass(ctx, reference, rerun):
+        left = share - (ctx.budget.elapsed() - started)
+        rerun.endurance = run_alone(ctx, trial, horizon, left, ran=len(paired.candidate.losses))
+    return rerun
+
+
+def would_pass(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) -> bool:
+    """Would this pair be accepted on its figures (speed and parity, as :func:`select` judges
+    them, with the seed noise its own reference arm gives)?"""
+    paired, tol = rerun.paired, ctx.spec.parity_tolerance
+    if paired is None or not paired.ok or paired.pairs < MIN_VALUES:
+        return False
+    noise = reference_arm([rerun], reference, tol)[1]
+    verdict = judge(
+        "", rerun, min_speedup=ctx.spec.validation.min_speedup, parity_tolerance=tol,
+        seed_noise=noise,
+    )  # fmt: skip
+    return verdict is None
+
+
+def run_pair(  # noqa: PLR0913 - one pair's settings, from validation alone
+    ctx: SearchContext, trial: FrozenTrial, reference: ReferenceRecord, share: float,
+    seconds: float, seed: int = 1, steps: int = 0,
+) -> PairedResult:  # fmt: skip
+    """The paired run itself, in ``share`` seconds, ``seconds`` of them compiling, at the
+    probe's seed plus ``seed``, its arms running ``steps`` steps at least."""
+    probe = ctx.spec.probe
+    settings = probe.model_copy(
+        update={"steps": max(ctx.spec.validation.steps, steps), "seed": probe.seed + seed}
+    )
+    # The pair measures for most of its share (each arm about a third of it; warm-ups and
+    # the reference's catch-up to the horizon fit in the rest): the budget kept for
+    # validation buys a tighter interval instead of going unused. Compiling counts apart.
+    timed = share - seconds
+    min_time = max(ctx.default_min_time if settings.min_time is None else settings.min_time,
+                   _PAIR_SHARE * timed)  # fmt: skip
+    paired = ctx.run_compare(
+        candidate(trial),
+        reference.candidate(),
+        settings.model_copy(
+            update={"time_limit": max(1.0, timed - 1.0), "min_time": min_time, "precision": 0.005}
+        ),
+        timeout=share + ctx.hard_grace(),
+    )
+    logger.info("validation of {}: {}", trial.number, paired.summary())
+    return paired
