@@ -1,12 +1,5 @@
-"""The largest batch size that fits, per precision mode, with a safety margin.
-
-1. Double from ``start`` until a try fails or ``cap`` is reached.
-2. Binary-search between the last size that fit and the first that failed, to ``granularity``.
-
-A try is a real two-step probe (forward, backward, ``optimizer.step()`` and the scaler), so
-optimizer state and scaler buffers are counted. A size *fits* when the probe did not run out of
-memory and its peak memory leaves ``margin`` of the device free.
-"""
+"""The largest batch size that fits, per precision mode, with a safety margin: doubling, then a
+binary search, each try a real two-step probe."""
 
 from __future__ import annotations
 

@@ -1,25 +1,6 @@
-"""The model knobs a candidate turns beside its precision: modules kept in fp32 (fp32 islands),
-channels_last, and torch.compile — applied to a model the same way by the step engine (probes,
-training runs) and by a training loop's session (:meth:`autotune.session.AmpSession.prepare`).
-
-1. **fp32 islands** (:func:`keep_in_fp32`): each named module's forward runs with autocast off
-   and its floating inputs cast to fp32; the ops after it are autocast again. It fixes values
-   that leave a dtype's range *inside a module*; an overflow in functional code between modules
-   (an op in ``forward`` outside any submodule, or the loss) is not in any module it could name.
-2. **channels_last**: the model's 4-d parameters and buffers, and 4-d batch tensors.
-3. **torch.compile**: the model's bound ``forward`` compiled in place (the module keeps its type
-   and its ``state_dict`` keys; ``model.compile()`` captures nothing of a torch.nn builtin such
-   as ``nn.Sequential`` on torch 2.11). A first step that captures no graph is a compile
-   failure (:class:`NothingCompiled`), never eager speed measured as compiled. The batch
-   dimension of every batch tensor is marked dynamic (:func:`mark_batch_dynamic`), so one
-   compiled graph serves every batch size instead of one compilation per size. Compiling happens at the first step, which callers keep out of any
-   timed window; a failure to compile is :func:`is_compile_error`.
-
-What the knobs mean without a model lives here and imports no torch: which errors a compile or
-a lost CUDA context raise, when compiling pays off, what an export must say (the search's
-parent and the report read these). Applying them to a model is
-:mod:`autotune.measure.model_knobs`; its names load from here on first use.
-"""
+"""The model knobs beside the precision (fp32 islands, channels_last, torch.compile): what they
+mean without a model, their failures and pay-off. No torch here; applying them to a model is
+:mod:`autotune.measure.model_knobs`, whose names load from here on first use."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
-"""Small memory helpers for a training run: sync, free, tell an OOM, measure a peak.
-
-Each does one thing, so a run's policy reads as a list of them:
-
-- :func:`sync` waits for the device's queued work (the edges of a timed window);
-- :func:`clear_device_cache` hands cached free memory back (the CUDA caching allocator's
-  blocks, glibc's free pages on a CPU), so the next run's peak is its own;
-- :func:`release_memory` collects garbage first, then clears the cache: after an OOM;
-- :func:`is_oom` says whether an exception means the device ran out of memory;
-- :class:`PeakMemory` measures a run's peak: the CUDA allocator's peaks, or on a CPU the
-  growth of the process's peak resident memory (Linux);
-- :func:`restart_peak` starts the CUDA peaks again after a run's first step, whose one-off
-  allocations (cuDNN's algorithm search, the compiler's autotuning) are no part of its need;
-- :func:`memory_cap` keeps the spec's ``memory_margin`` of the device free while a run runs:
-  the process's allocator runs out of memory at the margin (:func:`memory_fraction`).
-"""
+"""Small memory helpers for a training run: sync, free, tell an OOM, measure a peak, and keep the
+spec's memory margin free."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The model knobs applied to a model: fp32 islands, channels_last, torch.compile (see
-:mod:`autotune.measure.knobs` for what each does and how its failures read).
-
-The step engine (probes, training runs) and a training loop's session
-(:meth:`autotune.session.AmpSession.prepare`) apply them alike, through :func:`apply_knobs`.
-"""
+"""The model knobs applied to a model, through :func:`apply_knobs`: fp32 islands, channels_last,
+torch.compile (what each does: :mod:`autotune.measure.knobs`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""What counts as running out of memory, as data: the messages a failed allocation raises.
-
-torch's own allocators raise ``OutOfMemoryError`` (:data:`autotune.measure.memory.OOM_TYPES`);
-memory a library allocates by itself fails as a plain ``RuntimeError`` whose message names the
-failure. The messages live here, apart from torch: the search's parent reads a probe's reason
-with them too (:class:`~autotune.execution.worker.ProbeWorker`).
-"""
+"""What counts as running out of memory, as data: the messages a failed allocation raises (no
+torch: the search's parent reads a probe's reason with them too)."""
 
 from __future__ import annotations
 

@@ -1,26 +1,5 @@
-"""A candidate and the fp32 reference measured side by side: their timed blocks interleaved.
-
-Two runs one after the other on a shared machine measure two different machines: a
-neighbour's job that starts in between slows only one of them. Interleaved blocks — candidate,
-reference, candidate, reference, … in one process, each run on its own model, optimizer and
-data — let drift and bursts hit both arms, and the speedup is the median of the per-pair
-ratios, with its interval (:func:`autotune.measure.stats.ratio_estimate`).
-
-1. Both arms build from the same seed and warm up (untimed; a compiled candidate compiles
-   here, and the time limit counts from after it); each arm's backend flags are set before
-   each of its blocks (TF32 for one, IEEE for the other).
-2. Blocks alternate until the candidate has run ``min_time`` and ``steps`` steps, at least six
-   pairs are measured and the ratio's interval is within ``precision`` (or 4x ``min_time``, or
-   the time limit).
-3. The reference then runs on alone, untimed for the ratio, until it has seen as many samples
-   as the candidate's first ``steps`` steps: the parity check compares the two curves at equal
-   samples seen, over that horizon.
-
-The candidate's peak memory is measured over its warm-up, while it runs alone (the reference
-arm is built after it): what it needs, not what both arms hold together. The reference's is
-not measured here. When the settings carry the spec's ``memory_margin``, the whole paired
-run keeps it free (:func:`autotune.measure.memory.memory_cap`).
-"""
+"""A candidate and the fp32 reference side by side: their timed blocks interleaved in one
+process, the speedup the median of the per-pair ratios."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Convergence parity: does a candidate learn as well as the fp32 reference, sample for sample?
-
-Two runs with different batch sizes take different numbers of steps for the same samples, so
-curves are compared on a samples-seen axis: each run's loss is averaged over the second half of
-the samples both runs have seen.
-"""
+"""Convergence parity: does a candidate learn as well as the fp32 reference, sample for sample?"""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Precision modes: one table, the backend flags each sets, and what a device really supports.
-
-mode   autocast dtype   GradScaler   TF32 matmul/conv   where
-fp32   —                no           off (IEEE)          everywhere
-tf32   —                no           on                  CUDA, capability 8.0+
-fp16   float16          yes          off                 CUDA 7.0+ (tensor cores), CPU
-bf16   bfloat16         no           off                 CUDA 8.0+ (native), CPU
-"""
+"""Precision modes: one table, the backend flags each sets, and what a device really supports."""
 
 from __future__ import annotations
 

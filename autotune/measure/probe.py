@@ -1,22 +1,5 @@
-"""One short, honestly timed training run of a workload under one candidate.
-
-A probe is a measurement policy over :class:`~autotune.measure.step.StepEngine`, which owns the AMP
-step, the loss read-back and the OOM recovery. A probe:
-1. checks the device really supports the precision mode (autocast output dtype included);
-2. clears the device cache and resets the peak memory statistics, so its peak is its own;
-   builds the model, optimizer and GradScaler from a fixed seed;
-3. runs untimed warmup steps, then timed *blocks* of steps, each between two device syncs,
-   until the timed phase has lasted ``min_time`` and ``steps`` steps and the throughput's
-   interval is tight (:class:`TimedRun`);
-4. reads the loss (and the fp16 scale) back at the end of each block to catch divergence, so
-   the host syncs only once per block;
-5. reports throughput (the median over blocks, with its 95% interval), peak memory, the loss
-   and scale traces and an outcome; a compiled candidate also its compile time (untimed, in
-   the warm-up), or ``compile_failed`` with the compiler's reason.
-
-It leaves no trace: RNG states, backend flags and grad mode are restored afterwards, and an
-out-of-memory error is cleaned up so the same process can run the next probe.
-"""
+"""One short, honestly timed training run of a workload under one candidate, ending in a
+ProbeResult: a measurement policy over the step engine that leaves no trace behind."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Small, distribution-free statistics for timings: medians with intervals, paired speedups.
-
-Block timings on a shared machine are not normal: a neighbour's burst makes a few blocks slow.
-So every figure is a median, and its interval comes from order statistics (the binomial
-interval for a median, which assumes only that blocks are independent draws), not from a mean
-and a standard deviation that one slow block would drag along.
-"""
+"""Small, distribution-free statistics for timings: medians with intervals from order statistics,
+and paired speedups."""
 
 from __future__ import annotations
 

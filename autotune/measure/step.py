@@ -1,36 +1,5 @@
-"""The AMP training step, written once, and the run it belongs to.
-
-A :class:`StepEngine` holds one run's model, optimizer, GradScaler and batches. Its step is the
-usual AMP step and nothing else::
-
-    with autocast:
-        loss = workload.loss(model, batch)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-
-What a run measures, and when it stops, is a policy written over it: the probe (timed, with
-divergence checks), a training run (the tuned config against a baseline) and a diagnosis
-(hooks and an fp32 shadow pass) each drive the same engine::
-
-    with StepEngine(workload, candidate, device, seed=0) as engine:
-        oom = engine.run(policy)          # policy(engine) builds and steps; None, or the OOM
-
-    engine.build()                        # model on the device, optimizer, batches
-    loss = engine.step()                  # one AMP step; the loss stays on the device
-    values = engine.read_losses()         # every loss since the last read, in one host sync
-    block = engine.run_steps(50)          # 50 steps between two device syncs, timed
-
-The engine keeps no clock of its own beyond :meth:`run_steps`, reads nothing back from the
-device except in :meth:`read_losses`, :meth:`scale` and :attr:`skipped` (after a block's
-closing sync, or with the losses), and counts the steps skipped for non-finite gradients on the
-device, from GradScaler's own inf check. (An optimizer step hook would miscount: GradScaler
-calls a fused optimizer's ``step()`` every step, and the fused kernel itself skips a step whose
-gradients are not finite.) Under fp16 GradScaler itself reads its inf check back to the host
-every step for an optimizer without a fused step (to decide whether to call it), as it does in
-any training loop; the built-in AdamW is fused on CUDA, which takes it on the device, and the
-built-in SGD is not (torch's fused SGD mistrains on skipped steps: :attr:`StepEngine.defect`).
-"""
+"""The AMP training step, written once (:class:`StepEngine`), and the run it belongs to: probes,
+training runs and diagnoses are policies over it."""
 
 from __future__ import annotations
 

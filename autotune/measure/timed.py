@@ -1,10 +1,5 @@
 """A timed run: the measurement policy a probe (and each arm of a paired run) applies to one
-:class:`~autotune.measure.step.StepEngine`.
-
-Timed windows are sized by time, not by count, the way ``timeit`` sizes its runs: blocks of
-steps between two device syncs until the timed phase has lasted ``min_time`` *and* ``steps``
-steps *and* the median block rate's 95% interval is within ``precision`` of it.
-"""
+:class:`~autotune.measure.step.StepEngine`, its windows sized by time, not by count."""
 
 from __future__ import annotations
 
