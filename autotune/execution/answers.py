@@ -1,11 +1,5 @@
-"""The worker's side of each request: a probe, a paired run, the facts, a diagnosis, answered
-in the worker process, where torch and the workloads live.
-
-Only the worker's loop (:func:`autotune.execution.worker.main`) imports this module: the parent
-(:class:`~autotune.execution.worker.ProbeWorker`, the search, the service) never loads torch.
-What each failure becomes is decided here, once: a user's mistake is a ``user_error`` reply, an
-error that poisons the CUDA context a ``poisoned`` one, anything else a ``crash``.
-"""
+"""The worker's side of each request (a probe, a paired run, the facts, a diagnosis), answered in
+the worker process, where torch and the workloads live."""
 
 from __future__ import annotations
 

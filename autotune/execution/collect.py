@@ -1,9 +1,5 @@
-"""Finding the facts, in the worker: the workload loaded and asked, the device looked at.
-
-Only a process that may run the user's code and open a CUDA context calls this: the probe
-worker (a ``facts`` request, :mod:`autotune.execution.answers`) or an in-process runner. What it
-returns is :class:`~autotune.execution.facts.WorkerFacts`, which the parent reads without torch.
-"""
+"""Finding the facts, in the worker: the workload loaded and asked, the device looked at
+(returned as :class:`~autotune.execution.facts.WorkerFacts`)."""
 
 from __future__ import annotations
 

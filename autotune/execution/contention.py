@@ -1,14 +1,5 @@
-"""How much of this machine's CPU other processes took while a search ran.
-
-A probe's timings are its own only where nothing else competes for the cores: on a 2-core box
-beside a build at load 5-8, short searches fell back to fp32 with nothing saying why. This reads
-every process's CPU time from ``/proc`` at the start and at the end, and counts what the
-processes outside our own tree (this process and its descendants: the probe worker, its
-compile workers) used in between, as cores: 1.0 is one core kept busy the whole time.
-
-Linux only (``/proc``); elsewhere, and on a simulated device's virtual clock, it measures
-nothing (``None``).
-"""
+"""How much of this machine's CPU other processes took while a search ran, read from ``/proc``
+(our own process tree left out)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""What only the worker may find out: the workload's facts and the device's.
-
-Importing a workload runs the user's code, and touching a GPU opens a CUDA context that holds
-memory for as long as the process lives. The CLI and the service do neither: they ask the probe
-worker (a ``facts`` request) and get a :class:`WorkerFacts` back. This module is that answer's
-model, and imports no torch; the worker finds the facts with :mod:`autotune.execution.collect`
-(its names load from here on first use, as before).
-"""
+"""What only the worker may find out, the workload's facts and the device's, as the parent reads
+them: :class:`WorkerFacts` (no torch)."""
 
 from __future__ import annotations
 

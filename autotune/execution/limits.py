@@ -1,26 +1,5 @@
-"""The probe worker's limits: the memory it may map, and the one GPU it sees.
-
-Memory: a workload that allocates without bound fails in its own process, as an out-of-memory
-probe, instead of taking the shared machine's memory.
-
-``AUTOTUNE_WORKER_MEMORY`` sets the limit: a size (``8G``, ``512M``, ``16GiB``, a number of
-bytes) or ``0`` for none. The default is 75% of the machine's memory (``MemTotal``): room for
-any probe a CPU can run, and a quarter left for everyone else on the box.
-
-It is an address-space limit (``RLIMIT_AS``), and only for a worker whose device is the CPU
-(``auto``'s too, where its worker finds no GPU):
-CUDA reserves address space far beyond the memory it uses (a unified address space spanning
-the host's and every GPU's memory), so an address-space limit makes CUDA fail to initialise.
-``RLIMIT_DATA`` is no way out: recent kernels count those private mappings in it too. A GPU
-worker's device memory is bounded by the device itself; its host memory is not limited.
-
-The GPU: a worker for ``cuda:N`` starts with ``CUDA_VISIBLE_DEVICES`` naming that one GPU (by
-its UUID, read through NVML) and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:func:`worker_env`), so it
-sees its own GPU as ``cuda:0`` and no other: a workload's stray ``.cuda()`` lands there, never
-on a colleague's GPU. autotune numbers GPUs in PCI bus order: ``cuda:N`` is the N-th entry of
-``CUDA_VISIBLE_DEVICES`` (a UUID, or an index in PCI bus order), or the N-th GPU by PCI bus id
-when the variable is unset.
-"""
+"""The probe worker's limits: the memory a CPU worker may map (``AUTOTUNE_WORKER_MEMORY``), and
+the one GPU a GPU worker sees."""
 
 from __future__ import annotations
 

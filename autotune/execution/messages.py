@@ -1,26 +1,4 @@
-"""What the parent and its probe worker say to each other: one typed message per JSON line.
-
-A request names its ``op`` and carries its arguments as named fields; a reply names its
-``kind``. Both cross the pipe as one JSON line (:func:`encode`) and are checked when read
-(:func:`decode_request`, :func:`decode_reply`), so a field is never read by its position.
-
-    request (parent → worker)     reply (worker → parent)
-    ─────────────────────────     ─────────────────────────────────────────────────────
-                                  ready        the worker started: its pid
-    probe                         result       a ProbeResult, and the device's memory after
-    compare                       paired       a PairedResult
-    facts                         facts        the WorkerFacts, and the device's memory
-    diagnose                      diagnosis    the Diagnosis as JSON, and the device's memory
-    (any)                         user_error   an AutotuneError: its class's name and message
-    (any)                         poisoned     an error that broke the CUDA context: the
-                                               worker exits after sending it
-    (any)                         crash        any other exception: the worker lives on
-
-A worker's exception crosses as its class's name, message and traceback
-(:meth:`UserErrorReply.from_exception`, :meth:`FailureReply.from_exception`), and a user
-error is raised again on the parent's side as its own class (:meth:`UserErrorReply.exception`).
-What each failure means to the caller is decided in one place, ``ProbeWorker._ask``.
-"""
+"""What the parent and its probe worker say to each other: one typed message per JSON line."""
 
 from __future__ import annotations
 

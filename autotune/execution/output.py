@@ -1,9 +1,5 @@
-"""What a probe worker says, and how it ended. Its workload's stdout and stderr are read as
-they are written: the last :data:`TAIL_BYTES` of each request kept, the rest counted and dropped.
-
-A workload that prints every step would otherwise fill the terminal, or the service's log, with
-gigabytes; the tail is kept with the trial, and a worker that dies says its last words.
-"""
+"""What a probe worker says, and how it ended: its workload's stdout and stderr, read as written,
+the last :data:`TAIL_BYTES` of each request kept and the rest counted and dropped."""
 
 from __future__ import annotations
 

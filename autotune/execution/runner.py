@@ -1,9 +1,5 @@
-"""Who runs probes: the Runner interface, and a runner that probes in this process.
-
-:class:`~autotune.execution.worker.ProbeWorker` runs them in an isolated worker process (the default
-for searches and the service); :class:`InProcessRunner` runs them here, with no isolation and no
-hard limit, but no start-up cost (tests, notebooks).
-"""
+"""Who runs probes: the Runner interface, and :class:`InProcessRunner`, which probes in this
+process (no isolation, no hard limit, no start-up cost: tests, notebooks)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""Probes in an isolated process: one persistent worker per device.
-
-An OOM can leave an allocator fragmented, a CUDA error can poison a context, a probe can hang:
-a worker process contains all of it. The worker imports torch once and keeps loaded workloads,
-so a trial costs only its probe. A probe that outlives its hard time limit, or a worker that
-dies, becomes a ``crashed`` result with the reason, and the next call starts a fresh worker.
-
-This module is both sides' face: :class:`ProbeWorker`, the parent's, imports no torch (the
-search and the service run without it); the worker's loop (:func:`main`) answers each request
-with :mod:`autotune.execution.answers`, which only the worker loads.
-
-The two processes speak the typed messages of :mod:`autotune.execution.messages`; what each
-failure means to the caller is decided once, in ``ProbeWorker._ask``.
-"""
+"""Probes in an isolated process, one persistent worker per device: :class:`ProbeWorker`, the
+parent's side (no torch), and the worker's loop (:func:`main`)."""
 
 from __future__ import annotations
 
