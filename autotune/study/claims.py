@@ -1,10 +1,5 @@
-"""Once-per-study jobs (a window's validation) claimed in the study's database, on a lease.
-
-A claim is a row of ``autotune_claims``: the job, its owner (``host:pid``) and when the owner
-last renewed it. An owner renews while it works (:func:`holding`); one that is gone, or has not
-renewed for :data:`LEASE` seconds, loses the claim to whoever asks next. A job done is marked
-by a second claim, ``done:<job>``, that nobody takes over.
-"""
+"""Once-per-study jobs (a window's validation) claimed in the study's database, on a lease that a
+dead owner loses."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The tuned config, stored on its study and crowned the study's best trial.
-
-Every box of a shared study reads the config from the study (:func:`stored_config`), and
-optuna-dashboard's "Best Trial" is the config with its validated figure (:func:`store_config`).
-"""
+"""The tuned config, stored on its study (where every box of a shared study reads it) and crowned
+the study's best trial with its validated figure."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Optuna's RDB storage, guarded: a database failure is a :class:`StorageIOError` naming the
-database's own reason (``database or disk is full``) instead of a generic internal error, and a
-trial's whole record is written in one statement."""
+database's own reason, and a trial's whole record is written in one statement."""
 
 from __future__ import annotations
 

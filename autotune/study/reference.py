@@ -1,14 +1,5 @@
-"""The fp32 reference of one machine and device, as a study stores it.
-
-The reference is the baseline every candidate is compared with, not a point of the search
-space (fp32 is a candidate only when the spec lists it), so it is not a trial: it lives in the
-study's attributes under ``reference:<host>:<device>``, with its settings, the loss curve the
-parity check compares against, and every throughput measurement the search made of it, oldest
-first — a drifting machine shows as a moving reference. Each measurement after the first runs
-with a fresh seed, so its loss curve against the first run's says how far a seed alone moves the
-parity gap (:meth:`ReferenceRecord.seed_noise`). A trial names the measurement its speedup was
-divided by under ``reference_measurement`` (:func:`measurement_used`).
-"""
+"""The fp32 reference of one machine and device, as a study stores it: its settings, its loss
+curve, and every throughput measurement of it."""
 
 from __future__ import annotations
 

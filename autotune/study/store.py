@@ -1,13 +1,5 @@
-"""The study store: typed reads and writes of everything autotune stores on a study.
-
-As Optuna's storages give one plain accessor per thing they keep, :class:`StudyStore` gives one
-read and one write per study attribute (:mod:`autotune.study.study_keys` names them), and queues
-a trial with its :class:`~autotune.study.trials.TrialRecord`. Outside :mod:`autotune.study`
-nothing touches an Optuna study's or trial's user attributes: the search writes through the
-store, the report, the service and the CLI read through it. Keys and stored values keep the form
-they always had, so a study an older autotune wrote reads as it did (a read of a missing or
-malformed value is None, or empty).
-"""
+"""The study store: one typed read and one write per study attribute, and a trial queued with its
+record; nothing else touches user attributes."""
 
 from __future__ import annotations
 

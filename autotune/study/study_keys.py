@@ -1,30 +1,4 @@
-"""The study's keys: every user attribute autotune stores on an Optuna study, named once.
-
-As optuna keeps ``_CONSTRAINTS_KEY`` beside the one rule that reads it, autotune keeps the name of
-everything it stores on a study here, and the study store (:mod:`autotune.study.store`) reads
-and writes through these names: a reader never spells a key. What a *trial* stores is :class:`autotune.study.trials.TrialRecord`'s
-fields; the one trial attribute outside it (:data:`MEASUREMENT`) is named here too.
-
-Older studies may also hold ``time_spent`` (wall seconds by phase): nothing read it, so it is no
-longer written; the search logs the figures and returns them (``SearchResult.spent``).
-
-=============================  =============================================================
-study attribute                meaning
-=============================  =============================================================
-space_fingerprint              the search space's fingerprint: a changed space is a new study
-workload                       the workload the study tunes (its spec's ``workload``)
-spec                           the study's spec, as JSON (the storage URL's password hidden)
-best_config                    where the search wrote ``best.json``
-tuned_config                   the tuned config itself, as JSON text (see ``crown.store_config``)
-budget_window                  ``{"started_at", "seconds", "id"}``: the job's budget, shared by workers
-precision_choices              the precision modes the first worker offered the sampler
-fp16_diagnosis                 what diagnosing fp16's divergence found (its modules, its advice)
-ceilings:<host>:<device>       the batch ceiling of each mode on one device of one machine
-ceiling_limits:<host>:<device> what limited each ceiling: memory, margin, time, cap, crash
-reference:<host>:<device>      the fp32 reference of one device of one machine
-ceilings:<device>              older studies: the batch ceilings of a device, without the machine
-=============================  =============================================================
-"""
+"""The study's keys: every user attribute autotune stores on an Optuna study, named once."""
 
 from __future__ import annotations
 

@@ -1,41 +1,5 @@
-"""The trial record: the one home of what autotune stores on an Optuna trial.
-
-An Optuna trial holds autotune's figures in its ``user_attrs``; everything that reads or writes
-them (the search, validation, the report, the service's status, the CLI) goes through
-:class:`TrialRecord`, so the schema lives in one place and a reader never spells a key.
-
-Also here, as data with one rule each: the feasibility test (every constraint ≤ 0, as Optuna's
-own ``_constrained_optimization`` has it), how constraints and the objective value are written
-so that optuna-dashboard shows what Optuna decides, the outcome a person reads for a trial, the
-candidate a trial ran, the batch ceilings stored on the study, and why a candidate was rejected.
-The study's own keys are :mod:`autotune.study.study_keys`; outcomes and roles are the enums of
-:mod:`autotune.enums`. The fp32 reference's record is :mod:`autotune.study.reference`.
-
-=====================  =================================================================
-attribute              meaning
-=====================  =================================================================
-role                   ``reference`` (fp32 at the base batch and lr), ``amp_recipe``
-                       (fp16 with default GradScaler), ``<mode>_at_base``, ``fp32_islands``
-                       (fp16 with the diagnosed modules in fp32); None otherwise
-fp32_modules           the modules an fp32-islands trial kept in fp32
-kept_lr                the lr multiplier a larger batch is tried at after its rule's lr blew up
-compile_seconds        what compiling took in a compiled trial's untimed warm-up
-outcome / reason       how the probe ended and why, in words a person can act on
-throughput             samples/s of the timed steps (the median over timed blocks)
-throughput_low/high    its confidence interval
-reference_throughput   the fp32 reference measured close in time (the speedup's divisor)
-speedup(+_low/_high)   throughput over that reference, with its interval
-z_losses / z_scales    the loss of every step (None where not finite) and GradScaler scales;
-                       named to sort last in optuna-dashboard (older studies: losses, scales)
-parity_gap             relative loss gap to the reference at equal samples seen
-parity_samples         the samples seen (by both) where the parity gap was measured
-decided_by             the fidelity that decided the trial (a full probe, or an early stop)
-duplicate_of           same parameters as an earlier trial: its measurement was reused
-retry_of               a crashed or interrupted trial this one runs again
-tuned_config           true on the config best.json holds, a trial of its own (store_config)
-validated_trial        the search trial that config's validation measured (``blocks``: pairs)
-=====================  =================================================================
-"""
+"""The trial record: the one home of what autotune stores on an Optuna trial, with feasibility,
+constraints and the stored ceilings."""
 
 from __future__ import annotations
 
