@@ -1,25 +1,5 @@
-"""The search: an Optuna study over precision × batch size × learning rate × init_scale, and
-the knobs a spec turns on (torch.compile, channels_last, fp16 with fp32 islands).
-
-The phases, all inside one wall-clock budget:
-
-1. **Hardware** (``_hardware``): modes the device cannot really run are cut, with reasons.
-2. **Ceilings** (``_hardware``): the largest batch that fits, per mode; the ladder above it
-   is cut.
-3. **Reference** (``_reference``): the fp32 reference at the workload's base batch and lr,
-   long enough for the parity curve; measured again as the search goes, so each trial's
-   speedup divides by a reference measured close to it in time.
-4. **Search** (``_trial``): the baselines first (each mode at the reference's settings, the
-   plain AMP recipe for fp16), then the sampler's candidates. Completed trials report their
-   speedup with a convergence-parity constraint; diverged, OOM and unsupported trials are
-   PRUNED with the reason (the sampler learns from them); a crashed worker is FAIL. Beyond
-   the sampler (``_knobs``): a diverged fp16 trial is diagnosed at once and, where modules
-   leave fp16's range, fp16 with them in fp32 is tried; a new leader is tried again with each
-   searched knob turned the other way.
-5. **Validation** (``_validate``): the best candidates measured again, paired block by block
-   with the reference, with a fresh seed; the best lower confidence bound wins.
-6. **Artifact** (``_artifact``): ``best.json``.
-"""
+"""The search: an Optuna study over precision, batch size, learning rate, init_scale and the
+knobs a spec turns on, a private module per phase behind one face, :func:`run_search`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Building the artifact: a TunedConfig from what validation selected, or the fp32 reference
-when nothing cleared it — with evidence that describes what was really measured (for a
-compiled winner: what compiling cost and after how many steps it pays off)."""
+"""Building the artifact: a TunedConfig from what validation selected, or the fp32 reference when
+nothing cleared it, with evidence that describes what was really measured."""
 
 from __future__ import annotations
 

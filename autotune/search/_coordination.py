@@ -1,11 +1,4 @@
-"""Workers of one study: let the others' last trials finish, and claim once-per-window jobs.
-
-Optuna's storage is the only coordination: heartbeats mark a trial alive, a trial without one
-is failed as stale (and retried once), and a claim on a lease says who validates a budget
-window: a worker that finds it held waits for that config, and takes the job over when its
-owner dies. What a search queued and never ran is failed when it ends (Optuna
-cannot delete a trial), and queued again when a search resumes the study.
-"""
+"""Workers of one study: let the others' last trials finish, and claim once-per-window jobs."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""What a search tells its watcher, as typed events.
-
-The live view (:mod:`autotune.progress`) and the service's scheduler take these from
-``run_search(on_event=...)``. Each is a frozen dataclass; ``kind`` names it for logs.
-"""
+"""What a search tells its watcher, as typed events."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""The informed first trials, before the sampler's own, in two waves.
-
-1. Each searched mode at the reference's own settings (the plain AMP recipe for fp16:
-   GradScaler's defaults): the same curve, only faster or not.
-2. Once those have run, each mode at the next batch of the ladder above the base and at the
-   largest batch that fits (its ceiling), lr by the rule, the mode fastest at the base batch
-   first (among modes within a tenth of it, 16-bit first), a mode at a time: a short budget
-   reaches the fastest mode's ceiling (on most GPUs its fastest point) before a slow mode's
-   larger batches, and a ceiling its trials raised before the next mode's.
-
-Then, while nothing waits, the batch halfway between the leader's and the next one its mode
-measured below it (:func:`enqueue_between`): throughput may peak below the ceiling, and a
-larger batch's parity gap may not pass validation where a smaller one's would.
-"""
+"""The informed first trials, before the sampler's own: each mode at the reference's settings,
+then the fastest mode's larger batches first, then the batch between."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""Phases 1 and 2: which modes the device really runs, and each mode's batch ceiling.
-
-1. **Hardware**: modes the device cannot run are cut, with the worker's reasons.
-2. **Ceilings**: per mode, the largest batch that fits
-   (:func:`autotune.measure.ceilings.find_ceiling`; each try one untimed step, which pays the mode's
-   first-use costs, and one timed step), inside a share of the budget. A mode whose first try cannot
-   run is cut with the reason. The first try's peak memory, scaled with the batch (an upper
-   bound), vouches for the sizes it keeps within half the budget without a try of their own
-   (:func:`jump_size`); the doubling goes on from there. The ceilings are stored with the study per machine and device, so a resumed run
-   or another worker on the same machine does not measure them again; beside them, what limited each
-   (memory, margin, time, the space's cap), for the report.
-
-   fp32 goes first, and where it vouches for the space's cap with half the memory budget free,
-   the autocast modes take it without a try (:func:`vouched_size`; their first trial pays
-   their first-use costs).
-"""
+"""Phases 1 and 2: which modes the device really runs, and each mode's batch ceiling."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
 """What the search tries beyond the sampler's proposals: fp16 with fp32 islands after an fp16
-divergence, and each searched on/off knob turned the other way on the leader.
-
-1. **fp32 islands.** When an fp16 trial diverges, the search diagnoses it layer by layer at once
-   (in the worker, a few instrumented steps, uncompiled), while the search phase still has time
-   for what the diagnosis suggests. When it names modules whose values leave fp16's range,
-   fp16 with those modules kept in fp32 is enqueued — at the diverged trial's own point and at
-   fp16's batch ceiling — measured and parity-checked like any other candidate. Where the
-   overflow is in functional code between modules (an op outside any submodule, or the loss),
-   or is not a precision problem at all, no module list fixes it: the diagnosis says so, and
-   nothing is enqueued. The diagnosis is stored on the study (``fp16_diagnosis``) and becomes
-   the config's evidence.
-2. **Knob flips.** When a trial becomes the best feasible one, the same point with compile or
-   channels_last turned the other way is enqueued (where the spec searches both ways), so the
-   report can say what each knob brought at the same mode and batch.
-"""
+divergence, and each searched on/off knob turned the other way on the leader."""
 
 from __future__ import annotations
 

@@ -1,27 +1,5 @@
 """The fp32 reference: measured first (long enough for the parity curve), then again as the
-search goes, so every trial's speedup divides by a reference measured close to it in time.
-
-A reference measured once, cold, at the start is no baseline for a trial an hour later on a
-shared machine: the neighbour's job that started meanwhile slows the trial, not the reference.
-So the keeper re-measures the reference whenever its last measurement is older than a few
-typical trials, and sooner after it saw the reference move (drift).
-
-A figure is divided by a reference measurement only once it is trusted:
-
-- **Two in a row agree.** No measurement is trusted alone — the long first run is the worker's
-  first real probe, the one a warm-up or a neighbour's burst slows throughout. Before a trial
-  divides by it the reference is measured again, until the last two measurements agree within
-  :data:`_AGREE` (a few tries at most; then the latest is used, with a warning).
-- **Trials that disagree re-measure it.** A trial's speedup that no device gives — the
-  reference's own precision and batch not near 1.0x, or more than :data:`_MAX_MODE_SPEEDUP`
-  times the batch ratio — says the reference was mis-measured: it is measured again (once per
-  measurement) before the trial's speedup is stored, and the trial divides by the new one.
-
-Every measurement after the first runs with a fresh seed: its loss curve against the first run's
-is the reference's own seed-to-seed spread
-(:meth:`~autotune.study.reference.ReferenceRecord.seed_noise`): the search's parity screen allows
-it on top of the tolerance; validation widens its bar by it only where it passes the tolerance.
-"""
+search goes, so every trial's speedup divides by a reference measured close to it in time."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
 """The search space: the batch-size ladder, the learning-rate rule, the init_scale grid, the
-knobs (torch.compile and its mode, channels_last, fp32 islands), and turning an Optuna trial's
-suggestions into a Candidate.
-
-The sampler's choices are the spec's, the same for every worker and every resumed run of a
-study (Optuna refuses a categorical whose choices change); what a device cannot run is pruned
-at once, with the reason, at no cost. A knob the spec leaves at its default is no parameter
-at all, so a study stored before the knob existed keeps its parameters. The fp32 islands are
-never sampled: only a trial enqueued with the diagnosed modules in its record asks for them
-(``fp32_islands``: ``none`` or ``diagnosed``, a choice that never changes between trials).
-"""
+knobs, and an Optuna trial's suggestions turned into a Candidate."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""One ask/tell step of the search: a trial from the sampler, probed and told.
-
-1. The sampler proposes a candidate (enqueued baselines come first).
-2. The same parameters as a finished trial: its measurement is reused, at no cost.
-3. A mode cut on this device, a batch above the mode's ceiling, or compiling that took longer
-   here than the time left: PRUNED at once.
-4. Otherwise it is probed. Completed: the objective is its speedup over the fp32 reference
-   measured close in time (or its time to the reference's loss), under loss parity (the
-   tolerance plus the reference's seed spread); a speedup no device gives measures the
-   reference again first. Diverged, OOM, too slow, failed to compile: PRUNED; crashed: FAIL.
-"""
+"""One ask/tell step of the search: a trial from the sampler, probed and told."""
 
 from __future__ import annotations
 

@@ -1,22 +1,5 @@
-"""Validation: re-measure the best candidates paired with the fp32 reference, and select.
-
-The best of many noisy figures is biased upward (the winner's curse), so a candidate's search
-figure is expected to come out lower when measured again: validation re-measures to *correct*
-the figure, not to punish the candidate for it.
-
-1. :func:`~autotune.search._shortlist.shortlist` (pure): the feasible, measured trials that
-   could clearly beat the reference, best first, plus the fastest one with a clear parity
-   margin, and a safe standby.
-2. Each is measured again in one worker (``_validation_run``), its timed blocks interleaved
-   with the reference's, with a fresh seed and a longer horizon; an fp16 one whose pair would
-   be accepted then runs alone to fp16's overflow horizon.
-3. :func:`select` (pure): among the reruns that completed with at least six pairs (fewer
-   give no 95% interval: the smaller of two ratios is a 50% bound), keep loss parity with the
-   reference rerun (the gap's upper bound within the tolerance plus the reference's own
-   seed-to-seed noise) and whose speedup's
-   *lower* bound clears ``min_speedup``, the best lower bound wins. None clears it: the fp32
-   reference is the config, and says so.
-"""
+"""Validation: re-measure the best candidates paired with the fp32 reference, and select the best
+lower bound that clears ``min_speedup``."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""Validation's measurements, round by round, until a candidate is accepted or time runs out.
-
-1. A round measures the shortlist's leaders, each paired with the reference in its share of
-   what is left; the safe standby last, and only while no leader has been accepted.
-2. An fp16 candidate whose pair would be accepted then runs alone to fp16's overflow horizon:
-   a late overflow refuses it, and a refusal for speed or parity never pays for that run. One
-   whose share cannot pay for both is not measured (its verdict would fall short).
-3. Nothing accepted and time left: what the refusals imply is ruled out (an overflow at one lr
-   rules out that lr and above; a scale that skipped, that scale and above) and the next
-   shortlist is measured.
-"""
+"""Validation's measurements, round by round, until a candidate is accepted or time runs out."""
 
 from __future__ import annotations
 
