@@ -1,22 +1,5 @@
-"""The simulated device: the real search on a landscape and a virtual clock.
-
-- :class:`Landscape` / :func:`load_landscape` — what one device does with one workload, as data
-  (recorded on a real device, or modelled from published figures and marked so).
-- :func:`family` — landscapes drawn from a documented physical prior, seeded: the shapes a
-  search is judged on, none written for it.
-- :class:`SimulatedRunner` — answers probes from a landscape behind the Runner interface and
-  advances a virtual clock by the time each would have taken.
-- :func:`simulate` — one whole search on a landscape, in memory, in milliseconds of real time.
-- :func:`run_box` — the tuning service's real scheduler over a box of simulated GPUs, with
-  studies arriving, cancelled and pre-empted, on one event clock.
-
-Example:
-    >>> from autotune.spec import parse_spec
-    >>> spec = parse_spec({"name": "sim", "workload": "resnet18", "budget": "10m"})
-    >>> run = simulate(spec, "a100-resnet18", seed=1)
-    >>> run.config.precision, run.config.batch_size, run.seconds <= 600
-    ('bf16', 1024, True)
-"""
+"""The simulated device: the real search (:func:`simulate`) and the service's scheduler
+(:func:`run_box`) on landscapes and a virtual clock."""
 
 from __future__ import annotations
 
@@ -85,6 +68,13 @@ def simulate(
     Raises:
         SpecError: a bad landscape reference or file.
         DeviceError: the spec's workload is not the landscape's.
+
+    Example:
+        >>> from autotune.spec import parse_spec
+        >>> spec = parse_spec({"name": "sim", "workload": "resnet18", "budget": "10m"})
+        >>> run = simulate(spec, "a100-resnet18", seed=1)
+        >>> run.config.precision, run.config.batch_size, run.seconds <= 600
+        ('bf16', 1024, True)
     """
     from autotune.search import Budget, PhaseStarted, TrialStarted, run_search
 

@@ -1,18 +1,5 @@
 """A simulated box: the tuning service's real queue and scheduler over several simulated devices,
-on one event clock.
-
-Each device is a :class:`~autotune.sim.SimulatedRunner` on the box's
-:class:`~autotune.clock.EventClock`; each device thread of the real
-:class:`~autotune.service.TuningService` runs its studies there, side by side in simulated
-time. Studies arrive, are cancelled and are pre-empted as a day on a shared box would have
-them; what came of it is a :class:`BoxReport`: how busy each device was, how long each user
-waited, and whether any study lost a trial.
-
-Example:
-    >>> report = run_box([Arrival(0, "ada", "a", 120), Arrival(30, "bo", "b", 120)], "t4-resnet18")
-    >>> [(s.name, s.state) for s in report.studies], report.lost()
-    ([('a', 'done'), ('b', 'done')], [])
-"""
+on one event clock."""
 
 from __future__ import annotations
 
@@ -210,6 +197,12 @@ def run_box(  # noqa: PLR0913 - public API: the simulated box's knobs, keyword-o
 
     Returns:
         The report, once every study has ended (done, failed or cancelled).
+
+    Example:
+        >>> arrivals = [Arrival(0, "ada", "a", 120), Arrival(30, "bo", "b", 120)]
+        >>> report = run_box(arrivals, "t4-resnet18")
+        >>> [(s.name, s.state) for s in report.studies], report.lost()
+        ([('a', 'done'), ('b', 'done')], [])
     """
     land = landscape if isinstance(landscape, Landscape) else load_landscape(landscape)
     # The study database takes a write per trial attribute: in memory-backed files where the

@@ -1,11 +1,5 @@
-"""A simulated step engine: the probe's real policy (:class:`~autotune.measure.timed.TimedRun`, the
-paired interleave) runs over it, and it answers each step from a landscape.
-
-It has what the policy reads of a :class:`~autotune.measure.step.StepEngine` — ``build``,
-``run_steps``, ``read_losses``, ``scale``, ``steps``, ``applied``, ``skipped``, ``losses``,
-``candidate``, ``device``, ``mode``, ``run`` and ``close`` — and advances a virtual clock by the
-time each block would have taken.
-"""
+"""A simulated step engine: the probe's real policy runs over it, and it answers each step from a
+landscape on a virtual clock."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""A landscape: what one device does with one workload, as data.
-
-A landscape says, per precision mode, how fast a step is at each batch size, how much memory it
-needs, how its loss curve compares with the fp32 reference's, when fp16 diverges, what the
-knobs bring, and what starting, warming up and compiling cost — with a noise model for the
-timings. It is either **recorded** on a real device (``benchmarks/record_landscape.py``) or
-**modelled** from published figures, each cited in its ``sources`` and marked as modelled.
-
-The simulated device (:class:`~autotune.sim.SimulatedRunner`) answers probes from it; the
-*truth* (:meth:`Landscape.truth`) is what an exhaustive, noise-free grid would find, so a
-search's result can be scored against it.
-"""
+"""A landscape: what one device does with one workload, as data, recorded on a real device or
+modelled from published figures."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The simulated device behind the Runner interface.
-
-Every probe runs the real probe policy (:class:`~autotune.measure.timed.TimedRun`) and every paired
-run the real interleave (:func:`~autotune.measure.paired.interleave`) over a :class:`SimEngine`;
-only the steps are answered from the landscape, and the virtual clock moves by what they would have
-taken. So the search, validation, artifact and report code above it runs unchanged.
-"""
+"""The simulated device behind the Runner interface."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """The sections of a landscape file: each precision mode, the noise, the loss curve, parity,
-fp16's numerics, the knobs, the timing outside the steps and the workload's facts.
-
-A field new in schema version 2 is named in its section's ``V2``: a version 1 file that sets one
-is refused, so a file always says which reader it needs.
-"""
+fp16's numerics, the knobs, the timing outside the steps and the workload's facts."""
 
 from __future__ import annotations
 
