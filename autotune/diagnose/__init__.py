@@ -1,38 +1,5 @@
-"""Say *why* a precision fails: per-layer numerics of a few instrumented training steps.
-
-:func:`diagnose` trains a workload for a few steps under one candidate with hooks on every leaf
-module and records, per layer, how close its activations and gradients come to the limits of
-the precision's dtype, which layer first produced a non-finite value, and what to do about it.
-It is the step engine's training step (:class:`autotune.measure.step.StepEngine`) with
-instruments on: slower, never timed. ``run_probe`` installs no hooks.
-
-Each step runs two passes on the same batch and the same weights:
-
-1. a **shadow pass** in fp32 (no autocast, loss not scaled) shows the true size of every
-   activation and gradient: an fp16 value past 65 504 is just ``inf``, only fp32 can say it
-   would have been 71 000. Its gradients, multiplied by the GradScaler's scale and cast to the
-   dtype, count exactly how many values that dtype would flush to zero;
-2. the **real pass**, as the probe does it (autocast, scaled loss, ``scaler.step``), shows
-   which layers produce non-finite values, in which dtype and in which order.
-
-fp32 and tf32 have nothing to compare against, so they run the real pass only.
-
-The package, one file per concept: ``_models`` (what a diagnosis reports), ``_hooks`` (the
-instruments), ``_run`` (the instrumented run), ``_advice`` (figures into recommendations),
-``_fp32`` (keeping modules in fp32), ``_trials`` (which trial of a study to diagnose).
-
-The names load on first use: all but the models need torch, which a command that only needs
-``DEFAULT_STEPS`` (``autotune diagnose --help``) should not wait for.
-
-Example:
-    >>> from autotune.diagnose import diagnose
-    >>> from autotune.spec import Candidate
-    >>> from autotune.workloads import load_workload
-    >>> d = diagnose(load_workload("autotune.testing.workloads:fp16_overflow"),
-    ...              Candidate(precision="fp16", batch_size=64, learning_rate=1e-3), "cpu")
-    >>> d.verdict, d.first_nonfinite
-    ('fails', 'amplify')
-"""
+"""Say *why* a precision fails: per-layer numerics of a few instrumented training steps
+(:func:`diagnose`), and what to do about it."""
 
 from __future__ import annotations
 

@@ -65,6 +65,11 @@ def diagnose(
         ...              "cpu", steps=2)
         >>> d.verdict
         'safe'
+        >>> from autotune.workloads import load_workload
+        >>> d = diagnose(load_workload("autotune.testing.workloads:fp16_overflow"),
+        ...              Candidate(precision="fp16", batch_size=64, learning_rate=1e-3), "cpu")
+        >>> d.verdict, d.first_nonfinite
+        ('fails', 'amplify')
     """
     if steps < 1:
         raise SpecError(f"steps must be at least 1, got steps={steps}; try steps={DEFAULT_STEPS}")

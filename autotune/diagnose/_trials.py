@@ -1,7 +1,4 @@
-"""From a study: the diverged trial worth diagnosing, and the candidate it ran.
-
-Trials are read through :mod:`autotune.study.trials`, the one home of what autotune stores on them.
-"""
+"""From a study: the diverged trial worth diagnosing, and the candidate it ran."""
 
 from __future__ import annotations
 
