@@ -1,33 +1,6 @@
-"""Exports: a tuned config as what Lightning, Hugging Face and accelerate take, passed whole.
-
-``autotune.export(cfg, target)`` returns an :class:`Export` for the device the config was tuned
-on (or ``device=``): ``kwargs``, exactly the keyword arguments of the library's constructor with
-the real plugin and handler objects in them (the tuned GradScaler included), and ``elsewhere``,
-what that constructor does not take (batch size and lr, the optimizer the lr was tuned for with
-its settings and rescaling rule, the TF32 settings and ``cudnn.benchmark=True`` the probes
-measured with, the fp32 modules no library can express, torch.compile where the library has no
-setting for it)::
-
-    ex = autotune.export(cfg, "lightning", model=LitModel, datamodule=LitData)
-    ex.elsewhere.set_backend_flags()             # TF32 as tuned, cudnn.benchmark=True
-    trainer = lightning.Trainer(**ex.kwargs, max_epochs=10)
-    trainer.fit(LitModel(**ex.model_kwargs), LitData(**ex.datamodule_kwargs))
-
-target      ``kwargs`` for                      ``render("json" | "yaml" | "args")`` for
-lightning   ``lightning.Trainer``                ``LightningCLI`` (``--config``, ``--trainer.*``)
-hf          ``transformers.TrainingArguments``   ``HfArgumentParser``
-accelerate  ``accelerate.Accelerator``           ``accelerate launch`` (``--config_file``, flags)
-
-An export trains what was tuned or says so. A mode the library would silently change (fp16 on
-a CPU runs as fp32 in Hugging Face's Trainer and accelerate; TF32 has no CPU mode) is refused
-with a :class:`~autotune.errors.DeviceError`. The lr travels with its optimizer: Hugging Face
-gets ``optim`` and its settings, the schedule the lr was tuned under (constant, unless the
-workload brought one) and no clipping, or an :class:`~autotune.errors.ExportError` says why it
-cannot; Lightning gets the lr and the batch size in the module's and DataModule's init
-arguments, a callback that refuses another optimizer, and an
-:class:`~autotune.errors.ExportWarning` for what it could not place; accelerate's script builds
-the tuned optimizer with ``Export.elsewhere.build_optimizer`` (and steps the schedule).
-"""
+"""Exports: a tuned config as what Lightning, Hugging Face and accelerate take, passed whole:
+``autotune.export(cfg, target)`` returns an :class:`Export`, the library constructor's
+``kwargs`` and, ``elsewhere``, what that constructor does not take."""
 
 from __future__ import annotations
 

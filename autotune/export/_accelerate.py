@@ -1,8 +1,5 @@
-"""The accelerate export: ``Accelerator`` arguments, and the ``accelerate launch`` file and flags.
-
-accelerate takes no optimizer, lr or batch size: the script builds them, and
-``Export.elsewhere.build_optimizer`` builds the optimizer the lr was tuned for.
-"""
+"""The accelerate export: ``Accelerator`` arguments, and the ``accelerate launch`` file and
+flags."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The Hugging Face export: ``TrainingArguments`` fields that train as the search measured.
-
-Besides the mode, the batch size and the lr, the Trainer must not bring its own training
-recipe: it picks AdamW, decays the lr linearly to zero and clips gradients at 1.0 by default,
-where the search trained the workload's optimizer under the workload's schedule (constant
-unless a Hugging Face or Lightning workload brought its own) without clipping.
-"""
+"""The Hugging Face export: ``TrainingArguments`` fields that train as the search measured, with
+the optimizer, schedule and clipping the search trained under."""
 
 from __future__ import annotations
 

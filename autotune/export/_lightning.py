@@ -1,14 +1,5 @@
 """The Lightning export: ``Trainer`` arguments, the tuned values your module and DataModule take,
-and the LightningCLI file and flags.
-
-Lightning's Trainer takes the mode and the GradScaler; the lr and the batch size belong to the
-LightningModule and the LightningDataModule. Given their classes, the export finds where in their
-``__init__`` signatures (``lr`` or ``learning_rate``; ``batch_size``); what it cannot place it
-says in an :class:`~autotune.errors.ExportWarning`, never dropping it in silence. The Trainer
-gets a callback (:mod:`autotune.export.lightning_check`) that, as training starts, refuses
-another optimizer than the lr was tuned for and warns when the lr or the batch is not the
-tuned one.
-"""
+and the LightningCLI file and flags."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """The optimizer a config's lr was tuned for: rebuilt with torch, or said the way Hugging Face's
-``TrainingArguments`` say it (``optim``, ``optim_args`` and its own fields).
-
-A learning rate belongs to an optimizer: SGD's 0.2 is a diverging AdamW's. So an export either
-carries the optimizer with the lr, or refuses with the reason (:class:`ExportError`). It belongs
-to a schedule too (:func:`tuned_schedule`): the peak of a linear decay is not a constant lr.
-"""
+``TrainingArguments`` say it (``optim``, ``optim_args`` and its own fields)."""
 
 from __future__ import annotations
 

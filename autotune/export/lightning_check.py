@@ -1,17 +1,5 @@
 """The callback a Lightning export gives the Trainer: the run trains what the config was tuned
-with, or says so as it starts.
-
-Lightning's Trainer takes no optimizer, lr or batch size (the LightningModule and the DataModule
-do), so the export cannot set them there. ``TunedSettingsCheck`` looks once training starts:
-another optimizer class than the lr was tuned for is refused (:class:`ExportError`: that lr
-means nothing to it); an lr or a first batch other than the tuned ones is an
-:class:`ExportWarning` with the numbers. It changes nothing in the run.
-
-The class subclasses Lightning's ``Callback``, so it is made on first use (this module's
-``__getattr__``): importing the module, as a docs build or a doctest run does, needs no
-Lightning; the export names it by path and builds it only when ``Export.kwargs`` or LightningCLI
-asks.
-"""
+with (optimizer, lr, batch size), or says so as it starts."""
 
 from __future__ import annotations
 
