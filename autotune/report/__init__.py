@@ -1,21 +1,5 @@
-"""The report of a study: an HTML page with plots, and a short text summary.
-
-The page is one self-contained file (inline CSS and SVG, no script, no URL) that opens offline:
-a summary of the winner and the baselines (speedups with their 95% intervals, the device's
-timing noise), throughput by batch size per mode with intervals and the memory ceilings, the
-winner's loss against the fp32 reference on a samples-seen axis, the winner's speedup as the
-search measured it against what validation measured (the search's optimism), the fp32
-reference's measurements over time (drift), the GradScaler scale of fp16 trials, the
-optimization history, parameter importances, and a table of every trial with its outcome,
-speedup interval and reason; and what each knob (torch.compile, channels_last, fp32 islands)
-brought at the same mode and batch, with what compiling cost. And the summary ``autotune search``
-prints when it ends (:func:`print_summary`), in 80 columns.
-
-Example:
-    >>> from autotune.report import write_report
-    >>> write_report("tiny")  # doctest: +SKIP
-    PosixPath('studies/tiny/report.html')
-"""
+"""The report of a study: a self-contained HTML page with plots (:func:`write_report`), and short
+text summaries for a terminal."""
 
 from __future__ import annotations
 
@@ -70,6 +54,11 @@ def write_report(
     Raises:
         StorageError: the storage cannot be opened or holds no study of that name (the message
             lists the studies it holds).
+
+    Example:
+        >>> from autotune.report import write_report
+        >>> write_report("tiny")  # doctest: +SKIP
+        PosixPath('studies/tiny/report.html')
     """
     if isinstance(study, str):
         study = load_study(study, storage)

@@ -1,7 +1,5 @@
-"""What each knob brought: for torch.compile, channels_last and fp32 islands, the best feasible
-trial with the knob on against the same point (mode, batch, lr, the other knobs) with it off —
-and for compiling, what it cost and after how many steps it pays off.
-"""
+"""What each knob (torch.compile, channels_last, fp32 islands) brought against the same point
+with it off, and what compiling cost and after how many steps it pays off."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The report's charts, each built from ReportData into a :class:`Figure`.
-
-A chart with nothing to draw returns a Figure with no SVG and a note saying why, so the report
-always has the same sections and a reader learns what is missing.
-"""
+"""The report's charts, each built from ReportData into a :class:`Figure` (or a note saying why
+there is nothing to draw)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The summary ``autotune search`` prints when it ends, for a person at a terminal.
-
-One table of the winner, the fp32 reference and the plain AMP recipe that fits 80 columns: each
-row's settings written the same way (``fp16 bs=1024 lr=0.8 init_scale=256``, a knob only where
-the search chose it), each speedup with its interval, and a short outcome. What does not fit a
-cell — a baseline's full reason, the cuts, the rejections, the knobs — follows the table as
-lines of its own.
-"""
+"""The summary ``autotune search`` prints when it ends, for a person at a terminal: one table in
+80 columns, and lines for what does not fit it."""
 
 from __future__ import annotations
 

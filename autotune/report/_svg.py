@@ -1,9 +1,4 @@
-"""Hand-rolled SVG charts: the report works offline, with no plotting library and no CDN.
-
-A :class:`Plot` maps data coordinates to pixels (linear or log2 axes), draws a grid with tick
-labels, and collects lines, markers, bands and labels into one ``<svg>`` element. Every mark
-can carry a ``<title>``, which a browser shows as a tooltip on hover.
-"""
+"""Hand-rolled SVG charts: the report works offline, with no plotting library and no CDN."""
 
 from __future__ import annotations
 
