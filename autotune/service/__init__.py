@@ -1,10 +1,5 @@
-"""The tuning service for a shared box: ``autotune serve`` and its client.
-
-- :class:`TuningService` — the durable queue, the device monitor and the scheduler.
-- :func:`create_app` — the FastAPI app over it (OpenAPI at ``/docs``, a page for people at ``/``).
-- :class:`ServiceClient` — a typed HTTP client (what ``autotune submit/status/result/cancel``
-  use).
-"""
+"""The tuning service for a shared box, ``autotune serve``: :class:`TuningService` (queue, device
+monitor, scheduler), :func:`create_app` (its HTTP API and page) and :class:`ServiceClient`."""
 
 from autotune.service._access import TOKEN_ENV, WorkloadPolicy, check_bind, is_loopback, load_token
 from autotune.service._app import (

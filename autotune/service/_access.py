@@ -1,22 +1,5 @@
-"""Who may do what: the bind address, the token, and which workloads the service will import.
-
-1. **Bind.** Loopback by default. Any other address needs a token: without one, anybody who can
-   reach the port could queue work that runs as the service's user.
-2. **Same site.** A changing request that a browser sends from another site's page (its
-   ``Origin`` or ``Sec-Fetch-Site`` says so) is refused, token or not; on loopback, so is a
-   ``Host`` that is not a loopback name (DNS rebinding).
-3. **Token.** From ``--token-file`` or ``AUTOTUNE_TOKEN``. When one is configured, every
-   changing request (submit, cancel) must carry ``Authorization: Bearer <token>``, on loopback
-   too; reading stays open, unless the service is private (``serve --private``): then reading
-   needs the token as well, or the page's view cookie (:func:`may_read`), which reads and never
-   writes.
-4. **Workloads.** A workload reference is code the service imports and calls. Only the
-   built-ins (``autotune.workloads:*``, ``autotune.testing.workloads:*``) and packages whose
-   top-level folder lies under a configured ``--workload-dir`` are accepted; the check finds
-   the package without importing anything. An adapter spec (``workload: {lightning: ...}``)
-   names several objects, which the service builds with the spec's args: each one is held to
-   the same rule, and a pickled one (what ``autotune.tune()`` sends its own worker) is refused.
-"""
+"""Who may do what: the bind address, the token, the same-site check, and which workloads the
+service will import."""
 
 from __future__ import annotations
 

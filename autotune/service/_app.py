@@ -1,26 +1,5 @@
-"""The HTTP API: a thin FastAPI shell over :class:`~autotune.service.TuningService`.
-
-Endpoints (OpenAPI at ``/docs``)::
-
-    POST /studies               submit a study spec (YAML or JSON body), ?priority=N   token
-    GET  /studies               every study: state, detail, progress
-    GET  /studies/{name}        one study: trials by outcome, best so far, budget used
-    GET  /studies/{name}/config its TunedConfig when done (404 unknown, 409 not done)
-    POST /studies/{name}/cancel cancel a queued or running study                    token
-    GET  /devices               free/total memory, what runs there, other processes, worker
-    GET  /health                ok, draining or storage_error, with counts
-    GET  /                      the page: devices, queue, running and finished studies, live
-    GET  /page/live             the page's live part (HTML), which the page fetches again
-    GET  /studies/{name}/report the study's HTML report, as it stands
-    GET  /studies/{name}/best.json  its TunedConfig as a download (404 unknown, 409 not done)
-
-A changing request that a browser sends from another site's page is refused (403), and on
-loopback so is a request for a ``Host`` that is not a loopback name.
-
-Every refusal is ``{"detail": "<one message naming what is wrong>"}`` with a 4xx status; a
-storage that cannot be written (a full disk) or a service that is draining answers 503 the same
-way, and even an internal error answers 500 with a ``detail``, never a bare page.
-"""
+"""The HTTP API: a thin FastAPI shell over :class:`~autotune.service.TuningService` (OpenAPI at
+``/docs``, the page at ``/``)."""
 
 from __future__ import annotations
 

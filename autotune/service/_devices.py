@@ -1,23 +1,5 @@
-"""What each device has to spare: free and total memory, utilisation, and who else uses it.
-
-CUDA devices are read through NVML (``nvidia-ml-py``): the driver's view, which counts every
-process on the GPU, and it creates no CUDA context in the service (a context costs hundreds of
-MiB of exactly the memory we try to leave to colleagues). The service never opens one: without
-NVML, a device's memory is what its probe worker last reported (see
-:class:`~autotune.execution.worker.WorkerMemory`). The CPU reads ``/proc/meminfo``.
-
-What our worker's allocator holds (its cache included) is ours, never a neighbour's: its next
-probe reuses it. NVML ties memory to a process id, which does not match ours inside a container
-with its own process numbering; the worker's own report covers that case.
-
-A device is *busy* when someone else's work holds it: on a GPU, utilisation at or above
-``BUSY_UTILIZATION`` percent while our own worker is idle; on the CPU, other processes keeping
-``AUTOTUNE_CPU_BUSY_CORES`` cores busy (half the cores by default, at least one; ``off``:
-never) over the last readings, measured from their CPU time (ours, and our workers', left out).
-CPU memory counts too, through the free-memory check in :meth:`room_for`.
-
-Tests fake a colleague's job on a CPU box from outside (:mod:`autotune.testing.busy`).
-"""
+"""What each device has to spare: free and total memory, utilisation, and who else uses it (NVML
+on a GPU, ``/proc`` on the CPU)."""
 
 from __future__ import annotations
 

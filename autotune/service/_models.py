@@ -1,8 +1,4 @@
-"""What the service's HTTP API answers: pydantic models, shared by the server and the client.
-
-Requests are the project's own models: a submitted body is a :class:`~autotune.spec.StudySpec`
-(YAML or JSON) and a finished study answers with its :class:`~autotune.config.TunedConfig`.
-"""
+"""What the service's HTTP API answers: pydantic models, shared by the server and the client."""
 
 from __future__ import annotations
 

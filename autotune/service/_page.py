@@ -1,21 +1,5 @@
-"""The service's page at ``/``: the devices, the queue, running and finished studies, live.
-
-What a person on the box wants at a glance, rendered on the server from the same calls the API
-answers with:
-
-1. **Devices**: memory used and free, who holds each (a study and its owner, other processes),
-   why one is left alone.
-2. **Running**: each study's phase, its budget as a bar, its trials by outcome and the best so
-   far with its interval; a cancel button.
-3. **Queue**: owner, workload, budget, priority, how long it has waited and why; a cancel button.
-4. **Finished**: the config a study emitted with its validated speedup, a link to its report
-   (served here, :func:`report_html`) and its ``best.json``.
-
-Every string that came from outside (study names, owners, specs, error texts) is escaped, and the
-page's own script runs under a per-response nonce: a script tag in a study name is shown as text
-and could not run if it got through. Its script (``_page_assets``) refreshes :func:`render_live`
-every two seconds.
-"""
+"""The service's page at ``/``: the devices, the queue, running and finished studies, live, every
+string from outside escaped."""
 
 from __future__ import annotations
 

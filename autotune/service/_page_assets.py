@@ -1,13 +1,5 @@
-"""The page's stylesheet and script, inlined into it: the page loads nothing from anywhere.
-
-The script keeps the page live: every ``POLL_MS`` it fetches the page's live part (the same
-server-rendered, escaped HTML as the first load) and swaps it in; it sends the token the person
-gave (kept in this tab's ``sessionStorage``, never in a cookie or the address), and it drives
-the cancel buttons (a second click within five seconds confirms). Its requests are same-origin
-``fetch`` calls, which the browser marks ``Sec-Fetch-Site: same-origin`` with the page's own
-``Origin``: the service's cross-site check lets them through and refuses the same request from
-any other site's page.
-"""
+"""The page's stylesheet and script, inlined into it: the page loads nothing from anywhere. The
+script swaps in the live part, sends the token and drives the cancel buttons."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""The durable study queue: one row per submitted study, in the same database as the trials.
-
-A row's life::
-
-    queued ──take──▶ running ──▶ done | failed | cancelled
-       ▲                │
-       └── requeue ─────┘   (the service drained, or restarts after a crash)
-
-Rows live in the table ``autotune_queue`` beside Optuna's tables, so a backup of the study
-database is a backup of the queue, and a service that restarts finds every study where it was.
-The order is priority (higher first), then submission order.
-"""
+"""The durable study queue: one row per submitted study, in the same database as the trials."""
 
 from __future__ import annotations
 

@@ -1,27 +1,4 @@
-"""The scheduler: one thread per device, each running one queued study at a time.
-
-Per device, in a loop:
-
-1. While someone else's work holds the device, take nothing (queued studies say why).
-2. Take the next queued study this device may run (priority, then submission order).
-3. Run its search with the device's persistent :class:`~autotune.execution.worker.ProbeWorker`, a
-   *gate* before every probe, and a stop flag:
-
-   - the gate waits until the device is free of other people's work and has the candidate's
-     measured memory need plus the spec's margin free; that wait is not charged to the budget;
-   - the stop flag is a cancel of this study or the whole service draining.
-
-4. Record the outcome in the queue: done, failed (with the error), cancelled, or back to
-   queued when the service drains or a study of higher priority waits for the device (a later
-   start resumes it with the budget it has left).
-
-When the storage fails a write (a full disk), the study is *paused*, holding its device off its
-budget, until a write succeeds; it resumes where it was, its trial in flight failed as stale and
-run again. A study running when the service died resumes at the next start: its trials in flight
-are failed as stale (and re-enqueued once) first, so none stays RUNNING and nothing is lost.
-
-Every wait reads :mod:`autotune.clock`: on a simulated box the same loop runs in simulated time.
-"""
+"""The scheduler: one thread per device, each running one queued study at a time."""
 
 from __future__ import annotations
 

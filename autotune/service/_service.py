@@ -1,9 +1,5 @@
-"""The tuning service: the queue, the devices and the scheduler behind the HTTP API.
-
-Each public method is one API operation. It checks the request completely before changing
-anything, so a refused request leaves the queue and the storage as they were; a refusal is a
-:class:`RequestError` carrying the HTTP status and one message naming what is wrong.
-"""
+"""The tuning service: the queue, the devices and the scheduler behind the HTTP API, one public
+method per API operation."""
 
 from __future__ import annotations
 

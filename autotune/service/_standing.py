@@ -1,11 +1,5 @@
-"""Where a study stands, read from its Optuna storage: trials by state and outcome, the best.
-
-The service answers status requests from here. Reading a study costs a storage round trip, so
-answers are cached briefly (a finished study's standing never changes: it is cached for good),
-one reader refreshes while the others answer from the cache, and each study's Optuna storage
-cache is kept, so a refresh reads only the trials that changed: fifty clients polling cost the
-database a few small reads a second, not thousands of whole-study reads.
-"""
+"""Where a study stands, read from its Optuna storage (trials by state and outcome, the best),
+cached so that many clients polling cost the database little."""
 
 from __future__ import annotations
 
