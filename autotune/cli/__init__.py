@@ -1,11 +1,5 @@
-"""The ``autotune`` command: a thin shell that parses into models, calls the library, prints.
-
-A user's mistake prints one ``error:`` message naming the field and the fix, and exits 2;
-Ctrl-C exits 130 after saying how to resume. Each group of commands lives in its own module
-and registers itself on the shared app. A command imports torch, optuna, the storage and the
-web service in its body, never at the top: ``--help`` answers without them
-(tests/test_cli_imports.py).
-"""
+"""The ``autotune`` command: a thin shell that parses into models, calls the library, prints; a
+user's mistake is one ``error:`` line and exit 2."""
 
 from __future__ import annotations
 
