@@ -1,10 +1,6 @@
 """Workloads: the interface, the built-ins, the reference loader, and the adapters that make a
 Workload from what a project already has (a LightningModule and its DataModule, a transformers
-model and dataset, or the pieces of a plain loop).
-
-The interface and the loader import no torch: the search's parent and the service name and
-check references without it. The built-ins and the adapters, which build models, load on first
-use; the adapters import Lightning or transformers only when called."""
+model and dataset, or the pieces of a plain loop)."""
 
 from typing import TYPE_CHECKING
 

@@ -1,8 +1,5 @@
-"""The Workload interface: everything a probe needs to train a model for a few steps.
-
-The interface imports no torch: the search's parent and the service name workloads and check
-references without it; the functions a workload holds run where it trains.
-"""
+"""The Workload interface: everything a probe needs to train a model for a few steps (no torch
+here)."""
 
 from __future__ import annotations
 

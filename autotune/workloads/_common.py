@@ -1,9 +1,4 @@
-"""What the Lightning, Hugging Face and plain-loop adapters share.
-
-Each adapter turns the user's objects into a :class:`~autotune.workloads.Workload`: a fresh
-model per probe, batches at any batch size from the user's own data pipeline, the user's own
-optimizer (and scheduler) at the candidate's learning rate, and the user's loss.
-"""
+"""What the Lightning, Hugging Face and plain-loop adapters share."""
 
 from __future__ import annotations
 

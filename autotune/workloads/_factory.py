@@ -1,20 +1,4 @@
-"""What counts as a workload factory: the rules a reference passes before anything is called.
-
-A workload reference names code that autotune will call. The service checks a submitted one
-without importing anything (:class:`~autotune.service.WorkloadPolicy`); ``autotune train``
-reads one from a config file, imports its module and checks the attribute before calling it.
-Both use these rules:
-
-1. **Not the standard library.** No module of Python's own (``os:abort``, ``subprocess:run``)
-   makes a workload, and calling one can do anything: refused by name, before any import.
-2. **Not a library autotune runs on.** ``torch.cuda:init`` takes no argument and is a function
-   of its package, but torch is no workload: an installed requirement of autotune (its extras'
-   and theirs too) is refused by name, before any import (:func:`library_of`).
-3. **autotune's own modules** offer only the factories :func:`builtin_factories` lists.
-4. **A user's package** offers a :class:`~autotune.workloads.Workload`, or a function defined
-   in that package (not imported into it from elsewhere) that takes no required argument and
-   is not declared to return anything but a Workload.
-"""
+"""What counts as a workload factory: the rules a reference passes before anything is called."""
 
 from __future__ import annotations
 

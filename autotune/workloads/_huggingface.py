@@ -1,24 +1,4 @@
-"""A Workload from a transformers model and a dataset of dicts, as ``Trainer`` would train them.
-
-- **Model**: a fresh one per probe: a ``PreTrainedModel`` class built from its config class with
-  ``model_args``, a config (its ``architectures`` name the class), a factory returning either,
-  or a model (copied). Mixed precision keeps fp32 weights: a model built in half precision (its
-  config's ``dtype``) is upcast, and the workload's description says so.
-- **Loss**: what ``Trainer.compute_loss`` uses: the outputs' ``loss`` (``outputs[0]`` for a
-  tuple), or the label smoother's when ``label_smoothing_factor`` is set.
-- **Optimizer and schedule**: what ``Trainer.create_optimizer`` and ``create_scheduler`` build
-  from the ``TrainingArguments`` (transformers' defaults when none are given: AdamW, a linear
-  decay): the ``optim`` class and its settings, weight decay on all but biases and norms, the
-  ``lr_scheduler_type`` with its warm-up, over the run the arguments describe at the
-  candidate's batch size (``max_steps``, or ``num_train_epochs`` passes over the dataset).
-- **Batches**: a DataLoader over the dataset at the candidate's batch size, shuffled by the
-  probe's seeded generator, collated by ``collator`` (default: ``DataCollatorWithPadding`` with
-  the tokenizer when one is given, else ``default_data_collator``), unused columns removed as
-  the Trainer removes them.
-
-The base lr and batch size are ``learning_rate`` and ``per_device_train_batch_size`` of the
-arguments. Not applied in a probe: gradient accumulation and clipping (``max_grad_norm``).
-"""
+"""A Workload from a transformers model and a dataset of dicts, as ``Trainer`` would train them."""
 
 from __future__ import annotations
 

@@ -1,29 +1,5 @@
-"""A Workload from a LightningModule and a LightningDataModule, as Lightning would train them.
-
-- **Model**: a fresh module per probe (its class with ``module_args``, a factory, or a copy of
-  an instance), with ``setup("fit")`` and ``configure_model()`` called as ``fit`` calls them.
-- **Optimizer**: the module's own ``configure_optimizers()``, at the candidate's lr. The lr is
-  set where the module keeps it (an ``lr`` or ``learning_rate`` attribute or hparam, as
-  Lightning's learning-rate finder sets it), so the optimizer and its scheduler are built at
-  that lr; where the module keeps none, every param group (and the scheduler's copies) is
-  scaled to it. A scheduler is kept and stepped as Lightning steps it: ``interval: step``
-  after each optimizer step, ``interval: epoch`` after each pass over the data, every
-  ``frequency``; ``ReduceLROnPlateau`` watches a logged metric and is held still.
-- **Loss**: ``training_step(batch, batch_idx)`` (a tensor, or a dict's ``"loss"``).
-- **Batches**: ``datamodule.train_dataloader()`` with the data module's ``batch_size`` set to the
-  candidate's (its attribute or hparam, as Lightning's batch-size finder sets it, or a fresh
-  data module with that init arg), shuffled by the probe's seeded generator, moved by the data
-  module's own transfer hooks.
-
-Why no ``Trainer``: ``fit()`` owns the optimizer step, precision and loop, and autotune must
-time its own AMP step (the same for every probe); an unfitted Trainer answers ``global_step``
-with 0 forever and sends ``self.log`` to result collections that exist only inside ``fit()``.
-So the module gets a stand-in ``trainer`` that answers what a step commonly reads
-(``global_step``, ``current_epoch``, ``max_epochs``, ``estimated_stepping_batches``,
-``datamodule``, ``is_global_zero``...) with the probe's real values, and ``self.log`` /
-``self.log_dict`` record nothing: no warning, no host sync inside a timed step. Anything else
-read from ``self.trainer`` raises an AttributeError that names it.
-"""
+"""A Workload from a LightningModule and a LightningDataModule, as Lightning would train them
+(without a ``Trainer``: autotune times its own AMP step)."""
 
 from __future__ import annotations
 

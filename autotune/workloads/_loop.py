@@ -1,16 +1,5 @@
-"""A Workload from the pieces of a plain PyTorch loop::
-
-    model = Model(**model_args)                      # model: a class or factory
-    loader = make_loader(batch_size)                 # data: a DataLoader factory
-    opt = make_optimizer(model.parameters(), lr)     # optimizer: a factory or an optimizer class
-    for x, y in loader:
-        loss = loss_fn(model(x), y)                  # loss: (outputs, targets) -> loss
-
-The base batch size and lr are what the factories say by default (``def make_loader(batch_size=64)``,
-``def make_optimizer(params, lr=0.1)``); a spec's ``base_batch_size`` / ``base_lr`` say it
-where they do not. A data factory that takes a ``generator`` gets the probe's seeded one;
-otherwise a DataLoader's shuffling is pointed at it.
-"""
+"""A Workload from the pieces of a plain PyTorch loop: a model, a data factory, an optimizer
+factory and a loss."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The user's objects a reference names, found in the worker: imported or unpickled.
-
-``package.module:Name`` is imported from the folder autotune runs in (first on the import
-path, in the worker too) or from ``PYTHONPATH``; ``pickle:PATH.pkl`` is a file
-:func:`autotune.tune` wrote for an object that no import can reach (one defined in a notebook).
-Either way, a name that cannot be reached or built is one line naming it, never a traceback.
-"""
+"""The user's objects a reference names, found in the worker: imported or unpickled."""
 
 from __future__ import annotations
 
