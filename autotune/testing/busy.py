@@ -1,10 +1,5 @@
-"""``python -m autotune.testing.busy ARGS``: the command line, with a colleague's job faked.
-
-A shared box's scheduling (a device left alone while someone else's work holds it) cannot be
-seen on a CPU box, where nobody else holds anything. Run this instead of ``python -m autotune``
-with ``AUTOTUNE_FAKE_BUSY_FILE=<path>`` set: while that file exists, every device the service
-reads is busy, "used by another process"; remove the file and it is free again.
-"""
+"""``python -m autotune.testing.busy ARGS``: the command line, with a colleague's job faked on
+every device while ``AUTOTUNE_FAKE_BUSY_FILE`` exists."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""A throwaway PostgreSQL cluster on 127.0.0.1, for tests and benchmarks of shared studies.
-
-PostgreSQL refuses to run as root; as root its tools run as the ``postgres`` OS user.
-
-Example:
-    >>> with throwaway_postgres() as server:  # doctest: +SKIP
-    ...     url = server.create_database("study")
-"""
+"""A throwaway PostgreSQL cluster on 127.0.0.1, for tests and benchmarks of shared studies."""
 
 from __future__ import annotations
 
@@ -86,6 +79,10 @@ def throwaway_postgres() -> Iterator[PostgresServer]:
     Raises:
         FileNotFoundError: the server binaries are not installed (Debian: apt-get install
             postgresql).
+
+    Example:
+        >>> with throwaway_postgres() as server:  # doctest: +SKIP
+        ...     url = server.create_database("study")
     """
     binaries = postgres_binaries()
     if binaries is None:

@@ -1,8 +1,5 @@
-"""Workloads that misbehave on purpose: they let tests (and users) see each outcome on a CPU.
-
-Each is importable by reference, e.g. ``autotune.testing.workloads:oom_above_64``, so worker
-processes can load them too.
-"""
+"""Workloads that misbehave on purpose, importable by reference: they let tests (and users) see
+each outcome on a CPU."""
 
 from __future__ import annotations
 
