@@ -453,3 +453,67 @@ def test_compare_charges_each_run_its_own_peak_not_the_process_s_first_costs() -
     if tuned is None or base is None or cmp.tuned.memory_source != "cpu_rss":
         pytest.skip("this process's peak resident memory cannot be read here")
     assert max(tuned, base) <= 2 * max(min(tuned, base), 8 * 2**20)
+
+
+def _result(label: str, precision: str, **fields: Any) -> Any:
+    from autotune.train._models import TrainResult
+
+    return TrainResult(
+        label=label,
+        workload="tiny",
+        device="cpu",
+        precision=precision,
+        batch_size=64,
+        learning_rate=0.1,
+        steps=100,
+        samples=6400,
+        samples_per_epoch=6400,
+        warmup_steps=2,
+        **fields,
+    )
+
+
+def test_the_verdict_names_accuracy_and_says_when_loss_and_accuracy_disagree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tuned run whose final loss kept within 5% of fp32's while its accuracy fell from
+    55.2% to 11.7%: the verdict names the accuracy and says the metrics disagree. The ratio
+    row divides the rows' own figures (24.8 s against 20.1 s a epoch: 1.23x), and where the
+    paired estimate lies elsewhere the verdict says why."""
+    from rich.console import Console
+
+    import autotune.cli._train as train_cli
+    from autotune.train._models import Comparison
+
+    out = Console(width=200, record=True)
+    monkeypatch.setattr(train_cli, "console", out)
+    cmp = Comparison(
+        tuned=_result(
+            "tuned",
+            "bf16",
+            throughput=258.1,
+            seconds_per_epoch=24.8,
+            final_loss=1.01,
+            accuracy=0.117,
+        ),  # fmt: skip
+        baseline=_result(
+            "fp32", "fp32", throughput=318.4, seconds_per_epoch=20.1, final_loss=1.0, accuracy=0.552
+        ),  # fmt: skip
+        against="fp32",
+        paired_speedup=1.01,
+        speedup_low=0.97,
+        speedup_high=1.05,
+        pairs=12,
+    )
+    train_cli._print_table(cmp, per_epoch=True)
+    text = out.export_text()
+    ratio = next(ln for ln in text.splitlines() if ln.strip().startswith("ratio"))
+    assert "1.23x" in ratio and "0.81x" in ratio
+    assert "accuracy 11.7% against 55.2% (-43.5 pts)" in text
+    assert "the metrics disagree" in text
+    assert "the runs' own rates give 0.81x, outside the paired interval" in text
+    agree = cmp.model_copy(update={"tuned": cmp.tuned.model_copy(update={"accuracy": 0.55})})
+    out = Console(width=200, record=True)
+    monkeypatch.setattr(train_cli, "console", out)
+    train_cli._print_table(agree, per_epoch=True)
+    assert "the metrics disagree" not in out.export_text()

@@ -155,8 +155,12 @@ def _table(cmp: Any, runs: list[Any], names: dict[int, str], per_epoch: bool) ->
             row.append("—" if r.accuracy is None else f"{r.accuracy:.1%}")
         table.add_row(*row)
     if cmp.baseline is not None:
-        inverse_speed = 1 / cmp.speedup if cmp.speedup else None
-        row = ["ratio", "", _x(inverse_speed), _x(cmp.speedup), _x(cmp.memory_ratio)]
+        # The ratio of the figures in the rows above it (the paired estimate is the verdict's).
+        b = cmp.baseline
+        seconds = (first.seconds_per_epoch, b.seconds_per_epoch) if per_epoch else None
+        time_ratio = _over(*(seconds or (first.run_seconds, b.run_seconds)))
+        rate = _over(first.throughput, b.throughput)
+        row = ["ratio", "", _x(time_ratio), _x(rate), _x(cmp.memory_ratio)]
         row.append(_x(cmp.loss_ratio))
         if show_acc:
             delta = cmp.accuracy_delta
@@ -165,8 +169,21 @@ def _table(cmp: Any, runs: list[Any], names: dict[int, str], per_epoch: bool) ->
     return table
 
 
+def _over(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+# Where the final loss and the accuracy say different things: the loss kept within this share
+# of the baseline's (the default parity tolerance) while the accuracy fell by more than this
+# much, or the loss past it while the accuracy held.
+_LOSS_KEPT = 1.05
+_ACCURACY_KEPT = -0.02
+
+
 def _print_verdict(cmp: Any) -> None:
-    """Tuned against the baseline in one sentence, with the speedup's interval when paired."""
+    """Tuned against the baseline in one sentence, every metric measured in it (speed, memory,
+    final loss, accuracy), with the speedup's interval when paired; then where the paired
+    estimate and the runs' own figures differ, and where the loss and the accuracy disagree."""
     faster = "faster" if cmp.speedup >= 1 else "slower"
     factor = cmp.speedup if cmp.speedup >= 1 else 1 / cmp.speedup
     interval = ""
@@ -176,10 +193,16 @@ def _print_verdict(cmp: Any) -> None:
             f" (speedup {cmp.speedup:.2f}x, 95% interval {cmp.speedup_low:.2f}–"
             f"{cmp.speedup_high:.2f}, {cmp.pairs} paired blocks)"
         )
+    tuned, base, delta = cmp.tuned, cmp.baseline, cmp.accuracy_delta
+    accuracy = ""
+    if delta is not None:
+        accuracy = (
+            f", accuracy {tuned.accuracy:.1%} against {base.accuracy:.1%} ({delta * 100:+.1f} pts)"
+        )
     console.print(
         f"[bold]tuned vs {cmp.against}:[/] {factor:.2f}x {faster} on the same samples"
         f"{interval}, {_x(cmp.memory_ratio)} the peak memory, final loss "
-        f"{_x(cmp.loss_ratio)}",
+        f"{_x(cmp.loss_ratio)}{accuracy}",
         highlight=False,
     )
     if cmp.pairs:
@@ -188,6 +211,26 @@ def _print_verdict(cmp: Any) -> None:
             "both; the speedup is the median of the per-pair ratios.",
             highlight=False,
         )
+        own = _over(tuned.throughput, base.throughput)
+        low, high = cmp.speedup_low, cmp.speedup_high
+        if own is not None and low is not None and high is not None and not low <= own <= high:
+            console.print(
+                f"the runs' own rates give {own:.2f}x, outside the paired interval: the "
+                "machine's speed moved between blocks, and the paired figure compares blocks "
+                "run side by side.",
+                highlight=False,
+            )
+    loss = cmp.loss_ratio
+    if delta is not None and loss is not None:
+        loss_kept, accuracy_kept = loss <= _LOSS_KEPT, delta >= _ACCURACY_KEPT
+        if loss_kept != accuracy_kept:
+            console.print(
+                f"[yellow]the metrics disagree:[/] final loss {loss:.2f}x the baseline's "
+                f"({'kept' if loss_kept else 'not kept'} within 5%) but accuracy "
+                f"{delta * 100:+.1f} pts ({'held' if accuracy_kept else 'lower'}); judge by "
+                "the one your training is for, or train longer.",
+                highlight=False,
+            )
 
 
 class _Progress:
