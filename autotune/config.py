@@ -147,13 +147,14 @@ class Evidence(_Model):
     speedup_high: float | None = Field(default=None, ge=0)
     # Pairs of interleaved timed blocks (candidate, reference) behind the speedup.
     paired_blocks: int = Field(default=0, ge=0)
-    # What the search measured for the winner, and how optimistic that was against validation
-    # (0.10: the search's figure was 10% higher). The best of many noisy figures is biased
-    # upward; validation corrects it, it does not hold it against the candidate.
+    # What the search measured for the winner, and how optimistic that was (0.10: 10% higher
+    # than validation's figure, which corrects the best noisy figure's upward bias).
     search_speedup: float | None = Field(default=None, ge=0)
     search_optimism: float | None = None
-    # This device's timing noise: the relative spread of the reference's timed blocks.
+    # This device's timing noise: the relative spread of the reference's timed blocks; the
+    # cores other processes kept busy on average meanwhile (None: not measured, as on a GPU).
     noise: float | None = Field(default=None, ge=0)
+    others_cores: float | None = Field(default=None, ge=0)
     # the plain AMP recipe (fp16, default GradScaler, base batch and lr), from the search probes
     amp_throughput: float | None = Field(default=None, ge=0)
     speedup_vs_amp: float | None = Field(default=None, ge=0)
@@ -175,8 +176,7 @@ class Evidence(_Model):
     rejected: list[str] = Field(default_factory=list)
     cut: dict[str, str] = Field(default_factory=dict)
     ceilings: dict[str, int] = Field(default_factory=dict)
-    # When fp16 trials diverged: the per-layer diagnosis of the worst one (autotune diagnose),
-    # the modules it kept in fp32 for the fp32-islands candidate, or why there was none.
+    # When fp16 trials diverged: the worst one's per-layer diagnosis and its fp32 islands.
     fp16_diagnosis: dict[str, Any] | None = None
     # A compiled winner: what compiling took in the search (untimed warm-up, charged to the
     # budget), the same mode and batch measured uncompiled, and the training steps after which

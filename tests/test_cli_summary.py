@@ -410,3 +410,9 @@ def test_a_search_beside_a_busy_neighbour_says_how_much_it_took(tmp_path: Path, 
     with console.capture() as out:
         _search._print_summary(result)
     assert "other processes kept 1.0 of this machine's" in " ".join(out.get().split())
+    # best.json carries the figure; the summary says the config's, as the report does.
+    ev = result.config.evidence.model_copy(update={"others_cores": 1.6})
+    result.config = result.config.model_copy(update={"evidence": ev})
+    with console.capture() as out:
+        _search._print_summary(result)
+    assert "other processes kept 1.6 of this machine's" in " ".join(out.get().split())

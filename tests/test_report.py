@@ -1053,3 +1053,22 @@ def test_a_config_at_a_kept_lr_says_so_in_the_report_as_in_the_summary(
     write_config(out / "best.json", cfg)  # lr 0.4, above the rule's: nothing to say
     html = render_html(collect(handmade.study, out_dir=out, storage=handmade.storage))
     assert "is kept below the rule" not in html
+
+
+def test_a_search_beside_a_busy_neighbour_says_so_in_the_report_as_in_best_json(
+    handmade: SimpleNamespace,
+) -> None:
+    """best.json says other processes kept 1.6 cores busy while the search measured: the report
+    and its text say the same figure; below half a core, nothing."""
+    out = handmade.tmp / "out"
+    out.mkdir()
+    cfg = validated_config()
+    busy = cfg.evidence.model_copy(update={"others_cores": 1.6})
+    write_config(out / "best.json", cfg.model_copy(update={"evidence": busy}))
+    data = collect(handmade.study, out_dir=out, storage=handmade.storage)
+    line = "other processes kept 1.6 cores busy while the search measured"
+    assert line in render_html(data) and line in render_text(data)
+    quiet = cfg.evidence.model_copy(update={"others_cores": 0.3})
+    write_config(out / "best.json", cfg.model_copy(update={"evidence": quiet}))
+    data = collect(handmade.study, out_dir=out, storage=handmade.storage)
+    assert "cores busy" not in render_html(data) and "cores busy" not in render_text(data)

@@ -478,7 +478,7 @@ def test_the_verdict_names_accuracy_and_says_when_loss_and_accuracy_disagree(
 ) -> None:
     """A tuned run whose final loss kept within 5% of fp32's while its accuracy fell from
     55.2% to 11.7%: the verdict names the accuracy and says the metrics disagree. The ratio
-    row divides the rows' own figures (24.8 s against 20.1 s a epoch: 1.23x), and where the
+    row divides the rows' own figures (24.8 s against 20.1 s an epoch: 1.23x), and where the
     paired estimate lies elsewhere the verdict says why."""
     from rich.console import Console
 

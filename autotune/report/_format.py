@@ -8,6 +8,7 @@ from autotune.config import TunedConfig
 from autotune.search import lr_for
 
 __all__ = [
+    "busy_text",
     "ceiling_text",
     "kept_lr_text",
     "noise_text",
@@ -195,3 +196,13 @@ def kept_lr_text(cfg: TunedConfig) -> str:
         f" (the winner's lr {cfg.learning_rate:.3g} is kept below the rule's {rule:.3g}, "
         "which blew up at this batch)"
     )
+
+
+def busy_text(cores: float) -> str:
+    """Other processes' load during a search, as a report shows it (on any machine).
+
+    Example:
+        >>> busy_text(1.04)
+        'other processes kept 1.0 cores busy while the search measured: its figures ran beside them'
+    """
+    return f"other processes kept {cores:.1f} cores busy while the search measured: its figures ran beside them"

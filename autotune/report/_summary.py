@@ -234,7 +234,10 @@ def print_summary(result: Any, console: Console) -> None:
     moved = moved_text(result.reference)
     if moved:
         console.print(moved, highlight=False)
-    taken = getattr(result, "others_cores", None)
+    # The config's figure where it has one: best.json, the report and this summary say the same.
+    taken = (
+        ev.others_cores if ev.others_cores is not None else getattr(result, "others_cores", None)
+    )
     if taken is not None and taken >= NOTABLE:
         console.print(others_text(taken, cores()), highlight=False)
     if ev.cut:

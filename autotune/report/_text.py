@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from optuna.trial import TrialState
 
+from autotune.execution.contention import NOTABLE
 from autotune.progress import scale_text
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._format import (
+    busy_text,
     ceiling_text,
     noise_text,
     optimism_text,
@@ -58,6 +60,9 @@ def render_text(data: ReportData) -> str:
     lines += _winner_lines(data)
     lines.append(_reference_line(data))
     lines.append(f"timing noise: {noise_text(data.noise, data.noise_interval)}")
+    busy = cfg.evidence.others_cores if cfg is not None else None
+    if busy is not None and busy >= NOTABLE:
+        lines.append(f"others' load: {busy_text(busy)}")
     lines.append(_amp_recipe_line(data))
     c = data.counts()
     lines.append(

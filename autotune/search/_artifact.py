@@ -128,6 +128,7 @@ def build_config(  # noqa: PLR0913 - what the phases found, each named at the on
         "ceilings": ctx.ceilings,
         "fp16_diagnosis": fp16_diagnosis,
         "amp_throughput": amp.get("throughput"),
+        "others_cores": _rounded(ctx.contention.others_cores()),
     }
     winner = selection.winner if selection is not None else None
     if winner is not None and winner.paired is not None:
@@ -280,3 +281,7 @@ def _fallback_evidence(
         validation_note=f"{why}: falling back to the fp32 reference, the safe mode",
         **common,
     )
+
+
+def _rounded(cores: float | None) -> float | None:
+    return round(cores, 2) if cores is not None else None
