@@ -567,3 +567,19 @@ def test_a_passing_verdict_under_a_bar_widened_for_the_seed_is_not_paired_again(
     passing.share = 30.0
     assert select([passing], min_speedup=1.05, parity_tolerance=0.05, seed_noise=0.05).winner
     assert _reseed(ctx, reference, passing, noise=0.05) is passing
+
+
+def test_a_fallback_names_each_reason_once_though_two_rounds_noted_it() -> None:
+    """Two validation rounds each noted bf16 bs=32 "not validated: 10s left…": the fallback's
+    reason (best.json's validation note, the summary's line) names it once."""
+    from autotune.search._artifact import _fallback_evidence
+    from autotune.search._validate import Selection
+
+    spec = parse_spec({"name": "notes", "workload": WORKLOAD, "budget": "45s"})
+    note = "bf16 bs=32 lr×1: not validated: 10s left, too short for its set-up"
+    selection = Selection(winner=None, notes=[note, "bf16 bs=64 lr×1: 4 pairs", note])
+    measured = ReferenceMeasurement(at=0, throughput=2287.6, low=2200.0, high=2300.0, blocks=9)
+    reference = ReferenceRecord(batch_size=32, learning_rate=0.2, measurements=[measured])
+    ev = _fallback_evidence(spec, selection, reference, None, {}, {"parity_tolerance": 0.05})
+    assert ev.validation_note.count("not validated: 10s left") == 1
+    assert "bf16 bs=64 lr×1: 4 pairs" in ev.validation_note

@@ -140,7 +140,7 @@ def build_config(  # noqa: PLR0913 - what the phases found, each named at the on
                 )
             )
         notes = selection.notes if selection is not None else []
-        note = "; ".join(notes) or _winner_note(spec, winner.paired, seed_noise)
+        note = "; ".join(dict.fromkeys(notes)) or _winner_note(spec, winner.paired, seed_noise)
         evidence = _winner_evidence(winner, reference, amp, common, note=note)
     else:
         cand = reference.candidate()
@@ -241,7 +241,7 @@ def _fallback_evidence(
         why = f"no candidate's validated lower bound cleared {min_speedup:.2f}x"
     notes = selection.notes if selection is not None else []
     if notes:
-        why += " (" + "; ".join(notes) + ")"
+        why += " (" + "; ".join(dict.fromkeys(notes)) + ")"
     # The reference's latest measurement, as every surface shows the reference: one setting,
     # one figure (a validation pair's reference arm here, beside the latest measurement in the
     # reference's row, read as two speeds both called 1.00x). A pair's arm stands in only
