@@ -1072,3 +1072,16 @@ def test_a_search_beside_a_busy_neighbour_says_so_in_the_report_as_in_best_json(
     write_config(out / "best.json", cfg.model_copy(update={"evidence": quiet}))
     data = collect(handmade.study, out_dir=out, storage=handmade.storage)
     assert "cores busy" not in render_html(data) and "cores busy" not in render_text(data)
+
+
+def test_a_fallback_says_why_in_the_text_report_as_in_best_json(handmade: SimpleNamespace) -> None:
+    """A config that fell back carries its reason in best.json; `autotune report --text` says
+    it fell back and why, in the same words."""
+    out = handmade.tmp / "out"
+    out.mkdir()
+    cfg = validated_config()
+    why = "no candidate's validated lower bound cleared 1.05x (bf16 bs=64 lr×1: 4 pairs)"
+    fell = cfg.evidence.model_copy(update={"validated": False, "validation_note": why})
+    write_config(out / "best.json", cfg.model_copy(update={"evidence": fell}))
+    text = render_text(collect(handmade.study, out_dir=out, storage=handmade.storage))
+    assert "NOT validated: fp32 fallback" in text and f"why: {why}" in text
