@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 # part of the job's wall time.
 STARTED = _time.monotonic()
 
-from autotune._lazy import lazy as _lazy  # noqa: E402
 from autotune.errors import (  # noqa: E402
     AutotuneError,
     AutotuneWarning,
@@ -34,6 +33,7 @@ from autotune.errors import (  # noqa: E402
     StorageError,
     WorkloadError,
 )
+from autotune.infra.lazy import lazy as _lazy  # noqa: E402
 from autotune.version import __version__  # noqa: E402
 
 if TYPE_CHECKING:

@@ -37,8 +37,8 @@ from autotune.errors import (
     format_validation_error,
     short_repr,
 )
-from autotune.files import make_dirs, write_text
-from autotune.inputs import file_problem, load_text, read_text
+from autotune.infra.files import make_dirs, write_text
+from autotune.infra.inputs import file_problem, load_text, read_text
 from autotune.spec import Candidate, CompileMode, PrecisionName
 from autotune.version import __version__
 
@@ -324,7 +324,7 @@ def current_environment(device: str | torch.device) -> Environment:
     # the service, the report) without it; only describing this machine's device needs it.
     import torch
 
-    from autotune.devices import resolve_device
+    from autotune.infra.devices import resolve_device
 
     device = resolve_device(device)
     if device.type == "cuda":

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from autotune.config import TunedConfig, warn_if_environment_differs
-from autotune.devices import prepare_batch
 from autotune.errors import AutotuneWarning, DeviceError
+from autotune.infra.devices import prepare_batch
 from autotune.measure.knobs import apply_knobs, mark_batch_dynamic
 from autotune.measure.precision import (
     PrecisionMode,

@@ -25,7 +25,7 @@ from pydantic import (
 
 from autotune.bounds import bounded, check_bound
 from autotune.errors import SpecError, format_validation_error, short_repr
-from autotune.inputs import check_shape, file_problem, load_text, read_text
+from autotune.infra.inputs import check_shape, file_problem, load_text, read_text
 from autotune.workload_spec import workload_reference
 
 __all__ = [

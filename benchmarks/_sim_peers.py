@@ -26,8 +26,8 @@ from typing import Any
 
 import optuna
 
-from autotune import clock
 from autotune.enums import Outcome
+from autotune.infra import clock
 from autotune.search._space import Space
 from autotune.sim import Landscape, SimulatedRunner
 from autotune.spec import Candidate, StudySpec

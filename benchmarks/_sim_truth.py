@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from autotune import clock
+from autotune.infra import clock
 from autotune.search import lr_for, reference_factor
 from autotune.search._risk import KEPT_LR_FLOOR
 from autotune.search._space import Space

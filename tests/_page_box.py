@@ -20,8 +20,8 @@ from pathlib import Path
 
 import uvicorn
 
-from autotune import clock
-from autotune.clock import SystemClock, VirtualClock
+from autotune.infra import clock
+from autotune.infra.clock import SystemClock, VirtualClock
 from autotune.service import (
     DeviceReading,
     SimulatedHardware,

@@ -98,7 +98,7 @@ def test_a_key_given_twice_is_refused_not_silently_the_last(tmp_path: Path) -> N
     spec.write_text("name: b\nworkload: tiny_mlp\nprobe: {<<: {steps: 4}, steps: 6}\n")
     assert load_spec(spec).probe.steps == 6
     # JSON (a request body, a config) the same.
-    from autotune.inputs import load_text
+    from autotune.infra.inputs import load_text
 
     with pytest.raises(SpecError, match="the key 'budget' is given twice in one mapping"):
         load_text('{"name": "b", "budget": "30s", "budget": "30h"}', "json", "a request")

@@ -11,7 +11,7 @@ import optuna
 import pytest
 from _sim import landscape
 
-from autotune import clock
+from autotune.infra import clock
 from autotune.search import Budget, run_search
 from autotune.search._budget import window_id
 from autotune.search._coordination import await_validation, validation_job

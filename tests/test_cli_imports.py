@@ -127,7 +127,7 @@ def test_python_dash_m_help_loads_no_heavy_module() -> None:
     out = _python(
         "import os, runpy, sys\n"
         "sys.argv = ['autotune', '--help']\n"
-        # The command ends its process at once (autotune._leave): here it raises, to look after.
+        # The command ends its process at once (autotune.infra.leave): here it raises, to look after.
         "os._exit = sys.exit\n"
         "try:\n"
         "    runpy.run_module('autotune', run_name='__main__')\n"

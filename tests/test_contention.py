@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.clock import VirtualClock, use
 from autotune.execution import contention
 from autotune.execution.contention import CpuContention
+from autotune.infra.clock import VirtualClock, use
 
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc (Linux)")
 

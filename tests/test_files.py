@@ -15,7 +15,7 @@ from loguru import logger
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.logs import log_to_file
+from autotune.infra.logs import log_to_file
 from autotune.service import StudyQueue
 from autotune.study.storage import open_storage
 

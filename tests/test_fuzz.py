@@ -29,7 +29,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from autotune.config import TunedConfig, load_config  # noqa: E402
 from autotune.errors import ConfigError, SpecError  # noqa: E402
-from autotune.inputs import load_text  # noqa: E402
+from autotune.infra.inputs import load_text  # noqa: E402
 from autotune.service import TuningService, create_app  # noqa: E402
 from autotune.spec import StudySpec, parse_spec  # noqa: E402
 

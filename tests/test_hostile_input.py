@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.config import load_config
 from autotune.errors import ConfigError, ServiceError, SpecError, StorageError
-from autotune.inputs import MAX_SPEC_BYTES, load_text
+from autotune.infra.inputs import MAX_SPEC_BYTES, load_text
 from autotune.service import ServiceClient
 from autotune.spec import load_spec
 from autotune.study.storage import open_storage

@@ -20,7 +20,7 @@ def test_leave_keeps_the_code_the_output_and_the_exit_hooks(tmp_path: Path) -> N
     hook = tmp_path / "hook"
     done = _run(
         "import atexit, pathlib, sys\n"
-        "from autotune._leave import leave\n"
+        "from autotune.infra.leave import leave\n"
         f"atexit.register(pathlib.Path({str(hook)!r}).write_text, 'ran')\n"
         "sys.stdout.write('no newline, still buffered')\n"
         "sys.stderr.write('and on stderr')\n"
@@ -37,7 +37,7 @@ def test_leave_waits_like_a_plain_exit_while_another_thread_works(tmp_path: Path
     out = tmp_path / "thread"
     done = _run(
         "import pathlib, threading, time\n"
-        "from autotune._leave import leave\n"
+        "from autotune.infra.leave import leave\n"
         "def work():\n"
         "    time.sleep(0.3)\n"
         f"    pathlib.Path({str(out)!r}).write_text('finished')\n"
@@ -49,6 +49,6 @@ def test_leave_waits_like_a_plain_exit_while_another_thread_works(tmp_path: Path
 
 
 def test_a_message_is_printed_and_exits_1_as_sys_exit_does() -> None:
-    done = _run("from autotune._leave import leave\nleave('error: spelled out')\n")
+    done = _run("from autotune.infra.leave import leave\nleave('error: spelled out')\n")
     assert done.returncode == 1
     assert "error: spelled out" in done.stderr

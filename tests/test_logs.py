@@ -16,7 +16,7 @@ import pytest
 from _cli import run_tiny_search
 from loguru import logger
 
-from autotune.logs import json_from_env, log_to_file, reset_logging, setup_logging
+from autotune.infra.logs import json_from_env, log_to_file, reset_logging, setup_logging
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +34,7 @@ def test_importing_autotune_configures_no_logging() -> None:
         "import logging\n"
         "from loguru import logger\n"
         "before = (sorted(logger._core.handlers), logging.getLogger().handlers[:])\n"
-        "import autotune, autotune.search, autotune.logs, autotune.progress\n"
+        "import autotune, autotune.search, autotune.infra.logs, autotune.progress\n"
         "import autotune.report, autotune.cli\n"
         "after = (sorted(logger._core.handlers), logging.getLogger().handlers[:])\n"
         "assert before == after, (before, after)\n"

@@ -38,7 +38,7 @@ from _service import ROOT, TOKEN, free_port, wait_for  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from autotune.errors import ServiceError  # noqa: E402
-from autotune.logs import reset_logging, setup_logging  # noqa: E402
+from autotune.infra.logs import reset_logging, setup_logging  # noqa: E402
 from autotune.service import ServiceClient, StudyQueue, TuningService, create_app  # noqa: E402
 
 SHOTS_ENV = "AUTOTUNE_PAGE_SHOTS"

@@ -11,7 +11,7 @@ import optuna
 import pytest
 from _sim import WORKLOAD, landscape
 
-from autotune import clock
+from autotune.infra import clock
 from autotune.search import Budget, PhaseStarted, run_search
 from autotune.sim import Landscape, SimulatedRunner, simulate
 from autotune.spec import Candidate, parse_spec

@@ -22,11 +22,11 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 from typer.testing import CliRunner
 
-from autotune import clock
 from autotune.cli import app
 from autotune.config import TunedConfig
 from autotune.errors import StorageError
-from autotune.logs import reset_logging
+from autotune.infra import clock
+from autotune.infra.logs import reset_logging
 from autotune.report import collect, load_study, render_html, render_text, write_report
 from autotune.search import Budget, run_search
 from autotune.sim import SimulatedRunner

@@ -17,8 +17,8 @@ import pytest
 from fastapi.testclient import TestClient
 from loguru import logger
 
-from autotune.logs import log_to_file, reset_logging, setup_logging
-from autotune.redact import mask_url
+from autotune.infra.logs import log_to_file, reset_logging, setup_logging
+from autotune.infra.redact import mask_url
 from autotune.service import TuningService, create_app
 from autotune.spec import parse_spec
 from autotune.study.storage import open_study

@@ -16,8 +16,8 @@ from _sim import WORKLOAD, landscape
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import clock
 from autotune.enums import Outcome
+from autotune.infra import clock
 from autotune.search import Budget, run_search
 from autotune.search._risk import kept_lr, safe_scale
 from autotune.search._space import Space

@@ -180,7 +180,7 @@ def test_a_service_on_another_host_holds_its_study_while_it_beats_and_loses_it_w
     """Services on two boxes share a PostgreSQL queue: the other box's process cannot be seen
     from here, so its hold on a study is its beat. A fresh beat keeps the study (a restart here
     used to take it back into the queue at once); one silent past the lease loses it."""
-    from autotune import clock
+    from autotune.infra import clock
     from autotune.service._queue import LEASE, QUEUE_TABLE
 
     queue = StudyQueue(storage_url)

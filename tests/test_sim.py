@@ -19,9 +19,9 @@ from loguru import logger
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
-from autotune import clock
 from autotune.cli import app
 from autotune.errors import SpecError, StorageError
+from autotune.infra import clock
 from autotune.search import Budget, SearchStopped, TrialFinished, run_search
 from autotune.search._budget import WRITE_RESERVE
 from autotune.search._run_search import EXHAUSTED

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from _sim import WORKLOAD, landscape
 
-from autotune.clock import VirtualClock
 from autotune.enums import Outcome
 from autotune.errors import SpecError
+from autotune.infra.clock import VirtualClock
 from autotune.search._knob_trials import islands_plan
 from autotune.sim import Landscape, SimulatedRunner, load_landscape, shipped_landscapes, simulate
 from autotune.sim._engine import Bursts, SimEngine

@@ -13,7 +13,7 @@ import pytest
 from _sim import landscape
 from optuna.trial import TrialState
 
-from autotune import clock
+from autotune.infra import clock
 from autotune.search import Budget, run_search
 from autotune.sim import SimulatedRunner
 from autotune.spec import parse_spec

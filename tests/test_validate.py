@@ -11,8 +11,8 @@ from _sim import WORKLOAD, landscape
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from autotune import clock
 from autotune.execution.facts import WorkerFacts
+from autotune.infra import clock
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.measure.stats import claimed, ratio_estimate
 from autotune.search import run_search

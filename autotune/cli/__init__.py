@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from autotune._leave import leave
 from autotune.cli import _diagnose, _export, _report, _search, _service, _train, _worker  # noqa: F401  (register their commands)
 from autotune.cli._app import app, err_console
+from autotune.infra.leave import leave
 
 __all__ = ["app", "main", "run"]
 

@@ -46,7 +46,7 @@ def setup_logging(verbose: bool = False, quiet: bool = False, *, json_lines: boo
 
     Only the command line configures logging; the library never does.
     """
-    from autotune.logs import setup_logging as configure
+    from autotune.infra.logs import setup_logging as configure
 
     global _json_logs
     _json_logs = json_lines
@@ -76,7 +76,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 def parse_sets(values: list[str] | None) -> dict[str, Any]:
     """``["probe.steps=10"]`` → ``{"probe.steps": 10}`` (values parsed as YAML; text that is
     not YAML stays text). Values too deep or too large are refused like a spec's."""
-    from autotune.inputs import load_text
+    from autotune.infra.inputs import load_text
 
     out: dict[str, Any] = {}
     for item in values or []:
@@ -110,7 +110,7 @@ def _root(
         ),
     ] = False,
 ) -> None:
-    from autotune.files import umask_applied
+    from autotune.infra.files import umask_applied
 
     # What the command creates (the study database, best.json, report.html, logs, and what its
     # workers write) is the owner's only, unless AUTOTUNE_UMASK says otherwise; restored after.

@@ -16,8 +16,8 @@ import autotune
 from autotune.cli._app import app, console, err_console, fail, parse_sets, setup_logging, warn
 from autotune.enums import Outcome
 from autotune.errors import AutotuneError, SpecError, StorageIOError
-from autotune.logs import JSON_ENV, log_to_file
-from autotune.redact import mask_url
+from autotune.infra.logs import JSON_ENV, log_to_file
+from autotune.infra.redact import mask_url
 
 # Torch, optuna and the storage are imported in the functions that use them: `--help` loads none.
 
@@ -184,7 +184,7 @@ def _run_with(  # noqa: PLR0913 - _run's arguments, and the worker it started
     still: bool,
     out: Path | None,
 ) -> tuple[Any, Any]:
-    from autotune import clock as clocks
+    from autotune.infra import clock as clocks
     from autotune.progress import SearchProgress
     from autotune.search import Budget, SearchInterrupted, run_search
 
@@ -230,7 +230,7 @@ def _print_outcome(spec: Any, result: Any, runner: Any, clock: Any) -> None:
     """What the person at the terminal reads at the end: the simulated device, then the
     summary (or who validates, when another worker does)."""
     if runner is not None:
-        from autotune import clock as clocks
+        from autotune.infra import clock as clocks
 
         land = runner.landscape
         with clocks.use(runner.clock):  # the budget counts on the simulated clock

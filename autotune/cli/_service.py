@@ -208,7 +208,7 @@ def submit(
     token: Token = None,
 ) -> None:
     """Queue a study spec on the service."""
-    from autotune.inputs import read_text
+    from autotune.infra.inputs import read_text
 
     try:
         text = read_text(spec_file, f"study spec {str(spec_file)!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune._lazy import lazy
+from autotune.infra.lazy import lazy
 
 if TYPE_CHECKING:
     from autotune.diagnose._fp32 import fp32_modules, keep_in_fp32

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from loguru import logger
 
-from autotune import clock
 from autotune.errors import SpecError
+from autotune.infra import clock
 
 __all__ = ["BUSY_ENV", "CoreMeter", "CpuContention", "busy_cores", "cores", "others_text"]
 

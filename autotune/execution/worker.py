@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 from loguru import logger
 from pydantic import BaseModel
 
-from autotune._leave import leave
 from autotune.enums import Outcome
 from autotune.errors import AutotuneError, SpecError, WorkloadError
 from autotune.execution.facts import WorkerFacts
@@ -59,6 +58,7 @@ from autotune.execution.runner import (
     crashed_result,
     poisons_context,
 )
+from autotune.infra.leave import leave
 from autotune.measure.oom import OOM_MESSAGES
 from autotune.measure.result import PairedResult, ProbeResult
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from autotune._lazy import lazy
+from autotune.infra.lazy import lazy
 from autotune.spec import Candidate
 
 if TYPE_CHECKING:

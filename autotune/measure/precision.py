@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from autotune.devices import device_capability, resolve_device
 from autotune.errors import SpecError
+from autotune.infra.devices import device_capability, resolve_device
 
 __all__ = [
     "MODES",

@@ -13,8 +13,8 @@ import torch
 from loguru import logger
 from torch import nn
 
-from autotune.devices import prepare_batch
 from autotune.errors import WorkloadError
+from autotune.infra.devices import prepare_batch
 from autotune.measure.knobs import NothingCompiled, apply_knobs, compiled_graphs, mark_batch_dynamic
 from autotune.measure.memory import is_oom, oom_message, release_memory, sync
 from autotune.measure.precision import autocast, get_mode, make_scaler, skip_defect

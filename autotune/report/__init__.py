@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.files import make_dirs, write_text
+from autotune.infra.files import make_dirs, write_text
 from autotune.report._data import DEFAULT_STORAGE, ReportData, collect, load_study
 from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
 from autotune.report._html import render_html

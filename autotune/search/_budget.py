@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import optuna
 
-from autotune import clock
 from autotune.errors import AutotuneError
+from autotune.infra import clock
 from autotune.spec import MIN_BUDGET
 from autotune.study.store import BudgetWindow, StudyStore
 

@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from autotune import clock
 from autotune.execution.contention import CpuContention
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.worker import Runner
+from autotune.infra import clock
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.search._budget import HARD_GRACE, WRITE_RESERVE, Budget, SearchStopped
 from autotune.search._events import Event, EventSink

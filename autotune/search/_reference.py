@@ -8,8 +8,8 @@ import socket
 import optuna
 from loguru import logger
 
-from autotune import clock
 from autotune.enums import Outcome, Phase
+from autotune.infra import clock
 from autotune.measure.parity import parity_gap
 from autotune.measure.result import ProbeResult
 from autotune.search._budget import REFERENCE_FLOOR, SAFE_PLAN

@@ -14,12 +14,12 @@ import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
-from autotune import clock
 from autotune.config import TunedConfig
 from autotune.enums import Outcome, Phase, Role
 from autotune.errors import AutotuneError, DeviceError, StorageError, StorageIOError
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.worker import ProbeWorker, Runner
+from autotune.infra import clock
 from autotune.search._artifact import baseline, build_config
 from autotune.search._budget import (
     WRITE_RESERVE,

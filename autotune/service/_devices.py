@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from autotune import clock
 from autotune.errors import DeviceError, SpecError
 from autotune.execution.contention import BUSY_ENV, CoreMeter, busy_cores, cores
 from autotune.execution.limits import (
@@ -22,6 +21,7 @@ from autotune.execution.limits import (
     pci_bus_order,
     visible_entries,
 )
+from autotune.infra import clock
 
 if TYPE_CHECKING:
     from autotune.execution.worker import WorkerMemory

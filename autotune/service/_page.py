@@ -13,10 +13,10 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
-from autotune import clock
 from autotune.config import TunedConfig
 from autotune.enums import StudyState
 from autotune.errors import StorageError
+from autotune.infra import clock
 from autotune.report import collect, load_study, render_html
 from autotune.service._models import DeviceInfo, Health, StudyDetail, StudyStatus
 from autotune.service._page_assets import PRIVATE_NOTE, SCRIPT, STYLE

@@ -13,11 +13,11 @@ from typing import Any
 import optuna
 from loguru import logger
 
-from autotune import clock
 from autotune.enums import Phase, StudyState
 from autotune.errors import AutotuneError, StorageIOError
 from autotune.execution.worker import ProbeWorker
-from autotune.logs import log_to_file
+from autotune.infra import clock
+from autotune.infra.logs import log_to_file
 from autotune.search import (
     Budget,
     CeilingFound,

@@ -14,7 +14,7 @@ import autotune
 from autotune.bounds import check_plain_text
 from autotune.enums import StudyState
 from autotune.errors import AutotuneError, SpecError, WorkloadError
-from autotune.inputs import Format, load_text
+from autotune.infra.inputs import Format, load_text
 from autotune.service._access import WorkloadPolicy, WorkloadRefused
 from autotune.service._devices import DeviceMonitor, SimulatedHardware
 from autotune.service._models import (

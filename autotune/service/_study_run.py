@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import TrialState
 
-from autotune import clock
 from autotune.enums import StudyState
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.messages import CompareRequest, DiagnoseRequest, ProbeRequest
 from autotune.execution.runner import Runner
+from autotune.infra import clock
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.search import Budget
 from autotune.service._queue import QueueRow

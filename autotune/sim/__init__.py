@@ -9,9 +9,9 @@ from pathlib import Path
 
 import optuna
 
-from autotune import clock
 from autotune.config import TunedConfig
 from autotune.enums import Phase
+from autotune.infra import clock
 from autotune.sim._box import Arrival, BoxReport, StudyOutcome, run_box
 from autotune.sim._family import family
 from autotune.sim._landscape import LANDSCAPE_DIR, Landscape, load_landscape, shipped_landscapes

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from autotune.clock import VirtualClock
+from autotune.infra.clock import VirtualClock
 from autotune.measure.memory import is_oom, oom_message
 from autotune.measure.precision import get_mode
 from autotune.measure.step import Block

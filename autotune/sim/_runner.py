@@ -12,13 +12,13 @@ from typing import Any
 import torch
 
 import autotune
-from autotune.clock import VirtualClock
 from autotune.config import Environment
 from autotune.enums import Outcome
 from autotune.errors import DeviceError
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.messages import CompareRequest, DiagnoseRequest, ProbeRequest
 from autotune.execution.runner import Runner, crashed_result
+from autotune.infra.clock import VirtualClock
 from autotune.measure.paired import interleave
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.measure.timed import TimedRun

@@ -15,7 +15,7 @@ import optuna
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from autotune import clock
+from autotune.infra import clock
 from autotune.study.guarded import engine_of
 
 __all__ = [

@@ -13,7 +13,7 @@ import optuna
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.errors import StorageIOError
-from autotune.redact import mask_url
+from autotune.infra.redact import mask_url
 
 __all__ = [
     "GUARDED_PRIVATE",

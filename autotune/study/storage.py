@@ -18,8 +18,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.enums import Outcome
 from autotune.errors import StorageError
-from autotune.files import create_file, make_dirs
-from autotune.redact import mask_url, remember, userinfo_ats
+from autotune.infra.files import create_file, make_dirs
+from autotune.infra.redact import mask_url, remember, userinfo_ats
 from autotune.spec import StudySpec
 from autotune.study.claims import claim, delete_claims, owner_alive, owner_id
 from autotune.study.guarded import GuardedStorage, database_error

@@ -4,7 +4,7 @@ model and dataset, or the pieces of a plain loop)."""
 
 from typing import TYPE_CHECKING
 
-from autotune._lazy import lazy
+from autotune.infra.lazy import lazy
 from autotune.workloads._base import Batch, Workload, cross_entropy_loss, synthetic_batches
 from autotune.workloads._factory import (
     BUILTIN_MODULES,

@@ -11,8 +11,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from autotune.devices import prepare_batch
 from autotune.errors import WorkloadError
+from autotune.infra.devices import prepare_batch
 
 __all__ = [
     "Built",

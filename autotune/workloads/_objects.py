@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import WorkloadError
-from autotune.files import file_mode, make_dirs
+from autotune.infra.files import file_mode, make_dirs
 from autotune.workloads._factory import is_stdlib
 
 __all__ = ["build", "call", "import_user_module", "reference_for", "resolve"]

@@ -11,7 +11,7 @@ Measurement itself (the timed blocks inside a probe) keeps ``time.perf_counter``
 measures the device, not a decision.
 
 Example:
-    >>> from autotune import clock
+    >>> from autotune.infra import clock
     >>> with clock.use(clock.VirtualClock()) as c:
     ...     t0 = clock.now()
     ...     clock.sleep(90.0)

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from autotune.files import make_dirs, open_for_writing
-from autotune.redact import mask_url
+from autotune.infra.files import make_dirs, open_for_writing
+from autotune.infra.redact import mask_url
 
 if TYPE_CHECKING:
     from loguru import Record  # only in loguru's stubs
