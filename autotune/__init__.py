@@ -37,11 +37,11 @@ from autotune.infra.lazy import lazy as _lazy  # noqa: E402
 from autotune.version import __version__  # noqa: E402
 
 if TYPE_CHECKING:
-    from autotune.config import TunedConfig, load_config
     from autotune.export import Export, export
     from autotune.measure.result import ProbeResult
+    from autotune.schema.config import TunedConfig, load_config
+    from autotune.schema.spec import Candidate, ProbeSettings, StudySpec, load_spec
     from autotune.session import AmpSession, session
-    from autotune.spec import Candidate, ProbeSettings, StudySpec, load_spec
     from autotune.workloads import Workload, load_workload
 
 __all__ = [
@@ -73,16 +73,16 @@ __all__ = [
 # Where each name loaded on first use lives.
 _LAZY = {
     "AmpSession": "autotune.session",
-    "Candidate": "autotune.spec",
+    "Candidate": "autotune.schema.spec",
     "Export": "autotune.export",
     "ProbeResult": "autotune.measure.result",
-    "ProbeSettings": "autotune.spec",
-    "StudySpec": "autotune.spec",
-    "TunedConfig": "autotune.config",
+    "ProbeSettings": "autotune.schema.spec",
+    "StudySpec": "autotune.schema.spec",
+    "TunedConfig": "autotune.schema.config",
     "Workload": "autotune.workloads",
     "export": "autotune.export",
-    "load_config": "autotune.config",
-    "load_spec": "autotune.spec",
+    "load_config": "autotune.schema.config",
+    "load_spec": "autotune.schema.spec",
     "load_workload": "autotune.workloads",
     "session": "autotune.session",
     "tune": "autotune.tuning",

@@ -15,8 +15,8 @@ import sys
 from collections import Counter
 from typing import Any, TextIO
 
-from autotune.config import TunedConfig
-from autotune.enums import Outcome
+from autotune.schema.config import TunedConfig
+from autotune.schema.enums import Outcome
 from autotune.search import Budget, Event, PhaseStarted, TrialFinished, TrialStarted
 from autotune.study.trials import label as params_label
 

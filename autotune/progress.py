@@ -29,7 +29,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from autotune.enums import Outcome
+from autotune.schema.enums import Outcome
 from autotune.search import (
     Budget,
     CeilingFound,

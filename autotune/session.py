@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.config import TunedConfig, warn_if_environment_differs
 from autotune.errors import AutotuneWarning, DeviceError
 from autotune.infra.devices import prepare_batch
 from autotune.measure.knobs import apply_knobs, mark_batch_dynamic
@@ -44,7 +43,8 @@ from autotune.measure.precision import (
     restore_backend_flags,
     snapshot_backend_flags,
 )
-from autotune.spec import Candidate
+from autotune.schema.config import TunedConfig, warn_if_environment_differs
+from autotune.schema.spec import Candidate
 
 __all__ = ["AmpSession", "check_supported", "session"]
 
@@ -132,7 +132,7 @@ class AmpSession:
         DeviceError: the device does not exist or cannot run the precision.
 
     Example:
-        >>> from autotune.spec import Candidate
+        >>> from autotune.schema.spec import Candidate
         >>> with AmpSession(Candidate(precision="bf16", batch_size=64, learning_rate=0.1), "cpu") as amp:
         ...     with amp.autocast():
         ...         (torch.ones(2, 2) @ torch.ones(2, 2)).dtype

@@ -24,11 +24,11 @@ from typing import Any
 
 from loguru import logger
 
-from autotune.config import TunedConfig
 from autotune.errors import AutotuneError, AutotuneWarning, SpecError
 from autotune.measure.precision import resolve_device
 from autotune.notebook import NotebookProgress
-from autotune.spec import StudySpec, format_duration, load_spec, parse_spec
+from autotune.schema.config import TunedConfig
+from autotune.schema.spec import StudySpec, format_duration, load_spec, parse_spec
 from autotune.workloads import reference_for
 
 __all__ = ["tune"]

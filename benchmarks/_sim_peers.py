@@ -26,11 +26,11 @@ from typing import Any
 
 import optuna
 
-from autotune.enums import Outcome
 from autotune.infra import clock
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate, StudySpec
 from autotune.search._space import Space
 from autotune.sim import Landscape, SimulatedRunner
-from autotune.spec import Candidate, StudySpec
 
 PEERS = {
     "amp": "the AMP recipe: fp16 + GradScaler(65536) at the base batch",

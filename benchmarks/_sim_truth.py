@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.infra import clock
+from autotune.schema.spec import Candidate, StudySpec, parse_spec
 from autotune.search import lr_for, reference_factor
 from autotune.search._risk import KEPT_LR_FLOOR
 from autotune.search._space import Space
 from autotune.sim import Landscape, SimulatedRunner
-from autotune.spec import Candidate, StudySpec, parse_spec
 
 # The real run, in seconds of fp32 at the base batch, when the spec does not say.
 DEFAULT_HORIZON_S = 3600.0

@@ -41,11 +41,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from autotune import load_config
-from autotune.config import TunedConfig
 from autotune.measure.precision import autocast, backend_flags, get_mode, resolve_device
 from autotune.measure.stats import Estimate, claimed, ratio_estimate
+from autotune.schema.config import TunedConfig
+from autotune.schema.spec import Candidate, load_spec
 from autotune.search import run_search
-from autotune.spec import Candidate, load_spec
 from autotune.train import TrainResult, TrainSettings, baseline_candidate, held_out_batches, train
 
 # The run that advances a block at a time, as `train --compare` interleaves two; autotune.train

@@ -40,8 +40,8 @@ from loguru import logger
 
 from autotune.execution.worker import ProbeWorker
 from autotune.measure.result import ProbeResult
+from autotune.schema.spec import Candidate, ProbeSettings, load_spec
 from autotune.search import Event, PhaseStarted, SearchStopped, TrialStarted, run_search
-from autotune.spec import Candidate, ProbeSettings, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_SECONDS = 3.0

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.measure.parity import parity_gap, smoothed_loss_at
+from autotune.schema.spec import Candidate, load_spec
 from autotune.search import lr_for
-from autotune.spec import Candidate, load_spec
 from autotune.train import TrainSettings, train
 from autotune.workloads import load_workload
 

@@ -34,7 +34,7 @@ from loguru import logger
 from autotune.measure.precision import resolve_device
 from autotune.measure.probe import run_probe
 from autotune.measure.result import ProbeResult
-from autotune.spec import Candidate, ProbeSettings
+from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.workloads import load_workload
 
 TIMED_SHARE_GOAL = 0.85

@@ -69,8 +69,8 @@ from autotune.measure.precision import resolve_device, unsupported_modes  # noqa
 from autotune.measure.result import PairedResult, ProbeResult  # noqa: E402
 from autotune.measure.stats import ratio_estimate  # noqa: E402
 from autotune.measure.step import StepEngine  # noqa: E402
+from autotune.schema.spec import Candidate, ProbeSettings  # noqa: E402
 from autotune.search import lr_for  # noqa: E402
-from autotune.spec import Candidate, ProbeSettings  # noqa: E402
 from autotune.workloads import load_workload, normalize_reference  # noqa: E402
 
 RAW_DIR = ROOT / "benchmarks" / "recordings"

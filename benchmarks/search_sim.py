@@ -76,8 +76,8 @@ import _sim_compare  # noqa: E402
 import _sim_peers  # noqa: E402
 import _sim_truth as truth  # noqa: E402
 
+from autotune.schema.spec import parse_duration  # noqa: E402
 from autotune.sim import Landscape, load_landscape, shipped_landscapes, simulate  # noqa: E402
-from autotune.spec import parse_duration  # noqa: E402
 
 # A real win: the optimum beats fp32 by this much (a fallback then misses it).
 REAL_WIN = 1.10

@@ -35,8 +35,8 @@ from typing import Any
 from autotune.execution.worker import ProbeWorker
 from autotune.measure.parity import parity_gap
 from autotune.report import knob_lines
+from autotune.schema.spec import Candidate, StudySpec
 from autotune.search import lr_for, run_search
-from autotune.spec import Candidate, StudySpec
 from autotune.workloads import normalize_reference
 
 TOLERANCE = 0.05

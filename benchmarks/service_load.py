@@ -334,7 +334,7 @@ def _overhead(probes: int) -> dict[str, Any]:
     from loguru import logger
 
     from autotune.execution.worker import ProbeWorker
-    from autotune.spec import Candidate, ProbeSettings
+    from autotune.schema.spec import Candidate, ProbeSettings
 
     logger.remove()
     cand = Candidate(precision="fp32", batch_size=32, learning_rate=0.05)

@@ -46,8 +46,8 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.schema.spec import Candidate, load_spec
 from autotune.search import run_search
-from autotune.spec import Candidate, load_spec
 from autotune.study.trials import candidate, record
 from autotune.train import TrainSettings, baseline_candidate, compare, train
 from autotune.workloads import load_workload

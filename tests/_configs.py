@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.config import (
+from autotune.schema.config import (
     Evidence,
     GradScalerSettings,
     TunedConfig,

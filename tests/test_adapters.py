@@ -15,7 +15,7 @@ import torch
 
 from autotune.errors import SpecError, WorkloadError
 from autotune.measure.step import StepEngine
-from autotune.spec import Candidate, parse_spec
+from autotune.schema.spec import Candidate, parse_spec
 from autotune.workloads import load_workload, loop_workload, reference_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -311,7 +311,7 @@ def test_search_sim_scores_an_unsafe_config_zero_and_charges_compile_time() -> N
     score 0 with the reason; a compiled one is scored over the real run with its compile time
     charged, so the optimum over a spec that searches compile is below the raw speedup."""
     truth = load("search_sim").truth
-    from autotune.spec import Candidate
+    from autotune.schema.spec import Candidate
 
     land = _landscape(**{"knobs.compile_seconds": 90.0, "knobs.compile_speedup": 1.5})
     spec = truth.spec_for(land, 600.0, knobs=("compile",))

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from autotune.bounds import BOUNDS, Bound
 from autotune.errors import SpecError
-from autotune.spec import Candidate, load_spec, parse_spec
+from autotune.schema.bounds import BOUNDS, Bound
+from autotune.schema.spec import Candidate, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"name": "b", "workload": "tiny_mlp"}

@@ -11,7 +11,7 @@ import torch
 from autotune.measure.ceilings import find_ceiling, memory_budget
 from autotune.measure.probe import run_probe
 from autotune.measure.result import ProbeResult
-from autotune.spec import Candidate, ProbeSettings
+from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.testing.workloads import make_oom_workload
 
 MIB = 2**20

@@ -12,11 +12,11 @@ import pytest
 from _sim import landscape
 
 from autotune.infra import clock
+from autotune.schema.spec import parse_spec
 from autotune.search import Budget, run_search
 from autotune.search._budget import window_id
 from autotune.search._coordination import await_validation, validation_job
 from autotune.sim import SimulatedRunner
-from autotune.spec import parse_spec
 from autotune.study.claims import LEASE, claim, done_by, holding, mark_done, owner_id, renew
 from autotune.study.crown import stored_config
 

@@ -149,7 +149,7 @@ def test_public_names_load_on_use_and_the_functions_keep_their_names(first: str)
         "from autotune import TunedConfig, session\n"
         "print(TunedConfig.__module__, session.__module__)"
     )
-    assert out.splitlines() == ["[] True True", "autotune.config autotune.session"]
+    assert out.splitlines() == ["[] True True", "autotune.schema.config autotune.session"]
 
 
 def test_version_prints_the_version_without_a_command() -> None:

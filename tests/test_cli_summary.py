@@ -313,8 +313,8 @@ def test_a_fallback_whose_last_run_timed_too_few_blocks_shows_one_noise_everywhe
     report show that one figure."""
     from autotune.report import collect, render_text
     from autotune.report._format import noise_text
+    from autotune.schema.spec import parse_spec
     from autotune.search._artifact import _fallback_evidence
-    from autotune.spec import parse_spec
 
     reference = ReferenceRecord(
         batch_size=32,
@@ -351,8 +351,8 @@ def test_a_fallback_and_the_reference_show_one_throughput(tmp_path: Path, wide) 
     fallback took a validation pair's reference arm, 6,179.9 samples/s, beside the
     reference's own 1,469.1, both called 1.00x)."""
     from autotune.measure.result import PairedResult, ProbeResult
+    from autotune.schema.spec import Candidate, parse_spec
     from autotune.search._artifact import _fallback_evidence
-    from autotune.spec import Candidate, parse_spec
 
     cand = Candidate(precision="fp32", batch_size=32, learning_rate=0.1)
 

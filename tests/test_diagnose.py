@@ -24,7 +24,7 @@ from autotune.diagnose import (
 )
 from autotune.errors import SpecError
 from autotune.measure.probe import global_state
-from autotune.spec import Candidate
+from autotune.schema.spec import Candidate
 from autotune.testing.workloads import make_oom_workload
 from autotune.workloads import Workload, load_workload, synthetic_batches
 

@@ -112,9 +112,9 @@ def test_a_worker_finishes_a_study_whose_workers_died_before_its_config(tmp_path
     from _sim import landscape
 
     from autotune.infra import clock
+    from autotune.schema.spec import parse_spec
     from autotune.search import Budget, SearchStopped, TrialFinished, run_search
     from autotune.sim import SimulatedRunner
-    from autotune.spec import parse_spec
 
     storage = f"sqlite:///{tmp_path / 's.db'}"
     spec = parse_spec(

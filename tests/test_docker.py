@@ -121,8 +121,8 @@ def systemd_unit() -> dict[str, dict[str, str]]:
 
 
 def test_the_systemd_unit_restarts_on_failure_and_drains_on_stop() -> None:
+    from autotune.schema.spec import ProbeSettings
     from autotune.service._scheduler import DRAIN_GRACE
-    from autotune.spec import ProbeSettings
 
     unit = systemd_unit()
     svc = unit["Service"]

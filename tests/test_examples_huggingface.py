@@ -19,7 +19,7 @@ import pytest
 from _steps import StepReader, assert_trained_as_tuned, linear, training_process
 
 import autotune
-from autotune.spec import load_spec
+from autotune.schema.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "examples" / "huggingface" / "tune.yaml"

@@ -18,7 +18,7 @@ from _steps import StepReader, assert_trained_as_tuned, cosine, training_process
 
 import autotune
 from autotune.errors import ExportWarning
-from autotune.spec import load_spec
+from autotune.schema.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 3  # training steps the tuned config runs

@@ -27,11 +27,11 @@ pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from autotune.config import TunedConfig, load_config  # noqa: E402
 from autotune.errors import ConfigError, SpecError  # noqa: E402
 from autotune.infra.inputs import load_text  # noqa: E402
+from autotune.schema.config import TunedConfig, load_config  # noqa: E402
+from autotune.schema.spec import StudySpec, parse_spec  # noqa: E402
 from autotune.service import TuningService, create_app  # noqa: E402
-from autotune.spec import StudySpec, parse_spec  # noqa: E402
 
 TOKEN = "fuzz-token-0123456789abcdef"
 FUZZ = settings(

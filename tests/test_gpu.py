@@ -25,8 +25,8 @@ from autotune.measure.precision import (
 from autotune.measure.probe import run_probe
 from autotune.measure.step import StepEngine
 from autotune.measure.timed import TimedRun
+from autotune.schema.spec import Candidate, ProbeSettings, load_spec
 from autotune.search import run_search
-from autotune.spec import Candidate, ProbeSettings, load_spec
 from autotune.testing.workloads import CAPPED_BYTES
 from autotune.workloads import load_workload
 

@@ -18,14 +18,14 @@ import pytest
 import torch
 from loguru import logger
 
-from autotune.enums import Outcome
 from autotune.errors import DeviceError
 from autotune.execution import limits, worker
 from autotune.execution.limits import worker_device, worker_env
 from autotune.execution.messages import ProbeRequest, ReadyReply, ResultReply, decode_reply, encode
 from autotune.execution.worker import ProbeWorker
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.service import _devices
-from autotune.spec import Candidate, ProbeSettings
 
 
 class FakeNVML:

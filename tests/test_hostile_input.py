@@ -21,11 +21,11 @@ from _configs import make_config, write_config
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.config import load_config
 from autotune.errors import ConfigError, ServiceError, SpecError, StorageError
 from autotune.infra.inputs import MAX_SPEC_BYTES, load_text
+from autotune.schema.config import load_config
+from autotune.schema.spec import load_spec
 from autotune.service import ServiceClient
-from autotune.spec import load_spec
 from autotune.study.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent

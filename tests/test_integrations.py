@@ -29,9 +29,9 @@ from _docs import code_block
 from torch import nn
 
 import autotune
-from autotune.config import current_environment
 from autotune.errors import DeviceError, ExportError, ExportWarning
 from autotune.measure.precision import restore_backend_flags, snapshot_backend_flags
+from autotune.schema.config import current_environment
 
 DTYPES = {
     "fp32": torch.float32,

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from autotune.enums import Outcome
 from autotune.errors import DeviceError, SpecError, WorkloadError
 from autotune.execution import worker
 from autotune.execution.facts import collect_facts
@@ -41,7 +40,8 @@ from autotune.execution.messages import (
 from autotune.execution.runner import RESTARTED, crashed_result
 from autotune.execution.worker import ProbeWorker
 from autotune.measure.result import PairedResult
-from autotune.spec import Candidate, EarlyStop, ProbeSettings
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate, EarlyStop, ProbeSettings
 
 SHORT = ProbeSettings(warmup_steps=1, steps=4, check_every=2, min_time=0)
 CAND = Candidate(precision="fp32", batch_size=16, learning_rate=0.05)

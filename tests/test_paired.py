@@ -10,7 +10,7 @@ import torch
 from autotune.measure.memory import PeakMemory
 from autotune.measure.paired import run_paired
 from autotune.measure.probe import run_probe
-from autotune.spec import Candidate, ProbeSettings
+from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.testing.workloads import drifting
 from autotune.workloads import load_workload
 

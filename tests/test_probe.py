@@ -16,7 +16,7 @@ from autotune.errors import WorkloadError
 from autotune.measure.precision import restore_backend_flags, snapshot_backend_flags
 from autotune.measure.probe import global_state, run_probe
 from autotune.measure.result import ProbeResult
-from autotune.spec import Candidate, ProbeSettings
+from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.testing.workloads import make_oom_workload
 from autotune.workloads import BUILTINS, Workload, load_workload
 

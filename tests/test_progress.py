@@ -18,6 +18,7 @@ from rich.console import Console
 
 from autotune.measure.ceilings import Ceiling
 from autotune.progress import SearchProgress
+from autotune.schema.spec import Candidate
 from autotune.search import (
     Budget,
     CeilingFound,
@@ -28,7 +29,6 @@ from autotune.search import (
     TrialFinished,
     TrialStarted,
 )
-from autotune.spec import Candidate
 
 ROOT = Path(__file__).resolve().parent.parent
 # Anything below 0x20 but newline and tab, and DEL: escapes, carriage returns, backspaces.

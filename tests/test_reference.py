@@ -12,9 +12,9 @@ import pytest
 from _sim import WORKLOAD, landscape
 
 from autotune.infra import clock
+from autotune.schema.spec import Candidate, parse_spec
 from autotune.search import Budget, PhaseStarted, run_search
 from autotune.sim import Landscape, SimulatedRunner, simulate
-from autotune.spec import Candidate, parse_spec
 from autotune.study.reference import measurement_used
 
 

@@ -23,14 +23,14 @@ from optuna.trial import TrialState, create_trial
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.config import TunedConfig
 from autotune.errors import StorageError
 from autotune.infra import clock
 from autotune.infra.logs import reset_logging
 from autotune.report import collect, load_study, render_html, render_text, write_report
+from autotune.schema.config import TunedConfig
+from autotune.schema.spec import load_spec
 from autotune.search import Budget, run_search
 from autotune.sim import SimulatedRunner
-from autotune.spec import load_spec
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord, reference_key
 from autotune.study.trials import (
     TrialRecord,

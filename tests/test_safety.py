@@ -19,8 +19,8 @@ from loguru import logger
 
 from autotune.infra.logs import log_to_file, reset_logging, setup_logging
 from autotune.infra.redact import mask_url
+from autotune.schema.spec import parse_spec
 from autotune.service import TuningService, create_app
-from autotune.spec import parse_spec
 from autotune.study.storage import open_study
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ from optuna.trial import TrialState
 from autotune import load_config
 from autotune.errors import StorageError
 from autotune.execution.worker import InProcessRunner
+from autotune.schema.spec import StudySpec, load_spec
 from autotune.search import batch_ladder, lr_for, reference_factor, run_search
-from autotune.spec import StudySpec, load_spec
 from autotune.study.trials import role_trials
 
 STUDIES = Path(__file__).resolve().parent.parent / "studies"

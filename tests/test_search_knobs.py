@@ -18,8 +18,8 @@ from autotune.execution.worker import InProcessRunner
 from autotune.measure.knobs import break_even_steps
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.report import knob_gains
+from autotune.schema.spec import Candidate, ProbeSettings, StudySpec
 from autotune.search import run_search
-from autotune.spec import Candidate, ProbeSettings, StudySpec
 
 # What the fake machine does: bf16 doubles the speed, compiling adds half after 2 s of
 # compiling, channels_last a tenth; its compiler cannot compile the model in nchw.

@@ -16,13 +16,13 @@ from _sim import WORKLOAD, landscape
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.enums import Outcome
 from autotune.infra import clock
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import parse_spec
 from autotune.search import Budget, run_search
 from autotune.search._risk import kept_lr, safe_scale
 from autotune.search._space import Space
 from autotune.sim import Landscape, SimulatedRunner, family, simulate
-from autotune.spec import parse_spec
 from autotune.study.trials import TrialRecord, record
 
 
@@ -494,8 +494,8 @@ def test_a_trial_whose_step_outlasts_what_is_left_is_not_started() -> None:
     hard limit and the run ended past its budget. Now such a candidate is pruned too_slow, with
     the step's time, before a probe starts; one whose step fits, or whose mode ran nothing
     yet, starts."""
+    from autotune.schema.spec import Candidate
     from autotune.search._risk import cannot_step
-    from autotune.spec import Candidate
 
     trials = [_measured("fp16", 128, 7.1), _measured("fp16", 64, 6.9), _measured("fp32", 128, 675)]
     fp16 = Candidate(precision="fp16", batch_size=256, learning_rate=0.2)
@@ -512,8 +512,8 @@ def test_a_mode_far_slower_than_the_best_is_not_tried_at_a_smaller_batch() -> No
     """fp16 ran at 7 samples/s at bs=128 beside fp32's 675: the sampler's fp16 at bs=64 took
     18 s of `make search`'s 180 to say so again. A smaller batch runs no faster a sample; a
     larger one may (launch-bound at the base batch), and stays open."""
+    from autotune.schema.spec import Candidate
     from autotune.search._risk import cannot_step
-    from autotune.spec import Candidate
 
     trials = [_measured("fp16", 128, 7.1), _measured("fp32", 128, 675.0)]
     small = Candidate(precision="fp16", batch_size=64, learning_rate=0.05)

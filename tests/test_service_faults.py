@@ -25,10 +25,10 @@ import pytest
 from _service import AUTH, TOKEN, Service, sleepy, wait_for
 
 from autotune.errors import StorageIOError
+from autotune.schema.spec import StudySpec
 from autotune.search import Budget
 from autotune.service import REQUEST_TIMEOUT, StudyQueue, TuningService, create_app
 from autotune.service._study_run import StudyRun
-from autotune.spec import StudySpec
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,9 @@ from autotune.errors import (
 )
 from autotune.execution.worker import InProcessRunner
 from autotune.measure.precision import restore_backend_flags, snapshot_backend_flags
+from autotune.schema.spec import Candidate, load_spec
 from autotune.search import run_search
 from autotune.session import AmpSession, check_supported
-from autotune.spec import Candidate, load_spec
 from autotune.workloads import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -401,7 +401,7 @@ LOOPS = {
 def test_the_docs_training_loops_run_verbatim_on_a_gpu(
     precision: str, loop: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from autotune.config import current_environment
+    from autotune.schema.config import current_environment
 
     path, needle = LOOPS[loop]
     block = code_block(path, needle)

@@ -22,11 +22,11 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.errors import SpecError, StorageError
 from autotune.infra import clock
+from autotune.schema.spec import Candidate, EarlyStop, ProbeSettings, parse_spec
 from autotune.search import Budget, SearchStopped, TrialFinished, run_search
 from autotune.search._budget import WRITE_RESERVE
 from autotune.search._run_search import EXHAUSTED
 from autotune.sim import Landscape, SimulatedRunner, load_landscape, shipped_landscapes, simulate
-from autotune.spec import Candidate, EarlyStop, ProbeSettings, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotune.schema.spec import Candidate, parse_spec
 from autotune.sim import Landscape, family, load_landscape, simulate
-from autotune.spec import Candidate, parse_spec
 
 # Enough draws for every shape of the prior to show (the rarest, input-bound, is ~8%).
 MANY = 200

@@ -11,13 +11,13 @@ import pytest
 import yaml
 from _sim import WORKLOAD, landscape
 
-from autotune.enums import Outcome
 from autotune.errors import SpecError
 from autotune.infra.clock import VirtualClock
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate, ProbeSettings, parse_spec
 from autotune.search._knob_trials import islands_plan
 from autotune.sim import Landscape, SimulatedRunner, load_landscape, shipped_landscapes, simulate
 from autotune.sim._engine import Bursts, SimEngine
-from autotune.spec import Candidate, ProbeSettings, parse_spec
 
 
 def v2(**changes: Any) -> Landscape:

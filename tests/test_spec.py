@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from autotune.errors import SpecError
-from autotune.spec import (
+from autotune.schema.spec import (
     MAX_BUDGET,
     Candidate,
     ProbeSettings,

@@ -17,7 +17,7 @@ from autotune.measure.memory import PeakMemory, is_oom, memory_cap, memory_fract
 from autotune.measure.probe import run_probe
 from autotune.measure.result import ProbeResult
 from autotune.measure.step import StepEngine
-from autotune.spec import Candidate, ProbeSettings
+from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.workloads import Workload, tiny_mlp
 
 CPU = torch.device("cpu")

@@ -18,7 +18,7 @@ import optuna
 import pytest
 from _service import wait_for
 
-from autotune.spec import StudySpec
+from autotune.schema.spec import StudySpec
 from autotune.study.storage import fail_stale, open_storage, open_study, owner_id
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +184,7 @@ def test_write_failures_name_the_database_reason(tmp_path: Path) -> None:
     script = f"""
 import resource, sys
 from autotune.errors import StorageIOError
-from autotune.spec import StudySpec
+from autotune.schema.spec import StudySpec
 from autotune.study.storage import open_study
 spec = StudySpec(name="w", workload="tiny_mlp", storage="sqlite:///{tmp_path / "w.db"}")
 study = open_study(spec)

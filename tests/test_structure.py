@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.enums import Outcome, Role, StudyState
+from autotune.schema.enums import Outcome, Role, StudyState
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
 # About a few hundred lines each; no module past this.
@@ -306,7 +306,7 @@ def test_the_stored_key_rule_flags_what_it_should(source: str, flagged: bool) ->
 # ---- named values: an enum member, not its string -----------------------------------------------
 
 # What an outcome, a study's state or a trial's role is compared with or set to: a member of
-# autotune/enums.py. A literal string compares equal today, but is a second, drifting copy of
+# autotune/schema/enums.py. A literal string compares equal today, but is a second, drifting copy of
 # the name, and a typo in one is never caught.
 _ENUMS = (Outcome, StudyState, Role)
 _NAMED = {m.value: f"{e.__name__}.{m.name}" for e in _ENUMS for m in e}
@@ -377,7 +377,7 @@ def test_outcomes_states_and_roles_are_enum_members_not_strings() -> None:
         found += _literal_named_values(path.read_text(), str(path.relative_to(PACKAGE.parent)))
     assert not found, (
         "an outcome, state or role compared with, passed as or set to a literal string; use the "
-        "member of autotune/enums.py: " + "; ".join(found)
+        "member of autotune/schema/enums.py: " + "; ".join(found)
     )
 
 

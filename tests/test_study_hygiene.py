@@ -14,9 +14,9 @@ from _sim import landscape
 from optuna.trial import TrialState
 
 from autotune.infra import clock
+from autotune.schema.spec import parse_spec
 from autotune.search import Budget, run_search
 from autotune.sim import SimulatedRunner
-from autotune.spec import parse_spec
 from autotune.study.trials import TrialRecord, record
 
 WORKLOAD = "autotune.workloads:tiny_convnet"

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.enums import Outcome, Role
+from autotune.schema.enums import Outcome, Role
 from autotune.study.reference import ReferenceRecord
 from autotune.study.storage import open_storage
 from autotune.study.store import BudgetWindow, StudyStore

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.errors import SpecError
 from autotune.measure.precision import snapshot_backend_flags
-from autotune.spec import Candidate, load_spec
+from autotune.schema.spec import Candidate, load_spec
 from autotune.train import TrainSettings, compare, parse_train_settings, train
 from autotune.train._training_run import RandomStreams
 from autotune.workloads import Workload, load_workload, synthetic_batches

@@ -24,10 +24,10 @@ import pytest
 from _configs import make_config
 from _sim import landscape
 
-from autotune.config import TunedConfig
-from autotune.enums import Outcome, Phase, Role, StudyState
+from autotune.schema.config import TunedConfig
+from autotune.schema.enums import Outcome, Phase, Role, StudyState
+from autotune.schema.spec import load_spec, parse_spec
 from autotune.sim import Landscape, simulate
-from autotune.spec import load_spec, parse_spec
 from autotune.study.crown import store_config, stored_config
 from autotune.study.storage import open_storage, open_study
 from autotune.study.trials import (

@@ -15,6 +15,7 @@ from autotune.execution.facts import WorkerFacts
 from autotune.infra import clock
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.measure.stats import claimed, ratio_estimate
+from autotune.schema.spec import Candidate, parse_spec
 from autotune.search import run_search
 from autotune.search._budget import Budget
 from autotune.search._context import SearchContext
@@ -30,7 +31,6 @@ from autotune.search._validate import (
 )
 from autotune.search._validation_run import _reseed
 from autotune.sim import SimulatedRunner, simulate
-from autotune.spec import Candidate, parse_spec
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.trials import TrialRecord
 

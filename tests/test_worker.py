@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.enums import Outcome
 from autotune.errors import SpecError, WorkloadError
 from autotune.execution.limits import MEMORY_ENV, machine_memory
 from autotune.execution.worker import InProcessRunner, ProbeWorker, poisons_context
 from autotune.measure.probe import run_probe
 from autotune.measure.result import ProbeResult
-from autotune.spec import Candidate, ProbeSettings
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.testing.workloads import HUNGRY_ENV
 from autotune.workloads import load_workload
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 import autotune
 from autotune.errors import SpecError, short_repr
-from autotune.spec import StudySpec
+from autotune.schema.spec import StudySpec
 
 __all__ = [
     "DEFAULT_STORAGE",

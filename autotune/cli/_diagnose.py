@@ -66,7 +66,7 @@ def diagnose(  # noqa: PLR0913 - a typer command: its parameters are its command
     from autotune.diagnose import diagnose as run_diagnose
     from autotune.errors import format_validation_error
     from autotune.measure.precision import get_mode
-    from autotune.spec import Candidate
+    from autotune.schema.spec import Candidate
     from autotune.workloads import load_workload
 
     try:

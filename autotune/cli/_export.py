@@ -56,9 +56,9 @@ def export(
     ] = None,
 ) -> None:
     """Print the config as a trainer's config file or flags on stdout; notes go to stderr."""
-    from autotune.config import load_config
     from autotune.export import FORMATS
     from autotune.export import export as build
+    from autotune.schema.config import load_config
 
     try:
         if format_ not in FORMATS:

@@ -14,10 +14,10 @@ from rich.markup import escape
 
 import autotune
 from autotune.cli._app import app, console, err_console, fail, parse_sets, setup_logging, warn
-from autotune.enums import Outcome
 from autotune.errors import AutotuneError, SpecError, StorageIOError
 from autotune.infra.logs import JSON_ENV, log_to_file
 from autotune.infra.redact import mask_url
+from autotune.schema.enums import Outcome
 
 # Torch, optuna and the storage are imported in the functions that use them: `--help` loads none.
 
@@ -120,7 +120,7 @@ def _search_spec(
 ) -> tuple[Any, Any, str]:
     """The spec with the command line's overrides, the simulated runner of ``--simulate``
     (None: the real device), and where it runs, in words."""
-    from autotune.spec import load_spec
+    from autotune.schema.spec import load_spec
 
     path = spec_file or DEFAULT_SPEC
     if spec_file is None and not path.is_file():
@@ -389,7 +389,7 @@ def probe(  # noqa: PLR0913 - a typer command: its parameters are its command-li
 
     from autotune.errors import format_validation_error
     from autotune.measure.probe import run_probe
-    from autotune.spec import Candidate, ProbeSettings
+    from autotune.schema.spec import Candidate, ProbeSettings
     from autotune.workloads import load_workload
 
     try:

@@ -13,8 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotune.cli._app import app, console, fail, setup_logging
-from autotune.enums import StudyState
 from autotune.errors import AutotuneError, SpecError
+from autotune.schema.enums import StudyState
 
 if TYPE_CHECKING:
     from autotune.service import ServiceClient, TuningService
@@ -105,8 +105,8 @@ def serve(  # noqa: PLR0913 - a typer command: its parameters are its command-li
     and results over HTTP (API docs at /docs). SIGTERM or Ctrl-C drains it."""
     setup_logging(verbose)
     from autotune.execution.limits import check_memory_limit
+    from autotune.schema.spec import parse_duration
     from autotune.service import TuningService, check_bind, load_token, parse_devices
-    from autotune.spec import parse_duration
     from autotune.study.storage import mask_url
 
     # An IPv6 address may come bracketed, as in a URL: [::1].

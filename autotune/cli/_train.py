@@ -44,7 +44,7 @@ def autotune_warnings_as_lines() -> Iterator[None]:
 
 def load_config_for_cli(path: Path, device: str = "auto") -> Any:
     """``load_config`` for a command: raises ConfigError/DeviceError, warns as a line."""
-    from autotune.config import load_config
+    from autotune.schema.config import load_config
 
     with autotune_warnings_as_lines():
         return load_config(path, device=device)

@@ -11,7 +11,7 @@ from autotune.cli._app import app, console, err_console, fail, setup_logging
 from autotune.errors import AutotuneError, SpecError
 
 if TYPE_CHECKING:
-    from autotune.spec import StudySpec
+    from autotune.schema.spec import StudySpec
 
 
 @app.command()
@@ -41,8 +41,8 @@ def worker(
     by another, and validation runs once, in whichever worker reaches it first.
     """
     setup_logging(verbose)
+    from autotune.schema.spec import load_spec
     from autotune.search import Budget, SearchInterrupted, run_search
-    from autotune.spec import load_spec
     from autotune.study.storage import open_study
 
     try:
@@ -94,7 +94,7 @@ def _stored_spec(study: str, storage: str | None, device: str | None) -> StudySp
     """
     import optuna
 
-    from autotune.spec import parse_spec
+    from autotune.schema.spec import parse_spec
     from autotune.study.storage import mask_url, open_storage
     from autotune.study.store import StudyStore
 

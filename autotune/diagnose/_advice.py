@@ -17,7 +17,7 @@ from autotune.diagnose._models import (
     Verdict,
 )
 from autotune.measure.precision import PrecisionMode
-from autotune.spec import Candidate, ProbeSettings
+from autotune.schema.spec import Candidate, ProbeSettings
 
 __all__ = ["Observations", "advise", "reason_line"]
 

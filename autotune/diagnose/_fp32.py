@@ -21,7 +21,7 @@ def fp32_modules(diagnosis: Diagnosis) -> list[str]:
 
     Example:
         >>> from autotune.diagnose import diagnose
-        >>> from autotune.spec import Candidate
+        >>> from autotune.schema.spec import Candidate
         >>> from autotune.workloads import load_workload
         >>> d = diagnose(load_workload("autotune.testing.workloads:fp16_overflow"),
         ...              Candidate(precision="fp16", batch_size=64, learning_rate=1e-3), "cpu",

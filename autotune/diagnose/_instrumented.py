@@ -24,7 +24,7 @@ from autotune.measure.precision import (
 )
 from autotune.measure.probe import leave_no_trace
 from autotune.measure.step import StepEngine, check_loss
-from autotune.spec import Candidate
+from autotune.schema.spec import Candidate
 from autotune.workloads import Workload
 
 __all__ = ["InstrumentedRun", "diagnose"]

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.spec import Candidate
+from autotune.schema.spec import Candidate
 
 __all__ = [
     "DEFAULT_STEPS",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from autotune.enums import Outcome
-from autotune.spec import Candidate
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate
 from autotune.study.trials import DEFAULT_INIT_SCALE, candidate, record
 from autotune.workloads import Workload
 

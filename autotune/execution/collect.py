@@ -9,15 +9,15 @@ from typing import Any
 
 import torch
 
-from autotune.config import (
+from autotune.errors import WorkloadError
+from autotune.execution.facts import WorkerFacts
+from autotune.measure.precision import resolve_device, unsupported_modes
+from autotune.schema.config import (
     MAX_OPTIMIZER_KWARGS,
     current_environment,
     is_lr_schedule,
     is_optimizer_setting,
 )
-from autotune.errors import WorkloadError
-from autotune.execution.facts import WorkerFacts
-from autotune.measure.precision import resolve_device, unsupported_modes
 from autotune.workloads import Workload, load_workload
 
 __all__ = ["collect_facts", "device_memory", "optimizer_settings", "workload_facts"]

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from autotune.config import Environment
 from autotune.infra.lazy import lazy
+from autotune.schema.config import Environment
 
 __all__ = ["WorkerFacts"]
 

@@ -9,11 +9,11 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from autotune import errors
-from autotune.bounds import INTERNAL
 from autotune.errors import AutotuneError, WorkloadError, short_repr
 from autotune.execution.facts import WorkerFacts
 from autotune.measure.result import PairedResult, ProbeResult
-from autotune.spec import Candidate, EarlyStop, ProbeSettings, Seed
+from autotune.schema.bounds import INTERNAL
+from autotune.schema.spec import Candidate, EarlyStop, ProbeSettings, Seed
 
 __all__ = [
     "CompareRequest",

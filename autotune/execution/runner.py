@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autotune.enums import Outcome
 from autotune.errors import AutotuneError
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.messages import CompareRequest, DiagnoseRequest, ProbeRequest
 from autotune.measure.knobs import poisons_context
 from autotune.measure.result import PairedResult, ProbeResult
-from autotune.spec import Candidate, EarlyStop, ProbeSettings
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate, EarlyStop, ProbeSettings
 
 __all__ = [
     "RESTARTED",
@@ -40,7 +40,7 @@ class Runner:
     :meth:`answer_probe`, :meth:`answer_compare` and :meth:`answer_diagnose`.
 
     Example:
-        >>> from autotune.spec import Candidate, ProbeSettings
+        >>> from autotune.schema.spec import Candidate, ProbeSettings
         >>> cand = Candidate(precision="fp32", batch_size=32, learning_rate=0.05)
         >>> settings = ProbeSettings(warmup_steps=1, steps=4, min_time=0.2)
         >>> with InProcessRunner("cpu") as runner:

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 from loguru import logger
 from pydantic import BaseModel
 
-from autotune.enums import Outcome
 from autotune.errors import AutotuneError, SpecError, WorkloadError
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.limits import (
@@ -61,6 +60,7 @@ from autotune.execution.runner import (
 from autotune.infra.leave import leave
 from autotune.measure.oom import OOM_MESSAGES
 from autotune.measure.result import PairedResult, ProbeResult
+from autotune.schema.enums import Outcome
 
 __all__ = ["InProcessRunner", "ProbeWorker", "Runner", "WorkerMemory", "poisons_context"]
 

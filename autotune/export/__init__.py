@@ -8,12 +8,12 @@ import warnings
 
 import torch
 
-from autotune.config import TunedConfig
 from autotune.errors import DeviceError, ExportWarning, SpecError
 from autotune.export._accelerate import accelerate
 from autotune.export._base import FORMATS, TARGETS, Elsewhere, Export, refuse_mode
 from autotune.export._hf import hf
 from autotune.export._lightning import lightning, resolve_class
+from autotune.schema.config import TunedConfig
 
 __all__ = ["FORMATS", "TARGETS", "Elsewhere", "Export", "export"]
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from autotune.config import TunedConfig
 from autotune.errors import DeviceError, SpecError
 from autotune.export._optimizer import build_optimizer, tuned_schedule
 from autotune.measure.knobs import knob_notes
 from autotune.measure.precision import apply_backend_flags, get_mode
+from autotune.schema.config import TunedConfig
 
 TARGETS: tuple[str, ...] = ("lightning", "hf", "accelerate")
 FORMATS: tuple[str, ...] = ("json", "yaml", "args")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.config import TunedConfig
 from autotune.errors import ExportError
 from autotune.export._base import (
     Export,
@@ -16,6 +15,7 @@ from autotune.export._base import (
     tuned_scaler,
 )
 from autotune.export._optimizer import hf_optimizer, tuned_schedule
+from autotune.schema.config import TunedConfig
 
 __all__ = ["hf"]
 

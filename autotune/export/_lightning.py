@@ -7,7 +7,6 @@ import importlib
 import inspect
 from typing import Any
 
-from autotune.config import TunedConfig
 from autotune.errors import ExportError, SpecError
 from autotune.export._base import (
     Export,
@@ -20,6 +19,7 @@ from autotune.export._base import (
     walk,
 )
 from autotune.export._optimizer import torch_optimizer, tuned_schedule
+from autotune.schema.config import TunedConfig
 
 __all__ = ["lightning", "resolve_class"]
 

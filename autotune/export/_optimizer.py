@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from autotune.config import TunedConfig
 from autotune.errors import ExportError
+from autotune.schema.config import TunedConfig
 
 __all__ = ["HfOptimizer", "build_optimizer", "hf_optimizer", "torch_optimizer", "tuned_schedule"]
 

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.enums import Outcome
 from autotune.measure.oom import MARGIN_TAKEN
 from autotune.measure.result import ProbeResult
+from autotune.schema.enums import Outcome
 
 if TYPE_CHECKING:
     import torch
@@ -101,9 +101,9 @@ def find_ceiling(  # noqa: PLR0913 - public API: the try function, then keyword-
         A Ceiling with the size, what limited it and every try in order.
 
     Example:
-        >>> from autotune.enums import Outcome
+        >>> from autotune.schema.enums import Outcome
         >>> from autotune.measure.result import ProbeResult
-        >>> from autotune.spec import Candidate
+        >>> from autotune.schema.spec import Candidate
         >>> def probe(bs):  # a device where anything above 80 runs out of memory
         ...     cand = Candidate(precision="fp32", batch_size=bs, learning_rate=0.1)
         ...     return ProbeResult(candidate=cand, workload="w", device="cpu",

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from autotune.infra.lazy import lazy
-from autotune.spec import Candidate
+from autotune.schema.spec import Candidate
 
 if TYPE_CHECKING:
     from autotune.measure.model_knobs import (

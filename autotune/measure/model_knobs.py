@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from autotune.errors import SpecError
-from autotune.spec import Candidate
+from autotune.schema.spec import Candidate
 
 __all__ = ["apply_knobs", "compiled_graphs", "keep_in_fp32", "mark_batch_dynamic"]
 

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from loguru import logger
 
-from autotune.enums import Outcome
 from autotune.measure.knobs import compile_failure
 from autotune.measure.memory import PeakMemory, memory_cap
 from autotune.measure.precision import PrecisionMode, apply_backend_flags, get_mode, resolve_device
@@ -20,7 +19,8 @@ from autotune.measure.result import PairedResult, ProbeResult
 from autotune.measure.stats import claimed, ratio_estimate
 from autotune.measure.step import StepEngine
 from autotune.measure.timed import TimedRun
-from autotune.spec import Candidate, ProbeSettings
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.workloads import Workload
 
 __all__ = ["interleave", "run_paired"]

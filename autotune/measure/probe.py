@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from loguru import logger
 
-from autotune.enums import Outcome
 from autotune.measure.knobs import compile_failure
 from autotune.measure.memory import PeakMemory, release_memory
 from autotune.measure.precision import (
@@ -29,7 +28,8 @@ from autotune.measure.precision import (
 from autotune.measure.result import ProbeResult
 from autotune.measure.step import StepEngine
 from autotune.measure.timed import TimedRun
-from autotune.spec import Candidate, EarlyStop, ProbeSettings
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.workloads import Workload
 
 __all__ = ["global_state", "leave_no_trace", "run_probe", "unsupported_reason"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.enums import Outcome
-from autotune.spec import Candidate
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate
 
 __all__ = ["Outcome", "PairedResult", "ProbeResult", "knob_text"]
 

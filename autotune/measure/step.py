@@ -18,7 +18,7 @@ from autotune.infra.devices import prepare_batch
 from autotune.measure.knobs import NothingCompiled, apply_knobs, compiled_graphs, mark_batch_dynamic
 from autotune.measure.memory import is_oom, oom_message, release_memory, sync
 from autotune.measure.precision import autocast, get_mode, make_scaler, skip_defect
-from autotune.spec import CUDA_GRAPH_MODES, Candidate
+from autotune.schema.spec import CUDA_GRAPH_MODES, Candidate
 from autotune.workloads import Batch, Workload
 
 __all__ = ["Block", "StepEngine", "check_loss", "prepare_batch"]

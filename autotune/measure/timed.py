@@ -11,13 +11,13 @@ from typing import Any, Protocol
 import torch
 from loguru import logger
 
-from autotune.enums import Outcome
 from autotune.measure.memory import memory_cap, restart_peak
 from autotune.measure.parity import parity_gap, parity_gap_error
 from autotune.measure.precision import PrecisionMode
 from autotune.measure.stats import HOPELESS, median_interval, spread
 from autotune.measure.step import Block
-from autotune.spec import (
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import (
     DEFAULT_MIN_TIME,
     Candidate,
     EarlyStop,

@@ -13,10 +13,10 @@ from typing import Any, cast
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import TunedConfig, read_config
-from autotune.enums import Role
 from autotune.errors import ConfigError, StorageError
-from autotune.spec import StudySpec
+from autotune.schema.config import TunedConfig, read_config
+from autotune.schema.enums import Role
+from autotune.schema.spec import StudySpec
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.storage import mask_url, open_storage
 from autotune.study.store import StudyStore

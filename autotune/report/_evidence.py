@@ -7,7 +7,6 @@ from __future__ import annotations
 import statistics
 from datetime import datetime
 
-from autotune.config import Evidence, TunedConfig
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._format import (
     noise_text,
@@ -18,7 +17,8 @@ from autotune.report._format import (
 )
 from autotune.report._plots import REF_COLOR, Figure, ref_label
 from autotune.report._svg import Plot, esc, mode_color, nice_range
-from autotune.spec import ValidationSettings
+from autotune.schema.config import Evidence, TunedConfig
+from autotune.schema.spec import ValidationSettings
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.trials import label as params_label
 

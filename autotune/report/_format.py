@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from autotune.config import TunedConfig
+from autotune.schema.config import TunedConfig
 from autotune.search import lr_for
 
 __all__ = [
@@ -178,7 +178,7 @@ def kept_lr_text(cfg: TunedConfig) -> str:
     empty otherwise.
 
     Example:
-        >>> from autotune.config import Evidence
+        >>> from autotune.schema.config import Evidence
         >>> ev = Evidence.model_construct(
         ...     lr_scaling="linear", base_learning_rate=0.1, base_batch_size=128
         ... )

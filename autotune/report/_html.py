@@ -6,8 +6,6 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import TunedConfig
-from autotune.enums import Outcome, Role
 from autotune.execution.contention import NOTABLE
 from autotune.progress import scale_text
 from autotune.report._data import ReportData, measured_interval
@@ -33,6 +31,8 @@ from autotune.report._plots import (
     throughput_figure,
 )
 from autotune.report._svg import esc
+from autotune.schema.config import TunedConfig
+from autotune.schema.enums import Outcome, Role
 from autotune.study.trials import display_outcome
 from autotune.study.trials import label as params_label
 

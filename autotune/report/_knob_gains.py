@@ -9,10 +9,10 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from autotune.config import TunedConfig
 from autotune.measure.knobs import break_even_steps
 from autotune.measure.result import knob_text
 from autotune.report._svg import esc
+from autotune.schema.config import TunedConfig
 from autotune.study.trials import display_outcome, feasible_trials, label, record
 
 __all__ = ["KnobGain", "config_knobs", "knob_gains", "knob_lines", "knobs_html", "trial_knobs"]
@@ -145,7 +145,7 @@ def config_knobs(cfg: TunedConfig, params: Mapping[str, Any] | None) -> str:
     ``params``); otherwise it is the workload's own, which the fp32 reference ran too.
 
     Example:
-        >>> from autotune.config import GradScalerSettings
+        >>> from autotune.schema.config import GradScalerSettings
         >>> cfg = TunedConfig.model_construct(precision="bf16", batch_size=64, learning_rate=0.1,
         ...     grad_scaler=GradScalerSettings(enabled=False), channels_last=True, compile=False,
         ...     compile_mode="default", fp32_modules=[])

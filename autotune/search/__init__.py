@@ -9,6 +9,7 @@ from pathlib import Path
 import optuna
 
 from autotune.execution.worker import Runner
+from autotune.schema.spec import StudySpec
 from autotune.search._budget import Budget, SearchInterrupted, SearchStopped, finishing_seconds
 from autotune.search._context import Gate
 from autotune.search._coordination import settle
@@ -25,7 +26,6 @@ from autotune.search._events import (
 from autotune.search._run_search import SearchResult
 from autotune.search._run_search import run_search as _run_search
 from autotune.search._space import batch_ladder, lr_for, reference_factor
-from autotune.spec import StudySpec
 
 __all__ = [
     "Budget",

@@ -9,12 +9,12 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import Evidence, GradScalerSettings, TrialCounts, TunedConfig
 from autotune.measure.knobs import break_even_steps
 from autotune.measure.result import PairedResult
+from autotune.schema.config import Evidence, GradScalerSettings, TrialCounts, TunedConfig
+from autotune.schema.spec import Candidate, StudySpec
 from autotune.search._context import SearchContext
 from autotune.search._validate import Rerun, Selection, parity_terms
-from autotune.spec import Candidate, StudySpec
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import (
     Rejection,

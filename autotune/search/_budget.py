@@ -11,7 +11,7 @@ import optuna
 
 from autotune.errors import AutotuneError
 from autotune.infra import clock
-from autotune.spec import MIN_BUDGET
+from autotune.schema.spec import MIN_BUDGET
 from autotune.study.store import BudgetWindow, StudyStore
 
 __all__ = [

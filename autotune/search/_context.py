@@ -13,10 +13,10 @@ from autotune.execution.facts import WorkerFacts
 from autotune.execution.worker import Runner
 from autotune.infra import clock
 from autotune.measure.result import PairedResult, ProbeResult
+from autotune.schema.spec import DEFAULT_MIN_TIME, Candidate, EarlyStop, ProbeSettings, StudySpec
 from autotune.search._budget import HARD_GRACE, WRITE_RESERVE, Budget, SearchStopped
 from autotune.search._events import Event, EventSink
 from autotune.search._space import Space
-from autotune.spec import DEFAULT_MIN_TIME, Candidate, EarlyStop, ProbeSettings, StudySpec
 
 __all__ = ["Gate", "SearchContext"]
 

@@ -8,8 +8,8 @@ import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
-from autotune.enums import Outcome
 from autotune.infra import clock
+from autotune.schema.enums import Outcome
 from autotune.study.claims import LEASE, done_by, owner_id, take
 from autotune.study.storage import (
     GRACE_PERIOD,

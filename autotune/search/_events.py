@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.measure.ceilings import Ceiling
-from autotune.spec import Candidate
+from autotune.schema.spec import Candidate
 
 __all__ = [
     "CeilingFound",

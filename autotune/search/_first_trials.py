@@ -9,7 +9,7 @@ from collections.abc import Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.enums import Outcome, Role
+from autotune.schema.enums import Outcome, Role
 from autotune.search._context import SearchContext
 from autotune.search._shortlist import eligible
 from autotune.study.reference import ReferenceRecord

@@ -10,13 +10,13 @@ import optuna
 from loguru import logger
 from optuna.trial import FrozenTrial
 
-from autotune.enums import Outcome, Phase
 from autotune.measure.ceilings import Ceiling, CeilingTry, find_ceiling
 from autotune.measure.result import ProbeResult
+from autotune.schema.enums import Outcome, Phase
+from autotune.schema.spec import ProbeSettings
 from autotune.search._budget import CEILING_SHARE, SAFE_PLAN, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._events import CeilingFound, HardwareChecked, PhaseStarted
-from autotune.spec import ProbeSettings
 from autotune.study.store import StudyStore
 from autotune.study.study_keys import ceilings_key
 from autotune.study.trials import record
@@ -244,7 +244,7 @@ def jump_size(
     says too little (no peak, no timed step, no memory budget).
 
     Example:
-        >>> from autotune.spec import Candidate
+        >>> from autotune.schema.spec import Candidate
         >>> cand = Candidate(precision="fp32", batch_size=32, learning_rate=0.1)
         >>> r = ProbeResult(candidate=cand, workload="w", device="cpu", outcome=Outcome.COMPLETED,
         ...                 step_time=0.01, peak_memory_allocated=2**20)

@@ -10,7 +10,7 @@ import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
-from autotune.enums import Outcome, Phase, Role
+from autotune.schema.enums import Outcome, Phase, Role
 from autotune.search._budget import TRIAL_SHARE, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._hardware import raise_ceiling

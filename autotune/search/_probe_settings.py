@@ -7,11 +7,11 @@ import statistics
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.enums import Role
+from autotune.schema.enums import Role
+from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.search._budget import TRIAL_SHARE, VALIDATION_SHARE
 from autotune.search._context import SearchContext
 from autotune.search._risk import fp16_horizon, overflow_step
-from autotune.spec import Candidate, ProbeSettings
 
 __all__ = ["trial_settings"]
 

@@ -8,15 +8,15 @@ import socket
 import optuna
 from loguru import logger
 
-from autotune.enums import Outcome, Phase
 from autotune.infra import clock
 from autotune.measure.parity import parity_gap
 from autotune.measure.result import ProbeResult
+from autotune.schema.enums import Outcome, Phase
+from autotune.schema.spec import Candidate
 from autotune.search._budget import REFERENCE_FLOOR, SAFE_PLAN
 from autotune.search._context import SearchContext
 from autotune.search._events import PhaseStarted
 from autotune.search._space import reference_factor
-from autotune.spec import Candidate
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.store import StudyStore
 from autotune.study.study_keys import reference_key

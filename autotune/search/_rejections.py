@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.enums import Outcome
+from autotune.schema.enums import Outcome
 from autotune.study.trials import Rejection, display_outcome, record
 
 __all__ = ["rejection_summary"]

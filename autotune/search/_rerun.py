@@ -6,10 +6,10 @@ from __future__ import annotations
 from loguru import logger
 from optuna.trial import FrozenTrial
 
-from autotune.enums import Outcome
 from autotune.measure.parity import parity_gap
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.measure.stats import MIN_VALUES
+from autotune.schema.enums import Outcome
 from autotune.search._context import SearchContext
 from autotune.search._risk import steps_run
 from autotune.search._validate import Rerun, covered, judge, with_gap

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.enums import Outcome
 from autotune.measure.stats import HOPELESS
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate
 from autotune.search._context import SearchContext
 from autotune.search._space import Space
-from autotune.spec import Candidate
 from autotune.study.trials import DEFAULT_INIT_SCALE, record
 
 __all__ = [

@@ -14,12 +14,13 @@ import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
-from autotune.config import TunedConfig
-from autotune.enums import Outcome, Phase, Role
 from autotune.errors import AutotuneError, DeviceError, StorageError, StorageIOError
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.worker import ProbeWorker, Runner
 from autotune.infra import clock
+from autotune.schema.config import TunedConfig
+from autotune.schema.enums import Outcome, Phase, Role
+from autotune.schema.spec import StudySpec
 from autotune.search._artifact import baseline, build_config
 from autotune.search._budget import (
     WRITE_RESERVE,
@@ -59,7 +60,6 @@ from autotune.search._space import Space
 from autotune.search._trial import TrialStep
 from autotune.search._validate import Selection, measure_spread, validation_reserve
 from autotune.search._validation_run import validate
-from autotune.spec import StudySpec
 from autotune.study.claims import LEASE, holding, mark_done
 from autotune.study.crown import store_config, stored_config
 from autotune.study.reference import ReferenceRecord

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import optuna
 
-from autotune.spec import Candidate, StudySpec
+from autotune.schema.spec import Candidate, StudySpec
 from autotune.study.trials import DEFAULT_INIT_SCALE, record
 
 __all__ = ["ISLANDS_CHOICES", "Space", "batch_ladder", "lr_for", "reference_factor"]

@@ -10,9 +10,10 @@ import optuna
 from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.enums import Outcome
 from autotune.measure.parity import clearly_off, parity_gap, time_to_loss
 from autotune.measure.result import ProbeResult
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.search._budget import SearchStopped
 from autotune.search._context import SearchContext
 from autotune.search._events import Standing, TrialFinished, TrialStarted
@@ -21,7 +22,6 @@ from autotune.search._probe_settings import trial_settings
 from autotune.search._reference import ReferenceKeeper
 from autotune.search._risk import cannot_compile, carries_risk, not_worth
 from autotune.search._shortlist import slower_bar
-from autotune.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.study import study_keys
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.storage import owner_id

@@ -9,10 +9,10 @@ import optuna
 from loguru import logger
 from optuna.trial import FrozenTrial
 
-from autotune.enums import Outcome
 from autotune.measure.parity import clearly_off
 from autotune.measure.result import PairedResult
 from autotune.measure.stats import MIN_VALUES
+from autotune.schema.enums import Outcome
 from autotune.search._budget import WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._rerun import (

@@ -16,7 +16,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from autotune.errors import SpecError, WorkloadError
-from autotune.workload_spec import canonical_reference, named_objects, parse_source
+from autotune.schema.workload_spec import canonical_reference, named_objects, parse_source
 from autotune.workloads import (
     BUILTIN_MODULES,
     builtin_factories,

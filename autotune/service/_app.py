@@ -20,8 +20,8 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import autotune
-from autotune.config import TunedConfig
 from autotune.errors import SpecError, StorageIOError, short_repr
+from autotune.schema.config import TunedConfig
 from autotune.service._access import (
     VIEW_COOKIE,
     PrivateReads,

@@ -10,8 +10,8 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter
 
-from autotune.config import TunedConfig
 from autotune.errors import ServiceError
+from autotune.schema.config import TunedConfig
 from autotune.service._access import TOKEN_ENV
 from autotune.service._models import (
     CancelReply,

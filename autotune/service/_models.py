@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.enums import StudyState
+from autotune.schema.enums import StudyState
 
 __all__ = [
     "CancelReply",

@@ -13,15 +13,15 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
-from autotune.config import TunedConfig
-from autotune.enums import StudyState
 from autotune.errors import StorageError
 from autotune.infra import clock
 from autotune.report import collect, load_study, render_html
+from autotune.schema.config import TunedConfig
+from autotune.schema.enums import StudyState
+from autotune.schema.spec import format_duration
 from autotune.service._models import DeviceInfo, Health, StudyDetail, StudyStatus
 from autotune.service._page_assets import PRIVATE_NOTE, SCRIPT, STYLE
 from autotune.service._service import RequestError, TuningService
-from autotune.spec import format_duration
 from autotune.study.trials import label
 
 __all__ = [

@@ -15,9 +15,9 @@ import sqlalchemy as sa
 from loguru import logger
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from autotune.enums import StudyState
 from autotune.errors import StorageError, StorageIOError
 from autotune.infra import clock
+from autotune.schema.enums import StudyState
 from autotune.study.guarded import advice
 from autotune.study.storage import database_error, mask_url, owner_alive, owner_id
 

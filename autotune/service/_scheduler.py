@@ -13,11 +13,12 @@ from typing import Any
 import optuna
 from loguru import logger
 
-from autotune.enums import Phase, StudyState
 from autotune.errors import AutotuneError, StorageIOError
 from autotune.execution.worker import ProbeWorker
 from autotune.infra import clock
 from autotune.infra.logs import log_to_file
+from autotune.schema.enums import Phase, StudyState
+from autotune.schema.spec import Candidate, parse_spec
 from autotune.search import (
     Budget,
     CeilingFound,
@@ -32,7 +33,6 @@ from autotune.search import (
 from autotune.service._devices import DeviceMonitor
 from autotune.service._queue import QueueRow, StudyQueue
 from autotune.service._study_run import DeviceRunner, StudyRun, accepts, preemptor
-from autotune.spec import Candidate, parse_spec
 from autotune.study.crown import stored_config
 from autotune.study.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
 

@@ -11,10 +11,11 @@ from typing import Any
 import optuna
 
 import autotune
-from autotune.bounds import check_plain_text
-from autotune.enums import StudyState
 from autotune.errors import AutotuneError, SpecError, WorkloadError
 from autotune.infra.inputs import Format, load_text
+from autotune.schema.bounds import check_plain_text
+from autotune.schema.enums import StudyState
+from autotune.schema.spec import StudySpec, format_duration, parse_duration, parse_spec
 from autotune.service._access import WorkloadPolicy, WorkloadRefused
 from autotune.service._devices import DeviceMonitor, SimulatedHardware
 from autotune.service._models import (
@@ -31,7 +32,6 @@ from autotune.service._queue import FINISHED, QueueRow, StudyQueue, service_owne
 from autotune.service._scheduler import Scheduler
 from autotune.service._standing import StandingCache, StudyStanding
 from autotune.service._study_run import accepts
-from autotune.spec import StudySpec, format_duration, parse_duration, parse_spec
 from autotune.study.storage import mask_url, open_storage, owner_alive
 from autotune.study.store import StudyStore
 

@@ -11,7 +11,7 @@ from typing import Any, cast
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.enums import Outcome
+from autotune.schema.enums import Outcome
 from autotune.service._models import TrialInfo
 from autotune.study.reference import ReferenceMeasurement
 from autotune.study.store import StudyStore

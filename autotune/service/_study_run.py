@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import TrialState
 
-from autotune.enums import StudyState
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.messages import CompareRequest, DiagnoseRequest, ProbeRequest
 from autotune.execution.runner import Runner
 from autotune.infra import clock
 from autotune.measure.result import PairedResult, ProbeResult
+from autotune.schema.enums import StudyState
+from autotune.schema.spec import Candidate, StudySpec
 from autotune.search import Budget
 from autotune.service._queue import QueueRow
-from autotune.spec import Candidate, StudySpec
 from autotune.study.trials import record
 
 __all__ = ["DeviceRunner", "StudyRun", "accepts", "preemptor"]

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import optuna
 
-from autotune.config import TunedConfig
-from autotune.enums import Phase
 from autotune.infra import clock
+from autotune.schema.config import TunedConfig
+from autotune.schema.enums import Phase
+from autotune.schema.spec import StudySpec
 from autotune.sim._box import Arrival, BoxReport, StudyOutcome, run_box
 from autotune.sim._family import family
 from autotune.sim._landscape import LANDSCAPE_DIR, Landscape, load_landscape, shipped_landscapes
 from autotune.sim._runner import SimulatedRunner
-from autotune.spec import StudySpec
 
 __all__ = [
     "LANDSCAPE_DIR",
@@ -70,7 +70,7 @@ def simulate(
         DeviceError: the spec's workload is not the landscape's.
 
     Example:
-        >>> from autotune.spec import parse_spec
+        >>> from autotune.schema.spec import parse_spec
         >>> spec = parse_spec({"name": "sim", "workload": "resnet18", "budget": "10m"})
         >>> run = simulate(spec, "a100-resnet18", seed=1)
         >>> run.config.precision, run.config.batch_size, run.seconds <= 600

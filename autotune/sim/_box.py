@@ -14,8 +14,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune.enums import StudyState
 from autotune.infra import clock
+from autotune.schema.enums import StudyState
 from autotune.search import Event, TrialStarted
 from autotune.service import DeviceReading, SimulatedHardware, TuningService
 from autotune.sim._landscape import Landscape, load_landscape

@@ -9,8 +9,8 @@ import torch
 
 from autotune.diagnose import NEAR_LIMIT, Diagnosis, LayerStats, Recommendation
 from autotune.measure.precision import get_mode
+from autotune.schema.spec import Candidate
 from autotune.sim._landscape import Landscape
-from autotune.spec import Candidate
 
 __all__ = ["DIAGNOSIS_SLOWDOWN", "simulated_diagnosis"]
 

@@ -14,8 +14,8 @@ from autotune.infra.clock import VirtualClock
 from autotune.measure.memory import is_oom, oom_message
 from autotune.measure.precision import get_mode
 from autotune.measure.step import Block
+from autotune.schema.spec import Candidate
 from autotune.sim._landscape import Landscape
-from autotune.spec import Candidate
 
 # The relative step noise of a loss curve's falling part, at most (see SimEngine._loss).
 EARLY_NOISE = 0.05

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autotune.errors import SpecError
+from autotune.schema.spec import Candidate, PrecisionName, ProbeSettings
 from autotune.sim._sections import (
     Facts,
     Fp16Model,
@@ -24,7 +25,6 @@ from autotune.sim._sections import (
     Source,
     Timing,
 )
-from autotune.spec import Candidate, PrecisionName, ProbeSettings
 
 __all__ = [
     "LANDSCAPE_DIR",

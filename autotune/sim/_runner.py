@@ -12,8 +12,6 @@ from typing import Any
 import torch
 
 import autotune
-from autotune.config import Environment
-from autotune.enums import Outcome
 from autotune.errors import DeviceError
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.messages import CompareRequest, DiagnoseRequest, ProbeRequest
@@ -22,10 +20,12 @@ from autotune.infra.clock import VirtualClock
 from autotune.measure.paired import interleave
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.measure.timed import TimedRun
+from autotune.schema.config import Environment
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import PRECISIONS, Candidate, ProbeSettings
 from autotune.sim._diagnosis import DIAGNOSIS_SLOWDOWN, simulated_diagnosis
 from autotune.sim._engine import Bursts, HardTimeout, Killed, SimEngine
 from autotune.sim._landscape import Landscape
-from autotune.spec import PRECISIONS, Candidate, ProbeSettings
 
 __all__ = ["SimulatedRunner"]
 

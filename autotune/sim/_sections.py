@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from autotune.spec import CompileMode
+from autotune.schema.spec import CompileMode
 
 __all__ = [
     "CompileFigures",

@@ -15,7 +15,7 @@ from loguru import logger
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import ValidationError
 
-from autotune.config import TunedConfig
+from autotune.schema.config import TunedConfig
 from autotune.study import study_keys
 from autotune.study.guarded import engine_of
 from autotune.study.trials import TrialRecord, is_feasible, record

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from autotune.spec import Candidate
+from autotune.schema.spec import Candidate
 from autotune.study.study_keys import MEASUREMENT, parse_reference_key, reference_key
 
 __all__ = [

@@ -16,11 +16,11 @@ from typing import Any, Final
 import optuna
 from sqlalchemy.exc import SQLAlchemyError
 
-from autotune.enums import Outcome
 from autotune.errors import StorageError
 from autotune.infra.files import create_file, make_dirs
 from autotune.infra.redact import mask_url, remember, userinfo_ats
-from autotune.spec import StudySpec
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import StudySpec
 from autotune.study.claims import claim, delete_claims, owner_alive, owner_id
 from autotune.study.guarded import GuardedStorage, database_error
 from autotune.study.store import StudyStore
@@ -226,7 +226,7 @@ def stored_spec(spec: StudySpec) -> dict[str, Any]:
     all); whoever resumes a study gives the storage URL again, so the password is not needed.
 
     Example:
-        >>> from autotune.spec import parse_spec
+        >>> from autotune.schema.spec import parse_spec
         >>> spec = parse_spec({"name": "s", "workload": "tiny_convnet",
         ...                    "storage": "postgresql://u:secret@db/autotune"})
         >>> stored_spec(spec)["storage"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import optuna
 
-from autotune.config import TunedConfig
+from autotune.schema.config import TunedConfig
 from autotune.study import study_keys
 from autotune.study.crown import stored_config
 from autotune.study.reference import ReferenceRecord, reference_key, stored_references

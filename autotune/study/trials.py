@@ -11,8 +11,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from autotune.enums import Outcome
-from autotune.spec import Candidate
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate
 from autotune.study.study_keys import MEASUREMENT, ceilings_key, parse_ceilings_key
 
 __all__ = [

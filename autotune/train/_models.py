@@ -15,10 +15,10 @@ from pydantic import (
     model_validator,
 )
 
-from autotune.config import one_line
-from autotune.enums import Outcome
 from autotune.errors import SpecError, format_validation_error
-from autotune.spec import PrecisionName
+from autotune.schema.config import one_line
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import PrecisionName
 
 __all__ = [
     "BASELINES",

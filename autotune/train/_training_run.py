@@ -10,14 +10,14 @@ from contextlib import contextmanager
 import torch
 from loguru import logger
 
-from autotune.config import TunedConfig, warn_if_environment_differs
-from autotune.enums import Outcome
 from autotune.measure.knobs import compile_failure
 from autotune.measure.memory import PeakMemory, memory_cap, release_memory, restart_peak
 from autotune.measure.precision import apply_backend_flags, resolve_device
 from autotune.measure.step import StepEngine
+from autotune.schema.config import TunedConfig, warn_if_environment_differs
+from autotune.schema.enums import Outcome
+from autotune.schema.spec import Candidate
 from autotune.session import AmpSession
-from autotune.spec import Candidate
 from autotune.train._models import Progress, TrainResult, TrainSettings
 from autotune.workloads import Batch, Workload
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.errors import WorkloadError
-from autotune.workload_spec import object_references, parse_source
+from autotune.schema.workload_spec import object_references, parse_source
 from autotune.workloads._base import Workload
 from autotune.workloads._factory import is_stdlib
 from autotune.workloads._objects import import_user_module, resolve

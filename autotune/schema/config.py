@@ -30,7 +30,6 @@ from pydantic import (
     field_validator,
 )
 
-from autotune.bounds import BOUNDS
 from autotune.errors import (
     ConfigError,
     EnvironmentMismatchWarning,
@@ -39,7 +38,8 @@ from autotune.errors import (
 )
 from autotune.infra.files import make_dirs, write_text
 from autotune.infra.inputs import file_problem, load_text, read_text
-from autotune.spec import Candidate, CompileMode, PrecisionName
+from autotune.schema.bounds import BOUNDS
+from autotune.schema.spec import Candidate, CompileMode, PrecisionName
 from autotune.version import __version__
 
 if TYPE_CHECKING:

@@ -23,10 +23,10 @@ from pydantic import (
     model_validator,
 )
 
-from autotune.bounds import bounded, check_bound
 from autotune.errors import SpecError, format_validation_error, short_repr
 from autotune.infra.inputs import check_shape, file_problem, load_text, read_text
-from autotune.workload_spec import workload_reference
+from autotune.schema.bounds import bounded, check_bound
+from autotune.schema.workload_spec import workload_reference
 
 __all__ = [
     "COMPILE_MODES",
