@@ -26,7 +26,7 @@ from loguru import logger
 
 from autotune.errors import AutotuneError, AutotuneWarning, SpecError
 from autotune.measure.precision import resolve_device
-from autotune.notebook import NotebookProgress
+from autotune.report.notebook import NotebookProgress
 from autotune.schema.config import TunedConfig
 from autotune.schema.spec import StudySpec, format_duration, load_spec, parse_spec
 from autotune.workloads import reference_for

@@ -45,7 +45,7 @@ PARENT_MODULES = (
     "autotune.cli._search",
     "autotune.search",
     "autotune.execution.worker",
-    "autotune.progress",
+    "autotune.report.progress",
     "autotune.report",
     "autotune.cli._service",
     "autotune.service",

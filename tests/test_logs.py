@@ -34,7 +34,7 @@ def test_importing_autotune_configures_no_logging() -> None:
         "import logging\n"
         "from loguru import logger\n"
         "before = (sorted(logger._core.handlers), logging.getLogger().handlers[:])\n"
-        "import autotune, autotune.search, autotune.infra.logs, autotune.progress\n"
+        "import autotune, autotune.search, autotune.infra.logs, autotune.report.progress\n"
         "import autotune.report, autotune.cli\n"
         "after = (sorted(logger._core.handlers), logging.getLogger().handlers[:])\n"
         "assert before == after, (before, after)\n"

@@ -17,7 +17,7 @@ from loguru import logger
 from rich.console import Console
 
 from autotune.measure.ceilings import Ceiling
-from autotune.progress import SearchProgress
+from autotune.report.progress import SearchProgress
 from autotune.schema.spec import Candidate
 from autotune.search import (
     Budget,
@@ -212,7 +212,7 @@ def test_a_notebooks_closing_line_is_the_config_and_says_when_it_fell_back() -> 
     speedup with its interval."""
     from _configs import make_config
 
-    from autotune.notebook import NotebookProgress
+    from autotune.report.notebook import NotebookProgress
     from autotune.search import Budget, Standing, TrialFinished
 
     def closing(config: object) -> str:

@@ -185,7 +185,7 @@ def _run_with(  # noqa: PLR0913 - _run's arguments, and the worker it started
     out: Path | None,
 ) -> tuple[Any, Any]:
     from autotune.infra import clock as clocks
-    from autotune.progress import SearchProgress
+    from autotune.report.progress import SearchProgress
     from autotune.search import Budget, SearchInterrupted, run_search
 
     virtual = runner.clock if runner is not None else None

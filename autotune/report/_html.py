@@ -7,7 +7,6 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.execution.contention import NOTABLE
-from autotune.progress import scale_text
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._evidence import reference_figure, speed_line, validation_figure
 from autotune.report._format import (
@@ -31,6 +30,7 @@ from autotune.report._plots import (
     throughput_figure,
 )
 from autotune.report._svg import esc
+from autotune.report.progress import scale_text
 from autotune.schema.config import TunedConfig
 from autotune.schema.enums import Outcome, Role
 from autotune.study.trials import display_outcome

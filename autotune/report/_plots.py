@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.parity import smoothed_loss_at
-from autotune.progress import scale_text
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._format import ceiling_text, ratio_text, sentences, throughput_text
 from autotune.report._svg import PALETTE, Plot, mode_color, nice_range
+from autotune.report.progress import scale_text
 from autotune.schema.enums import Outcome
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import DEFAULT_INIT_SCALE, TrialRecord, display_outcome, is_feasible

@@ -13,7 +13,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotune.execution.contention import NOTABLE, cores, others_text
-from autotune.progress import scale_text
 from autotune.report._format import (
     kept_lr_text,
     noise_text,
@@ -22,6 +21,7 @@ from autotune.report._format import (
     throughput_text,
 )
 from autotune.report._knob_gains import config_knobs, knob_lines
+from autotune.report.progress import scale_text
 from autotune.schema.enums import Role
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import display_outcome, record, role_trials

@@ -5,7 +5,6 @@ from __future__ import annotations
 from optuna.trial import TrialState
 
 from autotune.execution.contention import NOTABLE
-from autotune.progress import scale_text
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._format import (
     busy_text,
@@ -17,6 +16,7 @@ from autotune.report._format import (
 )
 from autotune.report._knob_gains import config_knobs, knob_lines
 from autotune.report._plots import ref_label
+from autotune.report.progress import scale_text
 from autotune.study.trials import display_outcome, feasible_trials
 from autotune.study.trials import label as params_label
 
