@@ -7,16 +7,14 @@ Example:
     ...     model = amp.prepare(model)
     >>> trainer = lightning.Trainer(**autotune.export(cfg, "lightning").kwargs)  # doctest: +SKIP
 
-``autotune.session`` and ``autotune.export`` are the functions; their modules are imported by
-name (``from autotune.session import AmpSession``, ``from autotune.export import Export``).
+``autotune.session`` and ``autotune.export`` are the functions; their modules are
+``autotune.amp_session`` and ``autotune.exports``.
 
 The names that need torch or the spec's models load on first use, so ``import autotune`` (and
 every ``autotune ... --help``) does not pay for torch.
 """
 
-import sys as _sys
 import time as _time
-import types as _types
 from typing import TYPE_CHECKING
 
 # The CLI counts its budget from here: importing torch, which a command does once it runs, is
@@ -37,11 +35,11 @@ from autotune.infra.lazy import lazy as _lazy  # noqa: E402
 from autotune.version import __version__  # noqa: E402
 
 if TYPE_CHECKING:
-    from autotune.export import Export, export
+    from autotune.amp_session import AmpSession, session
+    from autotune.exports import Export, export
     from autotune.measure.result import ProbeResult
     from autotune.schema.config import TunedConfig, load_config
     from autotune.schema.spec import Candidate, ProbeSettings, StudySpec, load_spec
-    from autotune.session import AmpSession, session
     from autotune.workloads import Workload, load_workload
 
 __all__ = [
@@ -72,41 +70,24 @@ __all__ = [
 
 # Where each name loaded on first use lives.
 _LAZY = {
-    "AmpSession": "autotune.session",
+    "AmpSession": "autotune.amp_session",
     "Candidate": "autotune.schema.spec",
-    "Export": "autotune.export",
+    "Export": "autotune.exports",
     "ProbeResult": "autotune.measure.result",
     "ProbeSettings": "autotune.schema.spec",
     "StudySpec": "autotune.schema.spec",
     "TunedConfig": "autotune.schema.config",
     "Workload": "autotune.workloads",
-    "export": "autotune.export",
+    "export": "autotune.exports",
     "load_config": "autotune.schema.config",
     "load_spec": "autotune.schema.spec",
     "load_workload": "autotune.workloads",
-    "session": "autotune.session",
+    "session": "autotune.amp_session",
     "tune": "autotune.tuning",
 }
-# Functions named like their module: loading the module must not make the package's attribute
-# the module instead of the function.
-_NAMED_LIKE_THEIR_MODULE = frozenset({"export", "session"})
-
 
 __getattr__ = _lazy(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
-
-
-class _Package(_types.ModuleType):
-    """The package's module type: the import system's ``setattr(autotune, "session", module)``
-    leaves the function (loaded or still to load) in place."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _NAMED_LIKE_THEIR_MODULE and isinstance(value, _types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package

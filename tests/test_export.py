@@ -35,7 +35,7 @@ from autotune.workloads import load_workload
 
 # Lightning's MixedPrecision plugin and the export's check, as LightningCLI names them.
 PLUGIN = "lightning.pytorch.plugins.precision.MixedPrecision"
-CHECK = "autotune.export.lightning_check.TunedSettingsCheck"
+CHECK = "autotune.exports.lightning_check.TunedSettingsCheck"
 # What a search records for tiny_mlp's optimizer (torch.optim.SGD, momentum 0.9, wd 5e-4).
 SGD = {
     "momentum": 0.9,
@@ -702,8 +702,8 @@ def test_the_lightning_check_module_imports_without_lightning(
 
     monkeypatch.setitem(sys.modules, "lightning", None)
     monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
-    monkeypatch.delitem(sys.modules, "autotune.export.lightning_check", raising=False)
-    module = importlib.import_module("autotune.export.lightning_check")
+    monkeypatch.delitem(sys.modules, "autotune.exports.lightning_check", raising=False)
+    module = importlib.import_module("autotune.exports.lightning_check")
     with pytest.raises(ImportError):
         module.TunedSettingsCheck  # noqa: B018
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch import nn
 
+from autotune.amp_session import AmpSession
 from autotune.errors import SpecError
 from autotune.execution.runner import InProcessRunner, poisons_context
 from autotune.measure.knobs import compile_failure
 from autotune.measure.paired import run_paired
 from autotune.measure.probe import global_state, run_probe
 from autotune.schema.spec import Candidate, ProbeSettings
-from autotune.session import AmpSession
 from autotune.workloads import load_workload, tiny_convnet, tiny_mlp
 
 SHORT = ProbeSettings(warmup_steps=0, steps=4, check_every=2, min_time=0)

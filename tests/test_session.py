@@ -17,6 +17,7 @@ from torch import nn
 
 import autotune
 from autotune import load_config
+from autotune.amp_session import AmpSession, check_supported
 from autotune.errors import (
     AutotuneWarning,
     ConfigError,
@@ -27,12 +28,11 @@ from autotune.execution.worker import InProcessRunner
 from autotune.measure.precision import restore_backend_flags, snapshot_backend_flags
 from autotune.schema.spec import Candidate, load_spec
 from autotune.search import run_search
-from autotune.session import AmpSession, check_supported
 from autotune.workloads import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 # The module, to patch its names: `autotune.session` itself is the function.
-SESSION = importlib.import_module("autotune.session")
+SESSION = importlib.import_module("autotune.amp_session")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 

@@ -56,8 +56,8 @@ def export(
     ] = None,
 ) -> None:
     """Print the config as a trainer's config file or flags on stdout; notes go to stderr."""
-    from autotune.export import FORMATS
-    from autotune.export import export as build
+    from autotune.exports import FORMATS
+    from autotune.exports import export as build
     from autotune.schema.config import load_config
 
     try:

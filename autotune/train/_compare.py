@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import torch
 from loguru import logger
 
+from autotune.amp_session import check_supported
 from autotune.errors import SpecError
 from autotune.measure.stats import MIN_VALUES, claimed, ratio_estimate
 from autotune.schema.config import TunedConfig
 from autotune.schema.spec import Candidate
-from autotune.session import check_supported
 from autotune.train._models import BASELINES, Comparison, Progress, TrainResult, TrainSettings
 from autotune.train._training_run import TrainRun, as_candidate, held_out_batches, train
 from autotune.workloads import Batch, Workload

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import torch
 from loguru import logger
 
+from autotune.amp_session import AmpSession
 from autotune.measure.knobs import compile_failure
 from autotune.measure.memory import PeakMemory, memory_cap, release_memory, restart_peak
 from autotune.measure.precision import apply_backend_flags, resolve_device
@@ -17,7 +18,6 @@ from autotune.measure.step import StepEngine
 from autotune.schema.config import TunedConfig, warn_if_environment_differs
 from autotune.schema.enums import Outcome
 from autotune.schema.spec import Candidate
-from autotune.session import AmpSession
 from autotune.train._models import Progress, TrainResult, TrainSettings
 from autotune.workloads import Batch, Workload
 

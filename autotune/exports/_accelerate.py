@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.export._base import (
+from autotune.exports._base import (
     Export,
     Obj,
     common_notes,
@@ -15,7 +15,7 @@ from autotune.export._base import (
     scaler_text,
     tuned_scaler,
 )
-from autotune.export._optimizer import tuned_schedule
+from autotune.exports._optimizer import tuned_schedule
 from autotune.schema.config import TunedConfig
 
 __all__ = ["accelerate"]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from autotune.errors import DeviceError, SpecError
-from autotune.export._optimizer import build_optimizer, tuned_schedule
+from autotune.exports._optimizer import build_optimizer, tuned_schedule
 from autotune.measure.knobs import knob_notes
 from autotune.measure.precision import apply_backend_flags, get_mode
 from autotune.schema.config import TunedConfig

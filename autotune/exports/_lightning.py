@@ -8,7 +8,7 @@ import inspect
 from typing import Any
 
 from autotune.errors import ExportError, SpecError
-from autotune.export._base import (
+from autotune.exports._base import (
     Export,
     Obj,
     common_notes,
@@ -18,7 +18,7 @@ from autotune.export._base import (
     tuned_scaler,
     walk,
 )
-from autotune.export._optimizer import torch_optimizer, tuned_schedule
+from autotune.exports._optimizer import torch_optimizer, tuned_schedule
 from autotune.schema.config import TunedConfig
 
 __all__ = ["lightning", "resolve_class"]
@@ -27,7 +27,7 @@ __all__ = ["lightning", "resolve_class"]
 _PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed"}
 _MIXED_PRECISION = "lightning.pytorch.plugins.precision.MixedPrecision"
 _GRAD_SCALER = "torch.amp.GradScaler"
-_CHECK = "autotune.export.lightning_check.TunedSettingsCheck"
+_CHECK = "autotune.exports.lightning_check.TunedSettingsCheck"
 # The init arguments a module names its learning rate with, in the order looked for.
 _LR_NAMES = ("lr", "learning_rate")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.errors import ExportError
-from autotune.export._base import (
+from autotune.exports._base import (
     Export,
     common_notes,
     flags,
@@ -14,7 +14,7 @@ from autotune.export._base import (
     make_export,
     tuned_scaler,
 )
-from autotune.export._optimizer import hf_optimizer, tuned_schedule
+from autotune.exports._optimizer import hf_optimizer, tuned_schedule
 from autotune.schema.config import TunedConfig
 
 __all__ = ["hf"]

@@ -9,10 +9,10 @@ import warnings
 import torch
 
 from autotune.errors import DeviceError, ExportWarning, SpecError
-from autotune.export._accelerate import accelerate
-from autotune.export._base import FORMATS, TARGETS, Elsewhere, Export, refuse_mode
-from autotune.export._hf import hf
-from autotune.export._lightning import lightning, resolve_class
+from autotune.exports._accelerate import accelerate
+from autotune.exports._base import FORMATS, TARGETS, Elsewhere, Export, refuse_mode
+from autotune.exports._hf import hf
+from autotune.exports._lightning import lightning, resolve_class
 from autotune.schema.config import TunedConfig
 
 __all__ = ["FORMATS", "TARGETS", "Elsewhere", "Export", "export"]
