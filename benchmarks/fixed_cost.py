@@ -38,7 +38,7 @@ from typing import Any
 
 from loguru import logger
 
-from autotune.execution.worker import ProbeWorker
+from autotune.execution.probe_worker import ProbeWorker
 from autotune.measure.result import ProbeResult
 from autotune.schema.spec import Candidate, ProbeSettings, load_spec
 from autotune.search import Event, PhaseStarted, SearchStopped, TrialStarted, run_search

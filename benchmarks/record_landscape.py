@@ -8,7 +8,7 @@ Every figure is measured here, the way the search measures (``benchmarks/search_
    stepped one step at a time, cold (the process's first use of the kernels) and warm; the first
    step's extra cost and the warm-up's decay are fitted to the per-step times.
 3. Grid: every (precision, batch size) is measured PAIRED against fp32 at the workload's base
-   batch and lr (:meth:`~autotune.execution.worker.ProbeWorker.compare`: interleaved blocks in one
+   batch and lr (:meth:`~autotune.execution.probe_worker.ProbeWorker.compare`: interleaved blocks in one
    worker), once per seed, at the lr the workload's rule gives. The candidate's samples/s in
    the table is the paired speedup (median over seeds) times the reference's samples/s (median
    over every paired run of the recording): drift and a neighbour's load hit both arms of a pair
@@ -63,7 +63,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 from autotune.execution.facts import workload_facts  # noqa: E402
 from autotune.execution.limits import machine_memory  # noqa: E402
-from autotune.execution.worker import ProbeWorker  # noqa: E402
+from autotune.execution.probe_worker import ProbeWorker  # noqa: E402
 from autotune.measure.parity import parity_gap  # noqa: E402
 from autotune.measure.precision import resolve_device, unsupported_modes  # noqa: E402
 from autotune.measure.result import PairedResult, ProbeResult  # noqa: E402

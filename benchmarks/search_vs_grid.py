@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.execution.worker import ProbeWorker
+from autotune.execution.probe_worker import ProbeWorker
 from autotune.measure.parity import parity_gap
 from autotune.report import knob_lines
 from autotune.schema.spec import Candidate, StudySpec

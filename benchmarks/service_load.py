@@ -8,7 +8,7 @@ Prints two sets of figures with their goals:
    requests/s, p50 and p99 latency, errors. ``--interval 0`` polls back to back: a stress test
    whose latency is queueing behind the offered load, not the service's own speed.
    Goals: p99 under 100 ms with 50 clients, zero errors.
-2. per-trial overhead: a persistent :class:`~autotune.execution.worker.ProbeWorker` runs
+2. per-trial overhead: a persistent :class:`~autotune.execution.probe_worker.ProbeWorker` runs
    ``--probes`` one-step probes of ``tiny_mlp``; overhead = the wall time of ``ProbeWorker.run``
    minus the probe's own ``wall_seconds`` (request and reply over the pipes, JSON, validation),
    averaged after a first untimed probe. Goal: under 1 s on CPU. Beside it, from the polled study:
@@ -333,7 +333,7 @@ def _trial_overhead(storage: str) -> dict[str, Any]:
 def _overhead(probes: int) -> dict[str, Any]:
     from loguru import logger
 
-    from autotune.execution.worker import ProbeWorker
+    from autotune.execution.probe_worker import ProbeWorker
     from autotune.schema.spec import Candidate, ProbeSettings
 
     logger.remove()

@@ -29,7 +29,7 @@ from autotune.service import (
     create_app,
     load_token,
 )
-from autotune.service._devices import ProcessUse
+from autotune.service._device_monitor import ProcessUse
 from autotune.sim import SimulatedRunner, load_landscape
 
 SPEED = 30.0

@@ -44,7 +44,7 @@ print(json.dumps(loaded))
 PARENT_MODULES = (
     "autotune.cli._search",
     "autotune.search",
-    "autotune.execution.worker",
+    "autotune.execution.probe_worker",
     "autotune.report.progress",
     "autotune.report",
     "autotune.cli._service",
@@ -79,7 +79,7 @@ for module in {PARENT_MODULES!r}:
         break
 if not found:
     # What the parent runs before any probe: a built-in checked and named, the worker's client.
-    from autotune.execution.worker import ProbeWorker
+    from autotune.execution.probe_worker import ProbeWorker
     from autotune.service import WorkloadPolicy
     from autotune.workloads import normalize_reference
     WorkloadPolicy([]).check("tiny_convnet"), normalize_reference("tiny_mlp"), ProbeWorker("cpu")

@@ -68,7 +68,7 @@ def test_the_service_waits_while_a_neighbour_keeps_the_cpu_busy(
 ) -> None:
     """At load 8 on a 2-core box the service's page said "busy: no" and probes ran under
     contention: a CPU device is busy while others keep its cores busy, and says why."""
-    from autotune.service._devices import DeviceMonitor
+    from autotune.service._device_monitor import DeviceMonitor
 
     monkeypatch.setenv(contention.BUSY_ENV, "0.5")
     monitor = DeviceMonitor(["cpu"], own_pids=lambda: {os.getpid()})
@@ -95,7 +95,7 @@ def test_a_bad_busy_threshold_is_one_error_naming_the_variable(
     value: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from autotune.errors import SpecError
-    from autotune.service._devices import DeviceMonitor
+    from autotune.service._device_monitor import DeviceMonitor
 
     monkeypatch.setenv(contention.BUSY_ENV, value)
     with pytest.raises(SpecError, match="AUTOTUNE_CPU_BUSY_CORES=.*a positive number.*or off"):

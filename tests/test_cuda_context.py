@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from autotune.errors import DeviceError
-from autotune.execution.worker import WorkerMemory
+from autotune.execution.probe_worker import WorkerMemory
 from autotune.measure.precision import resolve_device
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,7 +130,7 @@ class _FakeNVML:
 
 
 def _monitor(monkeypatch: pytest.MonkeyPatch, nvml: Any, report: WorkerMemory | None) -> Any:
-    devices = pytest.importorskip("autotune.service._devices")
+    devices = pytest.importorskip("autotune.service._device_monitor")
     if nvml is None:
 
         def no_nvml() -> Any:
@@ -163,7 +163,7 @@ def test_without_nvml_the_service_reads_the_workers_report_and_opens_no_context(
     monkeypatch: pytest.MonkeyPatch, fake_gpu_no_context: None
 ) -> None:
     report: list[WorkerMemory | None] = [None]
-    devices = pytest.importorskip("autotune.service._devices")
+    devices = pytest.importorskip("autotune.service._device_monitor")
     monkeypatch.setattr(devices, "_nvml", _forbid)
     monitor = devices.DeviceMonitor(
         ["cuda:0"], own_pids=lambda: {os.getpid()}, worker_memory=lambda d: report[0]

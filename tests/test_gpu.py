@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from autotune import load_config
-from autotune.execution.worker import InProcessRunner, ProbeWorker
+from autotune.execution.probe_worker import InProcessRunner, ProbeWorker
 from autotune.measure.ceilings import find_ceiling, memory_budget
 from autotune.measure.memory import memory_cap
 from autotune.measure.precision import (

@@ -19,13 +19,13 @@ import torch
 from loguru import logger
 
 from autotune.errors import DeviceError
-from autotune.execution import limits, worker
+from autotune.execution import limits, probe_worker
 from autotune.execution.limits import worker_device, worker_env
 from autotune.execution.messages import ProbeRequest, ReadyReply, ResultReply, decode_reply, encode
-from autotune.execution.worker import ProbeWorker
+from autotune.execution.probe_worker import ProbeWorker
 from autotune.schema.enums import Outcome
 from autotune.schema.spec import Candidate, ProbeSettings
-from autotune.service import _devices
+from autotune.service import _device_monitor
 
 
 class FakeNVML:
@@ -75,7 +75,7 @@ PCI = "PCI_BUS_ID"
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNVML:
     fake = FakeNVML()
     monkeypatch.setattr(limits, "load_nvml", lambda: fake)
-    monkeypatch.setattr(_devices, "_nvml", lambda: fake)
+    monkeypatch.setattr(_device_monitor, "_nvml", lambda: fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("CUDA_DEVICE_ORDER", PCI)
     return fake
@@ -131,7 +131,7 @@ class _FakePopen:
 @pytest.fixture
 def fake_popen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, str]]]:
     _FakePopen.started = []
-    monkeypatch.setattr(worker.subprocess, "Popen", _FakePopen)
+    monkeypatch.setattr(probe_worker.subprocess, "Popen", _FakePopen)
     return _FakePopen.started
 
 
@@ -250,7 +250,7 @@ def test_the_service_reads_the_gpu_cuda_n_is(
     if visible is not None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     devices = [f"cuda:{i}" for i in range(len(seen))]
-    monitor = _devices.DeviceMonitor(devices, own_pids=lambda: {os.getpid()})
+    monitor = _device_monitor.DeviceMonitor(devices, own_pids=lambda: {os.getpid()})
     monitor.check()
     assert [monitor.read(d).description for d in devices] == [f"H200 {u}" for u in seen]
 
@@ -264,7 +264,7 @@ def test_the_visible_gpu_count_stops_where_cuda_does(
 ) -> None:
     if visible is not None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    assert _devices._visible_gpu_count() == count
+    assert _device_monitor._visible_gpu_count() == count
 
 
 def test_the_service_numbers_gpus_in_pci_bus_order_unless_the_user_chose(
@@ -272,11 +272,11 @@ def test_the_service_numbers_gpus_in_pci_bus_order_unless_the_user_chose(
 ) -> None:
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "x")  # restored afterwards, whatever happens
     monkeypatch.delenv("CUDA_DEVICE_ORDER")
-    _devices.parse_devices("cpu")
+    _device_monitor.parse_devices("cpu")
     assert os.environ["CUDA_DEVICE_ORDER"] == PCI
     monkeypatch.setattr(limits, "_warned_order", True)  # said once per process; not here
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
-    _devices.parse_devices("cpu")
+    _device_monitor.parse_devices("cpu")
     assert os.environ["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
 
 
@@ -348,12 +348,12 @@ def test_a_gpu_worker_runs_on_its_cuda_0_and_replies_with_the_callers_name(
 ) -> None:
     """The worker's loop, in this process, as a worker for cuda:5 that sees one GPU (this
     process's CUDA_VISIBLE_DEVICES is left alone: CUDA here has already read it)."""
-    monkeypatch.setattr(worker, "worker_device", lambda device: "cuda:0")
+    monkeypatch.setattr(probe_worker, "worker_device", lambda device: "cuda:0")
     request = ProbeRequest(workload="tiny_mlp", candidate=_CAND, settings=SHORT)
     replies = StringIO()
     previous = signal.getsignal(signal.SIGINT)
     try:
-        worker._serve(StringIO(encode(request)), replies, "cuda:5")
+        probe_worker._serve(StringIO(encode(request)), replies, "cuda:5")
     finally:
         signal.signal(signal.SIGINT, previous)
     reply = decode_reply(replies.getvalue().splitlines()[1])

@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from autotune.errors import DeviceError, SpecError, WorkloadError
-from autotune.execution import worker
+from autotune.execution import probe_worker
 from autotune.execution.facts import collect_facts
 from autotune.execution.limits import MEMORY_ENV
 from autotune.execution.messages import (
@@ -37,8 +37,8 @@ from autotune.execution.messages import (
     decode_request,
     encode,
 )
+from autotune.execution.probe_worker import ProbeWorker
 from autotune.execution.runner import RESTARTED, crashed_result
-from autotune.execution.worker import ProbeWorker
 from autotune.measure.result import PairedResult
 from autotune.schema.enums import Outcome
 from autotune.schema.spec import Candidate, EarlyStop, ProbeSettings
@@ -143,7 +143,7 @@ def _serve(*requests: str) -> list[Any]:
     replies = StringIO()
     previous = signal.getsignal(signal.SIGINT)
     try:
-        worker._serve(StringIO("".join(requests)), replies, "cpu")
+        probe_worker._serve(StringIO("".join(requests)), replies, "cpu")
     finally:
         signal.signal(signal.SIGINT, previous)
     return [decode_reply(line) for line in replies.getvalue().splitlines()]

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from autotune import load_config
 from autotune.errors import StorageError
-from autotune.execution.worker import InProcessRunner
+from autotune.execution.probe_worker import InProcessRunner
 from autotune.schema.spec import StudySpec, load_spec
 from autotune.search import batch_ladder, lr_for, reference_factor, run_search
 from autotune.study.trials import role_trials
@@ -203,7 +203,7 @@ def test_a_reference_cut_inside_its_warm_up_is_measured_again(tmp_path: Path) ->
     from types import SimpleNamespace
 
     from autotune.measure.result import ProbeResult
-    from autotune.search._reference import ReferenceKeeper
+    from autotune.search._reference_keeper import ReferenceKeeper
     from autotune.search._space import Space
 
     spec = tiny_spec(tmp_path)

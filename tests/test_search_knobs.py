@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.messages import CompareRequest, DiagnoseRequest, ProbeRequest
-from autotune.execution.worker import InProcessRunner
+from autotune.execution.probe_worker import InProcessRunner
 from autotune.measure.knobs import break_even_steps
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.report import knob_gains

@@ -36,7 +36,7 @@ from autotune.service import (  # noqa: E402
     is_loopback,
 )
 from autotune.service._access import WorkloadRefused, check_bind  # noqa: E402
-from autotune.service._devices import parse_devices  # noqa: E402
+from autotune.service._device_monitor import parse_devices  # noqa: E402
 from autotune.testing.busy import FAKE_BUSY_ENV  # noqa: E402
 
 
@@ -438,12 +438,12 @@ class _FakeNVML:
 def test_gpu_room_from_nvml(
     monkeypatch: pytest.MonkeyPatch, util: float, colleague_gib: float, need_gib: float, why: str
 ) -> None:
-    from autotune.service import _devices
+    from autotune.service import _device_monitor
 
     fake = _FakeNVML(util, colleague_gib)
-    monkeypatch.setattr(_devices, "_nvml", lambda: fake)
+    monkeypatch.setattr(_device_monitor, "_nvml", lambda: fake)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
-    monitor = _devices.DeviceMonitor(["cuda:0"], own_pids=lambda: {100})
+    monitor = _device_monitor.DeviceMonitor(["cuda:0"], own_pids=lambda: {100})
     reading = monitor.read("cuda:0")
     assert fake.handles == [1]  # cuda:0 is physical GPU 1 under CUDA_VISIBLE_DEVICES=1,0
     assert reading.own_bytes == 2 * 2**30 and [p.pid for p in reading.others] == [200]

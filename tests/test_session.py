@@ -24,7 +24,7 @@ from autotune.errors import (
     DeviceError,
     EnvironmentMismatchWarning,
 )
-from autotune.execution.worker import InProcessRunner
+from autotune.execution.probe_worker import InProcessRunner
 from autotune.measure.precision import restore_backend_flags, snapshot_backend_flags
 from autotune.schema.spec import Candidate, load_spec
 from autotune.search import run_search

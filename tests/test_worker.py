@@ -18,7 +18,7 @@ import torch
 
 from autotune.errors import SpecError, WorkloadError
 from autotune.execution.limits import MEMORY_ENV, machine_memory
-from autotune.execution.worker import InProcessRunner, ProbeWorker, poisons_context
+from autotune.execution.probe_worker import InProcessRunner, ProbeWorker, poisons_context
 from autotune.measure.probe import run_probe
 from autotune.measure.result import ProbeResult
 from autotune.schema.enums import Outcome

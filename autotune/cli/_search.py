@@ -157,7 +157,7 @@ def _run(
     Returns:
         The SearchResult and the Budget it ran against.
     """
-    from autotune.execution.worker import ProbeWorker
+    from autotune.execution.probe_worker import ProbeWorker
 
     # The probe worker first: it imports torch while this process imports the search and opens
     # the study (half a second sooner to the first trial).

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from autotune.infra.lazy import lazy
 
 if TYPE_CHECKING:
+    from autotune.diagnose._diverged_trial import trial_candidate, worst_diverged_trial
     from autotune.diagnose._fp32 import fp32_modules, keep_in_fp32
     from autotune.diagnose._instrumented import diagnose
     from autotune.diagnose._models import (
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
         LayerStats,
         Recommendation,
     )
-    from autotune.diagnose._trials import trial_candidate, worst_diverged_trial
 
 __all__ = [
     "DEFAULT_STEPS",
@@ -45,8 +45,8 @@ _LAZY = {
     "diagnose": "_instrumented",
     "fp32_modules": "_fp32",
     "keep_in_fp32": "_fp32",
-    "trial_candidate": "_trials",
-    "worst_diverged_trial": "_trials",
+    "trial_candidate": "_diverged_trial",
+    "worst_diverged_trial": "_diverged_trial",
 }
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.execution.worker import Runner
+from autotune.execution.probe_worker import Runner
 from autotune.schema.spec import StudySpec
 from autotune.search._budget import Budget, SearchInterrupted, SearchStopped, finishing_seconds
 from autotune.search._context import Gate

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from autotune.execution.contention import CpuContention
 from autotune.execution.facts import WorkerFacts
-from autotune.execution.worker import Runner
+from autotune.execution.probe_worker import Runner
 from autotune.infra import clock
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.schema.spec import DEFAULT_MIN_TIME, Candidate, EarlyStop, ProbeSettings, StudySpec

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError, DeviceError, StorageError, StorageIOError
 from autotune.execution.facts import WorkerFacts
-from autotune.execution.worker import ProbeWorker, Runner
+from autotune.execution.probe_worker import ProbeWorker, Runner
 from autotune.infra import clock
 from autotune.schema.config import TunedConfig
 from autotune.schema.enums import Outcome, Phase, Role
@@ -54,7 +54,7 @@ from autotune.search._knob_trials import (
     diagnose_failures,
     enqueue_diagnosed_islands,
 )
-from autotune.search._reference import ReferenceKeeper, ReferenceUnavailable
+from autotune.search._reference_keeper import ReferenceKeeper, ReferenceUnavailable
 from autotune.search._rejections import rejection_summary
 from autotune.search._space import Space
 from autotune.search._trial import TrialStep

@@ -19,7 +19,7 @@ from autotune.search._context import SearchContext
 from autotune.search._events import Standing, TrialFinished, TrialStarted
 from autotune.search._hardware import lower_ceiling
 from autotune.search._probe_settings import trial_settings
-from autotune.search._reference import ReferenceKeeper
+from autotune.search._reference_keeper import ReferenceKeeper
 from autotune.search._risk import cannot_compile, carries_risk, not_worth
 from autotune.search._shortlist import slower_bar
 from autotune.study import study_keys

@@ -2,7 +2,7 @@
 monitor, scheduler), :func:`create_app` (its HTTP API and page) and :class:`ServiceClient`."""
 
 from autotune.service._access import TOKEN_ENV, WorkloadPolicy, check_bind, is_loopback, load_token
-from autotune.service._app import (
+from autotune.service._api import (
     KEEP_ALIVE,
     MAX_BODY,
     MAX_HEAD,
@@ -12,7 +12,7 @@ from autotune.service._app import (
     create_app,
 )
 from autotune.service._client import DEFAULT_SERVER, SERVER_ENV, ServiceClient
-from autotune.service._devices import (
+from autotune.service._device_monitor import (
     DeviceMonitor,
     DeviceReading,
     SimulatedHardware,
@@ -28,7 +28,7 @@ from autotune.service._models import (
     TrialInfo,
 )
 from autotune.service._queue import StudyQueue
-from autotune.service._service import MAX_BUDGET, RequestError, TuningService
+from autotune.service._tuning_service import MAX_BUDGET, RequestError, TuningService
 
 __all__ = [
     "DeviceReading",

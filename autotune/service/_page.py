@@ -21,7 +21,7 @@ from autotune.schema.enums import StudyState
 from autotune.schema.spec import format_duration
 from autotune.service._models import DeviceInfo, Health, StudyDetail, StudyStatus
 from autotune.service._page_assets import PRIVATE_NOTE, SCRIPT, STYLE
-from autotune.service._service import RequestError, TuningService
+from autotune.service._tuning_service import RequestError, TuningService
 from autotune.study.trials import label
 
 __all__ = [

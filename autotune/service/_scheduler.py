@@ -14,7 +14,7 @@ import optuna
 from loguru import logger
 
 from autotune.errors import AutotuneError, StorageIOError
-from autotune.execution.worker import ProbeWorker
+from autotune.execution.probe_worker import ProbeWorker
 from autotune.infra import clock
 from autotune.infra.logs import log_to_file
 from autotune.schema.enums import Phase, StudyState
@@ -30,7 +30,7 @@ from autotune.search import (
     run_search,
     settle,
 )
-from autotune.service._devices import DeviceMonitor
+from autotune.service._device_monitor import DeviceMonitor
 from autotune.service._queue import QueueRow, StudyQueue
 from autotune.service._study_run import DeviceRunner, StudyRun, accepts, preemptor
 from autotune.study.crown import stored_config

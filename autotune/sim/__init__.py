@@ -16,7 +16,7 @@ from autotune.schema.spec import StudySpec
 from autotune.sim._box import Arrival, BoxReport, StudyOutcome, run_box
 from autotune.sim._family import family
 from autotune.sim._landscape import LANDSCAPE_DIR, Landscape, load_landscape, shipped_landscapes
-from autotune.sim._runner import SimulatedRunner
+from autotune.sim._simulated_runner import SimulatedRunner
 
 __all__ = [
     "LANDSCAPE_DIR",

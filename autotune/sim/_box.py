@@ -19,7 +19,7 @@ from autotune.schema.enums import StudyState
 from autotune.search import Event, TrialStarted
 from autotune.service import DeviceReading, SimulatedHardware, TuningService
 from autotune.sim._landscape import Landscape, load_landscape
-from autotune.sim._runner import SimulatedRunner
+from autotune.sim._simulated_runner import SimulatedRunner
 
 __all__ = ["Arrival", "BoxReport", "StudyOutcome", "run_box"]
 

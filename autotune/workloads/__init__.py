@@ -30,9 +30,9 @@ if TYPE_CHECKING:
         tiny_gpt,
         tiny_mlp,
     )
-    from autotune.workloads._huggingface import huggingface_workload
-    from autotune.workloads._lightning import lightning_workload
-    from autotune.workloads._loop import loop_workload
+    from autotune.workloads._from_huggingface import huggingface_workload
+    from autotune.workloads._from_lightning import lightning_workload
+    from autotune.workloads._from_loop import loop_workload
 
 __all__ = [
     "BUILTINS",
@@ -68,9 +68,9 @@ _LAZY = {
     "tiny_convnet": "autotune.workloads._builtin",
     "tiny_gpt": "autotune.workloads._builtin",
     "tiny_mlp": "autotune.workloads._builtin",
-    "huggingface_workload": "autotune.workloads._huggingface",
-    "lightning_workload": "autotune.workloads._lightning",
-    "loop_workload": "autotune.workloads._loop",
+    "huggingface_workload": "autotune.workloads._from_huggingface",
+    "lightning_workload": "autotune.workloads._from_lightning",
+    "loop_workload": "autotune.workloads._from_loop",
 }
 
 

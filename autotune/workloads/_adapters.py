@@ -40,7 +40,7 @@ def _build(kind: str, source: Any) -> Workload:
 
     base = {"base_lr": source.base_lr, "base_batch_size": source.base_batch_size}
     if kind == "lightning":
-        from autotune.workloads._lightning import lightning_workload
+        from autotune.workloads._from_lightning import lightning_workload
 
         return lightning_workload(
             get("module"),
@@ -50,7 +50,7 @@ def _build(kind: str, source: Any) -> Workload:
             **base,
         )
     if kind == "huggingface":
-        from autotune.workloads._huggingface import huggingface_workload
+        from autotune.workloads._from_huggingface import huggingface_workload
 
         return huggingface_workload(
             get("model"),
@@ -61,7 +61,7 @@ def _build(kind: str, source: Any) -> Workload:
             model_args=source.model_args,
             **base,
         )
-    from autotune.workloads._loop import loop_workload
+    from autotune.workloads._from_loop import loop_workload
 
     return loop_workload(
         get("model"),

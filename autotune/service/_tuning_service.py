@@ -17,7 +17,7 @@ from autotune.schema.bounds import check_plain_text
 from autotune.schema.enums import StudyState
 from autotune.schema.spec import StudySpec, format_duration, parse_duration, parse_spec
 from autotune.service._access import WorkloadPolicy, WorkloadRefused
-from autotune.service._devices import DeviceMonitor, SimulatedHardware
+from autotune.service._device_monitor import DeviceMonitor, SimulatedHardware
 from autotune.service._models import (
     CancelReply,
     DeviceInfo,

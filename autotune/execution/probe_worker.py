@@ -242,7 +242,14 @@ class ProbeWorker(Runner):
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.execution.worker", self.device, str(req_r), str(rep_w)]
+            [
+                sys.executable,
+                "-m",
+                "autotune.execution.probe_worker",
+                self.device,
+                str(req_r),
+                str(rep_w),
+            ]
             + [str(self._limit or 0)]
             + (["warm"] if self.warm else []),
             pass_fds=(req_r, rep_w),

@@ -49,7 +49,7 @@ from autotune.service._page import (
     report_headers,
     report_html,
 )
-from autotune.service._service import RequestError, TuningService
+from autotune.service._tuning_service import RequestError, TuningService
 
 __all__ = [
     "KEEP_ALIVE",

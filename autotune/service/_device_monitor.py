@@ -24,7 +24,7 @@ from autotune.execution.limits import (
 from autotune.infra import clock
 
 if TYPE_CHECKING:
-    from autotune.execution.worker import WorkerMemory
+    from autotune.execution.probe_worker import WorkerMemory
     from autotune.search import Event
 
 __all__ = [
