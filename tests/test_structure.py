@@ -306,8 +306,8 @@ def test_the_stored_key_rule_flags_what_it_should(source: str, flagged: bool) ->
 # ---- named values: an enum member, not its string -----------------------------------------------
 
 # What an outcome, a study's state or a trial's role is compared with or set to: a member of
-# autotune/schema/enums.py. A literal string compares equal today, but is a second, drifting copy of
-# the name, and a typo in one is never caught.
+# autotune/schema/enums.py. A literal string compares equal today, but is a second, drifting copy
+# of the name, and a typo in one is never caught.
 _ENUMS = (Outcome, StudyState, Role)
 _NAMED = {m.value: f"{e.__name__}.{m.name}" for e in _ENUMS for m in e}
 _HOLDERS = {"outcome", "state", "role"}

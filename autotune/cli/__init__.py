@@ -24,8 +24,8 @@ def main() -> None:
 
 def run() -> None:
     """Console-script entry point (and ``python -m autotune``): :func:`main`, then the process
-    ends without the interpreter's teardown (:func:`autotune._leave.leave`), about a second of a
-    core after every command."""
+    ends without the interpreter's teardown (:func:`autotune.infra.leave.leave`), about a second
+    of a core after every command."""
     try:
         main()
     except SystemExit as exc:

@@ -42,7 +42,7 @@ _json_logs = False
 
 
 def setup_logging(verbose: bool = False, quiet: bool = False, *, json_lines: bool = False) -> None:
-    """Logs on stderr, human-readable or one JSON object per line (see :mod:`autotune.logs`).
+    """Logs on stderr, human-readable or one JSON object per line (see :mod:`autotune.infra.logs`).
 
     Only the command line configures logging; the library never does.
     """

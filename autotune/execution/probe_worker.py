@@ -141,8 +141,8 @@ def _sees_cuda() -> bool:
 
 
 def main() -> None:
-    """Entry point of a worker process:
-    ``python -m autotune.execution.worker DEVICE REQ_FD REPLY_FD [MEMORY_LIMIT_BYTES [warm]]``."""
+    """Entry point of a worker process: ``python -m autotune.execution.probe_worker DEVICE
+    REQ_FD REPLY_FD [MEMORY_LIMIT_BYTES [warm]]``."""
     device, req_fd, reply_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     # First thing: GPUs numbered in PCI bus order (the parent set it; before CUDA starts, in any
     # case), and what the probes allocate from here on counts against the memory limit

@@ -32,8 +32,8 @@ class Runner:
     """Runs the search's probes, paired runs and diagnoses, and finds the facts they need.
 
     This class says what each call means, once; an implementation decides only where and how
-    isolated the work runs: :class:`~autotune.execution.worker.ProbeWorker` in a worker process,
-    :class:`InProcessRunner` in this one, the simulated device (:mod:`autotune.sim`) on a
+    isolated the work runs: :class:`~autotune.execution.probe_worker.ProbeWorker` in a worker
+    process, :class:`InProcessRunner` in this one, the simulated device (:mod:`autotune.sim`) on a
     virtual clock. Callers call :meth:`run`, :meth:`compare` and :meth:`diagnose`; each puts its
     arguments into one request, the message a worker is sent
     (:mod:`autotune.execution.messages`), and an implementation answers it in

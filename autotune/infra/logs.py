@@ -236,7 +236,7 @@ class _LogFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        # The owner's only, unless AUTOTUNE_UMASK says otherwise (autotune.files).
+        # The owner's only, unless AUTOTUNE_UMASK says otherwise (autotune.infra.files).
         self._file = open_for_writing(path, "a")
         self._failing = False
 

@@ -349,7 +349,7 @@ class TimedRun:
 
     def _stopped_early(self, rule: EarlyStop) -> bool:
         """Whether the run has answered its question already: clearly slower than the best,
-        or clearly off the reference's loss curve (see :class:`~autotune.spec.EarlyStop`)."""
+        or clearly off the reference's loss curve (see :class:`~autotune.schema.spec.EarlyStop`)."""
         engine = self.engine
         # Half of min_time at least: a neighbour's burst can stall a few blocks, and a burst
         # must not read as a slow candidate.

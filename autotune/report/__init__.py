@@ -64,7 +64,7 @@ def write_report(
         study = load_study(study, storage)
     out = Path(out_dir) if out_dir is not None else Path("studies") / study.study_name
     data = collect(study, out_dir=out, storage=storage)
-    # The owner's only, unless AUTOTUNE_UMASK says otherwise (autotune.files).
+    # The owner's only, unless AUTOTUNE_UMASK says otherwise (autotune.infra.files).
     make_dirs(out)
     path = out / "report.html"
     # Write beside, then rename: a reader never opens a half-written page.

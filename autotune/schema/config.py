@@ -5,8 +5,8 @@ so every config knows how it was made. Loading one validates it and warns (once)
 machine differs from the one it was tuned on.
 
 The config is a record: it knows no session and no export. ``autotune.session(cfg, device)``
-(:mod:`autotune.session`) turns it into what a training loop uses, ``autotune.export(cfg,
-"lightning")`` (:mod:`autotune.export`) into a trainer's arguments.
+(:mod:`autotune.amp_session`) turns it into what a training loop uses, ``autotune.export(cfg,
+"lightning")`` (:mod:`autotune.exports`) into a trainer's arguments.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class _Model(BaseModel):
 
 # Bounds on what a config may hold: a hand-edited or corrupted file is refused at load time
 # with the field's name, not discovered as an allocation failure in the middle of training.
-# The candidate's own (autotune.bounds); a learning rate of 100 is already absurd.
+# The candidate's own (autotune.schema.bounds); a learning rate of 100 is already absurd.
 MAX_BATCH_SIZE = int(BOUNDS["candidate.batch_size"].high)
 MAX_LEARNING_RATE = 100.0
 MAX_INIT_SCALE = BOUNDS["candidate.init_scale"].high
@@ -308,7 +308,7 @@ class TunedConfig(_Model):
     def save(self, path: str | Path) -> Path:
         """Write the config as indented JSON; returns the path."""
         path = Path(path)
-        # The owner's only, unless AUTOTUNE_UMASK says otherwise (autotune.files).
+        # The owner's only, unless AUTOTUNE_UMASK says otherwise (autotune.infra.files).
         make_dirs(path.parent)
         write_text(path, self.model_dump_json(indent=2) + "\n")
         return path

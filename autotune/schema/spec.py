@@ -484,7 +484,7 @@ def parse_spec(data: Any, source: str = "study spec") -> StudySpec:
     """Validate a mapping into a StudySpec, raising SpecError with one line per bad field.
 
     Data too deep or too large to be a spec is refused before validation walks it
-    (:func:`autotune.inputs.check_shape`).
+    (:func:`autotune.infra.inputs.check_shape`).
     """
     if not isinstance(data, dict):
         raise SpecError(

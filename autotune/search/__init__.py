@@ -68,7 +68,7 @@ def run_search(  # noqa: PLR0913 - public API: the search's options, keyword-onl
     Args:
         spec: the study spec (budget, space, probe lengths, storage...).
         out_dir: where ``best.json`` goes; ``studies/<name>/`` by default.
-        runner: runs probes; a :class:`~autotune.execution.worker.ProbeWorker` on the spec's
+        runner: runs probes; a :class:`~autotune.execution.probe_worker.ProbeWorker` on the spec's
             device by default (the workload is imported only there, never in this process).
         budget: the clock to count against; starts now by default (the CLI starts it earlier).
         on_event: called with each :data:`Event` as phases, trials and results happen.

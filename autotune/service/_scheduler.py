@@ -65,7 +65,7 @@ class Scheduler:
         out_dir: each study writes ``<out_dir>/<name>/best.json`` and ``service.log``.
         storage: the opened storage (for the stale-trial check of resumed studies).
         workers, poll, observer: see :class:`~autotune.service.SimulatedHardware`; by default
-            a warm :class:`~autotune.execution.worker.ProbeWorker` per device, 0.5 s polls, no
+            a warm :class:`~autotune.execution.probe_worker.ProbeWorker` per device, 0.5 s polls, no
             observer.
     """
 

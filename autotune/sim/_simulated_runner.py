@@ -38,7 +38,7 @@ class SimulatedRunner(Runner):
         seed: seeds the timing noise (loss curves follow each probe's own seed, as real runs'
             do); the same seed gives the same search.
         clock: the virtual clock to advance; a new one by default. Make it the current clock
-            (``autotune.clock.use(runner.clock)``) for the search to read it.
+            (``autotune.infra.clock.use(runner.clock)``) for the search to read it.
         device: the device's name (a simulated box has several); ``cuda:0`` or ``cpu`` by
             default, from the landscape.
         crash_at: numbers of probes (1 = the first) during which the worker dies, as a real

@@ -83,7 +83,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                     f"storage {url!r}: cannot create folder {str(path.parent)!r}: {exc}"
                 ) from None
         # SQLite would create the file 0644: created here first, it is the owner's only
-        # (autotune.files; AUTOTUNE_UMASK to share it).
+        # (autotune.infra.files; AUTOTUNE_UMASK to share it).
         with contextlib.suppress(OSError):  # unwritable: SQLite says why, below
             create_file(path)
     if re.fullmatch(r"sqlite(\+\w+)?:///?(:memory:)?(\?.*)?", url.strip()):

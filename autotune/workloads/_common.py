@@ -202,7 +202,7 @@ def endless(
     """The loader's batches of exactly ``batch_size``, on the device, pass after pass.
 
     A short last batch is skipped: a probe counts ``batch_size`` samples a step. ``transfer``
-    moves a batch (a data module's own hooks); :func:`~autotune.devices.prepare_batch` by
+    moves a batch (a data module's own hooks); :func:`~autotune.infra.devices.prepare_batch` by
     default.
     """
     move = transfer or (lambda batch, dev: prepare_batch(batch, dev, False))
