@@ -222,6 +222,52 @@ def test_search_and_diagnose_are_packages_with_a_face() -> None:
         assert exported, f"autotune/{pkg}/__init__.py has no __all__"
 
 
+# ---- the root shows the architecture ----------------------------------------------------------
+
+# At the top, the public face only (tune, session, export, the errors, the version); the models,
+# the infrastructure and the views live in the package of their layer.
+MAX_ROOT_MODULES = 8
+# The two layers under all others, and what each may import of autotune's besides itself: a
+# module of the root's (never the package itself, which is the face) or a layer below it.
+_FOUNDATIONS = {"infra": {"errors"}, "schema": {"errors", "version", "infra"}}
+# File names that repeat across packages only where each does the same job in its package.
+_SAME_JOB = {
+    "models.py": "a package's pydantic models: what it is told and what it reports",
+    "base.py": "the base a package's variants build on: the Workload interface, the Export",
+}
+
+
+def test_the_root_holds_the_public_face_only() -> None:
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, (
+        f"{len(root)} modules at autotune/, at most {MAX_ROOT_MODULES}: move what is not the "
+        f"public face into the package of its layer: {root}"
+    )
+
+
+def test_the_models_and_the_infrastructure_import_nothing_above_them() -> None:
+    bad = [
+        f"{name} imports {dep}"
+        for name, deps in _graph().items()
+        if name.count(".") >= 1 and (layer := name.split(".")[1]) in _FOUNDATIONS
+        for dep in sorted(deps)
+        if (dep.split(".") + [""])[1] not in _FOUNDATIONS[layer] | {layer}
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_two_modules_of_one_name_do_different_jobs() -> None:
+    names: dict[str, list[str]] = {}
+    for p in PACKAGE.rglob("*.py"):
+        if p.name != "__init__.py":
+            names.setdefault(p.name.lstrip("_"), []).append(str(p.relative_to(PACKAGE)))
+    repeated = {n: sorted(paths) for n, paths in names.items() if len(paths) > 1}
+    assert not repeated.keys() - _SAME_JOB.keys(), (
+        "one name, different jobs; name each module for its own: "
+        f"{ {n: repeated[n] for n in repeated.keys() - _SAME_JOB.keys()} }"
+    )
+
+
 # ---- stored keys: one home each ----------------------------------------------------------------
 
 # What a study stores is named in study/study_keys.py, what a trial stores is TrialRecord's fields
