@@ -332,6 +332,22 @@ def test_only_the_study_layer_touches_user_attributes() -> None:
     )
 
 
+def test_only_the_study_layer_names_optunas_storages() -> None:
+    # Where studies are kept is the study layer's: study/storage.py's Storage, open_storage and
+    # in_memory_storage for the layers above it.
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{n}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] != "study"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "optuna.storages" in line or "from optuna import storages" in line
+    ]
+    assert not found, (
+        "optuna's storages named outside autotune/study/; use autotune.study.storage's "
+        "Storage, open_storage or in_memory_storage: " + ", ".join(found)
+    )
+
+
 @pytest.mark.parametrize(
     ("source", "flagged"),
     [

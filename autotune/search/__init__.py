@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import optuna
-
 from autotune.execution.probe_worker import Runner
 from autotune.schema.spec import StudySpec
 from autotune.search._budget import Budget, SearchInterrupted, SearchStopped, finishing_seconds
@@ -26,6 +24,7 @@ from autotune.search._events import (
 from autotune.search._run_search import SearchResult
 from autotune.search._run_search import run_search as _run_search
 from autotune.search._space import batch_ladder, lr_for, reference_factor
+from autotune.study.storage import Storage
 
 __all__ = [
     "Budget",
@@ -61,7 +60,7 @@ def run_search(  # noqa: PLR0913 - public API: the search's options, keyword-onl
     should_stop: Callable[[], bool] | None = None,
     join: bool = False,
     handle_sigint: bool = False,
-    storage: optuna.storages.BaseStorage | None = None,
+    storage: Storage | None = None,
 ) -> SearchResult:
     """Search a spec's space within its budget and write the validated config.
 

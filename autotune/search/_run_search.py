@@ -63,7 +63,7 @@ from autotune.search._validation_run import validate
 from autotune.study.claims import LEASE, holding, mark_done
 from autotune.study.crown import store_config, stored_config
 from autotune.study.reference import ReferenceRecord
-from autotune.study.storage import fail_stale, heartbeat, open_study
+from autotune.study.storage import Storage, fail_stale, heartbeat, open_study
 from autotune.study.store import StudyStore
 from autotune.study.trials import (
     Rejection,
@@ -219,7 +219,7 @@ def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.r
     should_stop: Any = None,
     join: bool = False,
     handle_sigint: bool = False,
-    storage: optuna.storages.BaseStorage | None = None,
+    storage: Storage | None = None,
 ) -> SearchResult:
     """Search a spec's space within its budget and write the validated config.
 
@@ -266,7 +266,7 @@ def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.r
 
 def _open(
     spec: StudySpec,
-    storage: optuna.storages.BaseStorage | None,
+    storage: Storage | None,
     *,
     join: bool,
     runner: Runner,

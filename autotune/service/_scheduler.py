@@ -34,7 +34,7 @@ from autotune.service._device_monitor import DeviceMonitor
 from autotune.service._queue import QueueRow, StudyQueue
 from autotune.service._study_run import DeviceRunner, StudyRun, accepts, preemptor
 from autotune.study.crown import stored_config
-from autotune.study.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
+from autotune.study.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, Storage
 
 __all__ = ["DRAIN_GRACE", "Scheduler"]
 
@@ -76,7 +76,7 @@ class Scheduler:
         *,
         storage_url: str,
         out_dir: Path,
-        storage: optuna.storages.BaseStorage,
+        storage: Storage,
         workers: dict[str, Any] | None = None,
         poll: float = _POLL,
         observer: Callable[[str, Event], None] | None = None,

@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.schema.enums import Outcome
 from autotune.service._models import TrialInfo
 from autotune.study.reference import ReferenceMeasurement
+from autotune.study.storage import Storage
 from autotune.study.store import StudyStore
 from autotune.study.trials import (
     display_outcome,
@@ -108,7 +109,7 @@ def read_standing(study: optuna.Study) -> StudyStanding:
 class StandingCache:
     """Standings by study name, refreshed at most once a second while a study can change."""
 
-    def __init__(self, storage: optuna.storages.BaseStorage) -> None:
+    def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[float, Any, StudyStanding | None]] = {}

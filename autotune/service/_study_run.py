@@ -21,6 +21,7 @@ from autotune.schema.enums import StudyState
 from autotune.schema.spec import Candidate, StudySpec
 from autotune.search import Budget
 from autotune.service._queue import QueueRow
+from autotune.study.storage import Storage
 from autotune.study.trials import record
 
 __all__ = ["DeviceRunner", "StudyRun", "accepts", "preemptor"]
@@ -93,7 +94,7 @@ class StudyRun:
             return self.used_before_wait
         return self.budget.elapsed()
 
-    def memory_need(self, cand: Candidate, storage: optuna.storages.BaseStorage) -> int:
+    def memory_need(self, cand: Candidate, storage: Storage) -> int:
         """Bytes a candidate is expected to need, from what this study measured so far.
 
         The nearest measured batch size of the same precision (any precision if none): its

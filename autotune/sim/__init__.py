@@ -17,6 +17,7 @@ from autotune.sim._box import Arrival, BoxReport, StudyOutcome, run_box
 from autotune.sim._family import family
 from autotune.sim._landscape import LANDSCAPE_DIR, Landscape, load_landscape, shipped_landscapes
 from autotune.sim._simulated_runner import SimulatedRunner
+from autotune.study.storage import Storage, in_memory_storage
 
 __all__ = [
     "LANDSCAPE_DIR",
@@ -54,7 +55,7 @@ def simulate(
     *,
     seed: int = 0,
     out_dir: str | Path | None = None,
-    storage: optuna.storages.BaseStorage | None = None,
+    storage: Storage | None = None,
 ) -> SimulatedRun:
     """Run the real search for ``spec`` on a simulated device, on a virtual clock.
 
@@ -98,7 +99,7 @@ def simulate(
             runner=runner,
             budget=budget,
             on_event=on_event,
-            storage=storage or optuna.storages.InMemoryStorage(),
+            storage=storage or in_memory_storage(),
         )
         seconds = budget.elapsed()
     return SimulatedRun(

@@ -30,11 +30,13 @@ __all__ = [
     "GRACE_PERIOD",
     "HEARTBEAT_INTERVAL",
     "STALE_REASON",
+    "Storage",
     "claim",
     "database_error",
     "delete_study",
     "fail_stale",
     "heartbeat",
+    "in_memory_storage",
     "mask_url",
     "name_objective",
     "open_storage",
@@ -63,6 +65,15 @@ STALE_REASON = (
     f"no heartbeat for {GRACE_PERIOD}s: the process running it died or could not write to the "
     "storage; failed as stale"
 )
+
+
+# Where studies are kept, as every layer above this one names it.
+Storage = optuna.storages.BaseStorage
+
+
+def in_memory_storage() -> Storage:
+    """A storage in this process's memory (a simulated search's, a test's)."""
+    return optuna.storages.InMemoryStorage()
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
