@@ -316,15 +316,20 @@ def test_stored_keys_are_spelled_only_in_their_home() -> None:
     )
 
 
-def test_only_the_study_layer_touches_user_attributes() -> None:
-    # A study's attributes go through study/store.py's StudyStore, a trial's through TrialRecord.
-    found = [
+def _outside_study(*texts: str) -> list[str]:
+    """``path:line`` of each line outside autotune/study/ that holds one of ``texts``."""
+    return [
         f"{path.relative_to(PACKAGE.parent)}:{n}"
         for path in sorted(PACKAGE.rglob("*.py"))
         if path.relative_to(PACKAGE).parts[0] != "study"
         for n, line in enumerate(path.read_text().splitlines(), 1)
-        if "user_attr" in line
+        if any(text in line for text in texts)
     ]
+
+
+def test_only_the_study_layer_touches_user_attributes() -> None:
+    # A study's attributes go through study/store.py's StudyStore, a trial's through TrialRecord.
+    found = _outside_study("user_attr")
     assert not found, (
         "user attributes touched outside autotune/study/; read and write them through "
         "autotune.study.store.StudyStore (a study's) or TrialRecord (a trial's): "
@@ -335,13 +340,7 @@ def test_only_the_study_layer_touches_user_attributes() -> None:
 def test_only_the_study_layer_names_optunas_storages() -> None:
     # Where studies are kept is the study layer's: study/storage.py's Storage, open_storage and
     # in_memory_storage for the layers above it.
-    found = [
-        f"{path.relative_to(PACKAGE.parent)}:{n}"
-        for path in sorted(PACKAGE.rglob("*.py"))
-        if path.relative_to(PACKAGE).parts[0] != "study"
-        for n, line in enumerate(path.read_text().splitlines(), 1)
-        if "optuna.storages" in line or "from optuna import storages" in line
-    ]
+    found = _outside_study("optuna.storages", "from optuna import storages")
     assert not found, (
         "optuna's storages named outside autotune/study/; use autotune.study.storage's "
         "Storage, open_storage or in_memory_storage: " + ", ".join(found)
