@@ -16,6 +16,7 @@ from autotune.errors import StorageError
 from autotune.execution.probe_worker import InProcessRunner
 from autotune.schema.spec import StudySpec, load_spec
 from autotune.search import batch_ladder, lr_for, reference_factor, run_search
+from autotune.study.store import StudyStore
 from autotune.study.trials import role_trials
 
 STUDIES = Path(__file__).resolve().parent.parent / "studies"
@@ -161,7 +162,8 @@ def test_first_trials_try_each_mode_at_base_then_the_fastest_modes_larger_batche
     reference: Any = SimpleNamespace(latest=lambda: SimpleNamespace(throughput=100.0))
     modes = ["fp32", "fp16", "bf16"]
     study = optuna.create_study(direction="maximize")
-    enqueue_base_trials(ctx, study, modes)
+    store = StudyStore(study)
+    enqueue_base_trials(ctx, store, modes)
 
     def run_waiting(speeds: list[float]) -> None:
         for speed in speeds:
@@ -172,15 +174,15 @@ def test_first_trials_try_each_mode_at_base_then_the_fastest_modes_larger_batche
             study.tell(trial, speed / 100.0)
 
     # Nothing more while the base trials wait.
-    assert not enqueue_larger_batches(ctx, study, modes, reference)
+    assert not enqueue_larger_batches(ctx, store, modes, reference)
     run_waiting([180.0, 150.0])  # bf16, then fp16, at the base batch
-    assert not enqueue_larger_batches(ctx, study, modes, reference)  # bf16's two
-    assert not enqueue_larger_batches(ctx, study, modes, reference)  # they wait
+    assert not enqueue_larger_batches(ctx, store, modes, reference)  # bf16's two
+    assert not enqueue_larger_batches(ctx, store, modes, reference)  # they wait
     run_waiting([300.0, 500.0])
     ceilings["fp16"] = 128  # raised by bf16's peaks, say: fp16's turn sees it
-    assert not enqueue_larger_batches(ctx, study, modes, reference)
+    assert not enqueue_larger_batches(ctx, store, modes, reference)
     run_waiting([280.0, 450.0])
-    assert enqueue_larger_batches(ctx, study, modes, reference)  # fp32's, the last
+    assert enqueue_larger_batches(ctx, store, modes, reference)  # fp32's, the last
     order = [
         (t.system_attrs["fixed_params"]["precision"], t.system_attrs["fixed_params"]["batch_size"])
         for t in study.get_trials(deepcopy=False)

@@ -32,6 +32,7 @@ from autotune.search._validate import (
 from autotune.search._validation_run import _reseed
 from autotune.sim import SimulatedRunner, simulate
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
+from autotune.study.store import StudyStore
 from autotune.study.trials import TrialRecord
 
 _DISTS = {
@@ -462,7 +463,7 @@ def test_validation_keeps_time_for_six_pairs_of_a_candidate_with_slow_steps() ->
     study.add_trial(trial(0, 1.5, batch_size=256, reference_throughput=100.0))
     step, ref_step = 256 / 1500, 64 / 100
     warm_and_six_pairs = (spec.probe.warmup_steps + 1 + 6) * (step + ref_step)
-    assert validation_reserve(ctx, study) >= warm_and_six_pairs
+    assert validation_reserve(ctx, StudyStore(study)) >= warm_and_six_pairs
 
 
 @pytest.mark.parametrize(
@@ -492,7 +493,7 @@ def test_the_seed_spread_rests_on_three_repeats_before_a_borderline_trial_is_jud
     def remeasure() -> None:
         reference.measurements.append(first.model_copy(update={"seed_gap": -0.045}))
 
-    measure_spread(ctx, study, reference, remeasure, end_at)
+    measure_spread(ctx, StudyStore(study), reference, remeasure, end_at)
     gaps = [m.seed_gap for m in reference.measurements if m.seed_gap is not None]
     assert len(gaps) == repeats
     if repeats == 3:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.schema.enums import Outcome, Role
@@ -22,36 +21,34 @@ __all__ = ["enqueue_base_trials", "enqueue_between", "enqueue_larger_batches"]
 _WAVE_ONE = ("bf16", "fp16", "tf32")
 
 
-def enqueue_base_trials(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
+def enqueue_base_trials(ctx: SearchContext, store: StudyStore, modes: list[str]) -> None:
     """Wave 1: each mode but fp32 (the reference itself) at the base batch; the safe rule's
     picks first (bf16, then the AMP recipe), so a short budget measures them."""
     base = ctx.space.base_batch
     for mode in sorted(modes, key=lambda m: _WAVE_ONE.index(m) if m in _WAVE_ONE else 9):
         if mode != "fp32":
             role = Role.AMP_RECIPE if mode == "fp16" else Role.at_base(mode)
-            StudyStore(study).enqueue(
-                ctx.space.params(mode, base), TrialRecord(role=role), skip_if_exists=True
-            )
+            store.enqueue(ctx.space.params(mode, base), TrialRecord(role=role), skip_if_exists=True)
 
 
 def enqueue_larger_batches(
-    ctx: SearchContext, study: optuna.Study, modes: list[str], reference: ReferenceRecord | None
+    ctx: SearchContext, store: StudyStore, modes: list[str], reference: ReferenceRecord | None
 ) -> bool:
     """Wave 2, a mode at a time, each once nothing is left waiting: the mode fastest at the
     base batch first, its next batch above the base and its ceiling. A mode's trials may raise
     its ceiling (:func:`autotune.search._hardware.raise_ceiling`), whose new top is then tried
     before the next mode's batches. True once every mode was offered; False while one waits."""
-    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+    if store.trials((TrialState.WAITING,)):
         return False
     base = ctx.space.base_batch
     if ctx.wave_two is None:
-        speed = _speed_at(study, base, reference)
+        speed = _speed_at(store, base, reference)
         # A mode whose step at the base batch outlasted a probe's time limit, or whose warm
         # steps there ran at a fraction of the best's, has no larger batch worth a try (a CPU's
         # fp16 at 2x the batch was killed at its hard limit after the base batch's took 37 s).
         slow = {
             t.params.get("precision")
-            for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+            for t in store.trials((TrialState.PRUNED,))
             if t.params.get("batch_size") == base and _stopped_warming_up(t)
         }
         offered = [m for m in modes if m in ctx.space.precisions and m not in slow]
@@ -63,13 +60,13 @@ def enqueue_larger_batches(
         top = max(fitting, default=None)
         batches = [b for b in dict.fromkeys((near, top)) if b is not None and b != base]
         for batch in batches:
-            study.enqueue_trial(ctx.space.params(mode, batch), skip_if_exists=True)
+            store.enqueue(ctx.space.params(mode, batch), skip_if_exists=True)
         if batches:
             return not ctx.wave_two
     return True
 
 
-def enqueue_between(ctx: SearchContext, study: optuna.Study) -> None:
+def enqueue_between(ctx: SearchContext, store: StudyStore) -> None:
     """While nothing waits: the leader's mode at the ladder's batch halfway between the
     leader's batch and the largest one below it that the mode was tried at (the base batch
     where none was), lr by the rule; nothing where the two are neighbours on the ladder.
@@ -80,15 +77,11 @@ def enqueue_between(ctx: SearchContext, study: optuna.Study) -> None:
     search with the smaller batch unless the one between was measured (on a generated
     landscape, fp16 at 512 ran 3.32x while validation refused 1024 at +3.9% and kept 256's
     1.97x)."""
-    if not ctx.maximize or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+    if not ctx.maximize or store.trials((TrialState.WAITING,)):
         return
     # The fastest that validation could take: feasible, or off only on parity (a larger
     # batch's gap at the probe's horizon; the batch between has less of it).
-    done = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if eligible(t, math.inf)
-    ]
+    done = [t for t in store.trials((TrialState.COMPLETE,)) if eligible(t, math.inf)]
     leader = max(done, key=lambda t: record(t).speedup or 0.0, default=None)
     if leader is None:
         return
@@ -97,7 +90,7 @@ def enqueue_between(ctx: SearchContext, study: optuna.Study) -> None:
         return
     tried = {
         int(t.params["batch_size"]): record(t).throughput or 0.0
-        for t in study.get_trials(deepcopy=False)
+        for t in store.trials()
         if t.params.get("precision") == mode
         and "batch_size" in t.params
         and record(t).outcome != Outcome.ABOVE_CEILING
@@ -109,7 +102,7 @@ def enqueue_between(ctx: SearchContext, study: optuna.Study) -> None:
     flat = tried.get(lower, 0.0) >= _TIE * (record(leader).throughput or 0.0)
     if between and not flat:
         middle = between[len(between) // 2]
-        study.enqueue_trial(ctx.space.params(mode, middle), skip_if_exists=True)
+        store.enqueue(ctx.space.params(mode, middle), skip_if_exists=True)
 
 
 def _stopped_warming_up(trial: FrozenTrial) -> bool:
@@ -139,15 +132,13 @@ def _order(speed: dict[str, float]) -> Callable[[str], tuple[int, float]]:
     return key
 
 
-def _speed_at(
-    study: optuna.Study, batch: int, reference: ReferenceRecord | None
-) -> dict[str, float]:
+def _speed_at(store: StudyStore, batch: int, reference: ReferenceRecord | None) -> dict[str, float]:
     """Each mode's best throughput measured at ``batch`` (fp32's: the reference's)."""
     speed: dict[str, float] = {}
     latest = reference.latest() if reference is not None else None
     if latest is not None:
         speed["fp32"] = latest.throughput
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+    for t in store.trials((TrialState.COMPLETE, TrialState.PRUNED)):
         mode, tp = t.params.get("precision"), record(t).throughput
         if isinstance(mode, str) and t.params.get("batch_size") == batch and tp:
             speed[mode] = max(speed.get(mode, 0.0), tp)

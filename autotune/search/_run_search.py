@@ -61,7 +61,7 @@ from autotune.search._trial import TrialStep
 from autotune.search._validate import Selection, measure_spread, validation_reserve
 from autotune.search._validation_run import validate
 from autotune.study.claims import LEASE, holding, mark_done
-from autotune.study.crown import store_config, stored_config
+from autotune.study.crown import store_config
 from autotune.study.reference import ReferenceRecord
 from autotune.study.storage import Storage, fail_stale, heartbeat, open_study
 from autotune.study.store import StudyStore
@@ -98,10 +98,9 @@ class SearchResult:
     others_cores: float | None = None
 
 
-def _fix_choices(study: optuna.Study, spec: StudySpec, runnable: list[str]) -> list[str]:
+def _fix_choices(store: StudyStore, spec: StudySpec, runnable: list[str]) -> list[str]:
     """The precision choices the sampler offers: the spec's modes the study's first device
     runs, stored with the study so every worker and every resumed run offers the same ones."""
-    store = StudyStore(study)
     stored = store.precision_choices()
     if stored is not None:
         return stored
@@ -116,7 +115,7 @@ EXHAUSTED = 12
 
 
 def _search(
-    ctx: SearchContext, study: optuna.Study, step: TrialStep, modes: list[str], end_at: float
+    ctx: SearchContext, store: StudyStore, step: TrialStep, modes: list[str], end_at: float
 ) -> bool:
     """Phase 3: ask, probe, tell, until the search's share of the budget is spent.
 
@@ -126,11 +125,11 @@ def _search(
     ctx.emit(PhaseStarted(phase=Phase.SEARCH))
     wave_two = False
     while True:
-        enqueue_between(ctx, study)  # before the next mode's batches: the leader's first
+        enqueue_between(ctx, store)  # before the next mode's batches: the leader's first
         if not wave_two:
-            wave_two = enqueue_larger_batches(ctx, study, modes, step.refs.record)
+            wave_two = enqueue_larger_batches(ctx, store, modes, step.refs.record)
         # From what the search measured so far: a new leader's pair may need more.
-        reserve = validation_reserve(ctx, study, step.refs.record)
+        reserve = validation_reserve(ctx, store, step.refs.record)
         left = end_at - reserve - ctx.budget.elapsed()
         if left < max(1.0, 0.25 * ctx.typical_probe(), ctx.least_probe()):
             logger.info("search phase over: {:.0f}s left for it", max(0.0, left))
@@ -147,13 +146,13 @@ def _search(
             return True
         ctx.stop_if_asked()
         # Trials whose worker died (no heartbeat) are failed here and retried once.
-        fail_stale(study)
-        trial = study.ask()
+        fail_stale(store.study)
+        trial = store.ask()
         try:
-            with heartbeat(study, trial):
+            with heartbeat(store.study, trial):
                 step.run(trial, modes, left)
             # A divergence diagnosed now leaves time for the fp32 islands it suggests.
-            after_trial(ctx, study, trial, spare=end_at - reserve - ctx.budget.elapsed())
+            after_trial(ctx, store.study, trial, spare=end_at - reserve - ctx.budget.elapsed())
         except optuna.exceptions.UpdateFinishedTrialError:
             # Another worker failed this trial as stale while it ran (its heartbeats came late
             # on a busy machine) and queued its retry: the retry measures it; this one goes on.
@@ -165,7 +164,7 @@ def _search(
             TrialRecord(
                 outcome=Outcome.INTERRUPTED, reason="stopped before the trial finished"
             ).write(trial)
-            study.tell(trial, state=TrialState.FAIL)
+            store.tell(trial, state=TrialState.FAIL)
             if isinstance(exc, SearchStopped):
                 step.retry(trial)
             raise
@@ -173,7 +172,7 @@ def _search(
             # A storage that refuses writes refuses this one too: the original error is the
             # one to report, and the trial left RUNNING is failed as stale on resume.
             with contextlib.suppress(StorageIOError):
-                study.tell(trial, state=TrialState.FAIL)
+                store.tell(trial, state=TrialState.FAIL)
             raise
 
 
@@ -228,7 +227,8 @@ def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.r
     t0 = clock.now()
     runner, own_runner = _resolve_runner(spec, runner)
     study, starting = _open(spec, storage, join=join, runner=runner, own_runner=own_runner)
-    budget = _window(study, spec, budget, join=join)
+    store = StudyStore(study)
+    budget = _window(store, spec, budget, join=join)
     out = Path(out_dir) if out_dir is not None else Path("studies") / spec.name
     interrupted = threading.Event()
 
@@ -241,7 +241,7 @@ def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.r
                 starting.join()
                 facts = runner.facts(normalize_reference(spec.workload))
                 started_in = clock.now() - t0
-                rule = _check_facts(spec, study, budget, facts)
+                rule = _check_facts(spec, store, budget, facts)
                 ctx = SearchContext(
                     spec=spec,
                     runner=runner,
@@ -253,15 +253,15 @@ def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.r
                     should_stop=stop_requested,
                 )
                 ctx.spent[Phase.START] = started_in
-                outcome = _run_phases(ctx, study, rule)
+                outcome = _run_phases(ctx, store, rule)
             except (KeyboardInterrupt, SearchStopped) as exc:
                 if isinstance(exc, SearchStopped) and not interrupted.is_set():
                     raise
-                raise _interrupted(study, spec) from None
+                raise _interrupted(store, spec) from None
     finally:
         if own_runner:
             runner.close()
-    return _write_up(study, outcome, out, budget)
+    return _write_up(store, outcome, out, budget)
 
 
 def _open(
@@ -285,13 +285,13 @@ def _open(
         raise
 
 
-def _window(study: optuna.Study, spec: StudySpec, budget: Budget | None, *, join: bool) -> Budget:
+def _window(store: StudyStore, spec: StudySpec, budget: Budget | None, *, join: bool) -> Budget:
     """The budget window: the running search's when joining, else a new one, opened now."""
     if not join:
         budget = budget or Budget(spec.budget)
-        open_window(study, budget)
+        open_window(store.study, budget)
         return budget
-    shared = Budget.shared(study)
+    shared = Budget.shared(store.study)
     if shared is None:
         raise StorageError(
             f"study {spec.name!r} has no running search to join; start one with "
@@ -321,15 +321,15 @@ def _sigint_stops(runner: Runner, interrupted: threading.Event, *, enabled: bool
         signal.signal(signal.SIGINT, previous_handler)
 
 
-def _interrupted(study: optuna.Study, spec: StudySpec) -> SearchInterrupted:
-    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+def _interrupted(store: StudyStore, spec: StudySpec) -> SearchInterrupted:
+    done = len(store.trials((TrialState.COMPLETE, TrialState.PRUNED)))
     return SearchInterrupted(
         f"interrupted: {done} finished trials of study {spec.name!r} are saved in its storage; "
         "run the same command again to resume"
     )
 
 
-def _check_facts(spec: StudySpec, study: optuna.Study, budget: Budget, facts: WorkerFacts) -> str:
+def _check_facts(spec: StudySpec, store: StudyStore, budget: Budget, facts: WorkerFacts) -> str:
     """Log what the search starts with; refuse a device that cannot run the fp32 reference.
 
     Returns:
@@ -342,7 +342,7 @@ def _check_facts(spec: StudySpec, study: optuna.Study, budget: Budget, facts: Wo
         facts.device,
         budget.total,
         budget.left(),
-        len(study.trials),
+        len(store.trials()),
     )
     if "fp32" in facts.unsupported:
         raise DeviceError(
@@ -362,33 +362,33 @@ def _space(spec: StudySpec, modes: list[str], facts: WorkerFacts, rule: str) -> 
     )
 
 
-def _run_phases(ctx: SearchContext, study: optuna.Study, rule: str) -> _Outcome:
+def _run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> _Outcome:
     """The phases in order: the hardware and its ceilings, the reference, the trials, then
     validation and the config."""
     # A resumed study first fails what its dead workers left RUNNING (labelled, retried once),
     # even when no time is left for a trial: nothing stays RUNNING after a run.
-    fail_stale(study)
-    requeue_not_run(study)  # what the last run queued and never ran
+    fail_stale(store.study)
+    requeue_not_run(store.study)  # what the last run queued and never ran
     modes = check_hardware(ctx, list(ctx.spec.space.precisions))
     with ctx.clock(Phase.CEILINGS):
-        find_ceilings(ctx, study, modes)
+        find_ceilings(ctx, store.study, modes)
     modes = [m for m in modes if ctx.ceilings.get(m, 0) > 0]
     runnable: list[str] = [m for m in ctx.spec.space.precisions if m not in ctx.facts.unsupported]
-    choices = _fix_choices(study, ctx.spec, runnable)
+    choices = _fix_choices(store, ctx.spec, runnable)
     ctx.space = _space(ctx.spec, choices, ctx.facts, rule)
-    refs = ReferenceKeeper(ctx, study)
+    refs = ReferenceKeeper(ctx, store.study)
     reference = _establish(ctx, refs)
-    enqueue_base_trials(ctx, study, [m for m in choices if m in modes])
-    enqueue_diagnosed_islands(ctx, study, modes)
+    enqueue_base_trials(ctx, store, [m for m in choices if m in modes])
+    enqueue_diagnosed_islands(ctx, store.study, modes)
     end_at = hard_end = ctx.budget.total - WRITE_RESERVE
     with ctx.clock(Phase.SEARCH):
-        if _search(ctx, study, TrialStep(ctx, study, refs), modes, end_at):
+        if _search(ctx, store, TrialStep(ctx, store.study, refs), modes, end_at):
             # Measured through: validation takes what it needs, and the search ends with
             # its result instead of spending the rest of the budget on tighter intervals
             # (a second round, after every first choice was refused, may use the rest).
-            end_at = min(end_at, ctx.budget.elapsed() + validation_reserve(ctx, study, reference))
-        measure_spread(ctx, study, reference, refs.measure, end_at)
-    return _validate_once(ctx, study, reference, end_at, hard_end)
+            end_at = min(end_at, ctx.budget.elapsed() + validation_reserve(ctx, store, reference))
+        measure_spread(ctx, store, reference, refs.measure, end_at)
+    return _validate_once(ctx, store, reference, end_at, hard_end)
 
 
 def _establish(ctx: SearchContext, refs: ReferenceKeeper) -> ReferenceRecord:
@@ -410,7 +410,7 @@ def _establish(ctx: SearchContext, refs: ReferenceKeeper) -> ReferenceRecord:
 
 def _validate_once(
     ctx: SearchContext,
-    study: optuna.Study,
+    store: StudyStore,
     reference: ReferenceRecord,
     end_at: float,
     hard_end: float,
@@ -419,9 +419,9 @@ def _validate_once(
     # Validation runs once per budget window, by whichever worker gets there first; the
     # window is read now, from the study: workers that started together may each have
     # opened one, and the last one written is the one they all share.
-    window = window_id(study)
+    window = window_id(store.study)
     won, validated_by, lost_by = await_validation(
-        study, window, wait=max(0.0, ctx.budget.left()), stop=ctx.should_stop
+        store.study, window, wait=max(0.0, ctx.budget.left()), stop=ctx.should_stop
     )
     outcome = _Outcome(ctx=ctx, reference=reference, validated_by=validated_by)
     if not won:
@@ -430,17 +430,17 @@ def _validate_once(
     if lost_by:
         end_at, hard_end = _take_over(ctx, lost_by)
     outcome.job = validation_job(window)
-    with holding(study, outcome.job):
+    with holding(store.study, outcome.job):
         wait = min(SETTLE_WAIT, max(0.0, ctx.budget.left() - 1.0))
-        settle(study, wait=wait, stop=ctx.should_stop)
+        settle(store.study, wait=wait, stop=ctx.should_stop)
         ctx.emit(PhaseStarted(phase=Phase.VALIDATION))
         with ctx.clock(Phase.VALIDATION):
-            selection, ref_run, noise = validate(ctx, study, reference, end_at, hard_end=hard_end)
+            selection, ref_run, noise = validate(ctx, store, reference, end_at, hard_end=hard_end)
         # The config's word on why fp16 diverged, with what validation left over (before it,
         # the diagnosis took the time validation's pairs were kept for).
-        diagnose_failures(ctx, study)
+        diagnose_failures(ctx, store.study)
     outcome.validated_at = clock.now()
-    trials = study.get_trials(deepcopy=False)
+    trials = store.trials()
     outcome.selection = selection
     outcome.rejected = rejection_summary(trials) + (selection.rejected if selection else [])
     outcome.config = build_config(
@@ -452,7 +452,7 @@ def _validate_once(
         trials=trials,
         rejected=outcome.rejected,
         seed_noise=noise,
-        fp16_diagnosis=StudyStore(study).diagnosis(),
+        fp16_diagnosis=store.diagnosis(),
     )
     return outcome
 
@@ -476,35 +476,35 @@ def _take_over(ctx: SearchContext, lost_by: str) -> tuple[float, float]:
     return end, end
 
 
-def _write_up(study: optuna.Study, outcome: _Outcome, out: Path, budget: Budget) -> SearchResult:
+def _write_up(store: StudyStore, outcome: _Outcome, out: Path, budget: Budget) -> SearchResult:
     """Write the config this worker validated (or read the one stored), tidy the study, and
     say where the time went."""
     written_from = outcome.validated_at if outcome.config is not None else clock.now()
     path, config = None, outcome.config
     if config is not None:
         path = config.save(out / "best.json")
-        StudyStore(study).set_best_config_path(path)
-        store_config(study, config)
+        store.set_best_config_path(path)
+        store_config(store.study, config)
         if outcome.job:
-            mark_done(study, outcome.job)
+            mark_done(store.study, outcome.job)
         logger.info(
             "wrote {} after {:.1f}s of a {:.0f}s budget", path, budget.elapsed(), budget.total
         )
     else:
-        config = stored_config(study)
+        config = store.config()
     # Nothing of this search runs any more: what it left RUNNING (a refused write), and what
     # nobody owns (a start cut off by a full disk), is failed with its reason and retried.
-    fail_waiting(study)  # what it queued and never ran: nothing stays WAITING either
-    for number in fail_orphans(study) + fail_ownerless(study):
+    fail_waiting(store.study)  # what it queued and never ran: nothing stays WAITING either
+    for number in fail_orphans(store.study) + fail_ownerless(store.study):
         logger.warning("trial {} was left running: failed, and retried", number)
     ctx = outcome.ctx
     spent = {**ctx.spent, Phase.WRITING: clock.now() - written_from}
     logger.info("time spent: {}", ", ".join(f"{k} {v:.1f}s" for k, v in spent.items()))
-    roles = role_trials(study.get_trials(deepcopy=False))
+    roles = role_trials(store.trials())
     return SearchResult(
         config=config,
         path=path,
-        study=study,
+        study=store.study,
         reference=outcome.reference,
         baselines={Role.AMP_RECIPE: baseline(roles.get(Role.AMP_RECIPE))},
         rejected=outcome.rejected,

@@ -7,7 +7,6 @@ import math
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field, replace
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.parity import parity_gap, parity_gap_error, parity_growth
@@ -31,6 +30,7 @@ from autotune.search._validation_time import (
     rerun_need,
 )
 from autotune.study.reference import ReferenceRecord
+from autotune.study.store import StudyStore
 from autotune.study.trials import Rejection, is_feasible, label, record
 
 __all__ = [
@@ -335,16 +335,16 @@ def with_gap(rerun: Rerun, reference: ReferenceRecord | None = None) -> Rerun:
 
 
 def validation_reserve(
-    ctx: SearchContext, study: optuna.Study, reference: ReferenceRecord | None = None
+    ctx: SearchContext, store: StudyStore, reference: ReferenceRecord | None = None
 ) -> float:
     """Seconds validation will need: a paired rerun of each shortlisted candidate and of the
     safe standby (or of one, before any), from the search's own probe times, fp16's run past
     its overflow horizon and a compiled candidate's compiling included, with room to spare."""
-    leaders, standby = candidates(ctx, study, reference)
+    leaders, standby = candidates(ctx, store, reference)
     picked = leaders + ([standby] if standby is not None else [])
     if not ctx.typical_probe(default=0.0):
         return VALIDATION_SHARE * ctx.budget.total
-    horizon = fp16_horizon(ctx.spec.validation.fp16_steps, study.get_trials(deepcopy=False))
+    horizon = fp16_horizon(ctx.spec.validation.fp16_steps, store.trials())
     # Nothing worth validating yet: keep room for the least pair a late winner needs (two
     # arms' set-up and six short pairs), and give the rest to the search: without a trial,
     # validation has nothing to measure.
@@ -360,7 +360,7 @@ def validation_reserve(
 
 def _shortlist(
     ctx: SearchContext,
-    study: optuna.Study,
+    store: StudyStore,
     reference: ReferenceRecord | None,
     ruled_out: Container[FrozenTrial] = (),
 ) -> list[FrozenTrial]:
@@ -368,7 +368,7 @@ def _shortlist(
     tol = ctx.spec.parity_tolerance
     noise = reference.seed_noise(tol) if reference is not None else 0.0
     return shortlist(
-        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+        store.trials((TrialState.COMPLETE,)),
         top_k=ctx.spec.validation.top_k,
         min_speedup=ctx.spec.validation.min_speedup,
         parity_tolerance=tol,
@@ -376,22 +376,22 @@ def _shortlist(
         parity_allowance=tol + noise if reference is not None else None,
         reference_batch=reference.batch_size if reference is not None else None,
         ruled_out=ruled_out,
-        overflow=overflow_step(study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))),
+        overflow=overflow_step(store.trials((TrialState.PRUNED,))),
     )
 
 
 def candidates(
     ctx: SearchContext,
-    study: optuna.Study,
+    store: StudyStore,
     reference: ReferenceRecord | None,
     ruled_out: Container[FrozenTrial] = (),
 ) -> tuple[list[FrozenTrial], FrozenTrial | None]:
     """What validation measures next: the shortlist, and its safe standby (or None)."""
-    picked = _shortlist(ctx, study, reference, ruled_out)
+    picked = _shortlist(ctx, store, reference, ruled_out)
     if not picked or not ctx.maximize:
         return picked, None
     standby = safe_standby(
-        study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+        store.trials((TrialState.COMPLETE,)),
         picked,
         min_speedup=ctx.spec.validation.min_speedup,
         ruled_out=ruled_out,
@@ -406,7 +406,7 @@ SPREAD_REPEATS = 3
 
 def measure_spread(
     ctx: SearchContext,
-    study: optuna.Study,
+    store: StudyStore,
     reference: ReferenceRecord,
     remeasure: Callable[[], object],
     end_at: float,
@@ -416,7 +416,7 @@ def measure_spread(
     repeats of the reference (each a fresh seed), time allowing. Fewer leave it to chance: one
     repeat that happened to land close gives a band of a few tenths of a percent."""
     tol = ctx.spec.parity_tolerance
-    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    trials = store.trials((TrialState.COMPLETE,))
     val = ctx.spec.validation
     if not any(
         not is_feasible(t) and eligible(t, 2 * tol) and (record(t).speedup or 0) >= val.min_speedup
@@ -425,7 +425,7 @@ def measure_spread(
         return
     for _ in range(SPREAD_REPEATS):
         gaps = [m for m in reference.measurements if m.seed_gap is not None]
-        left = end_at - ctx.budget.elapsed() - validation_reserve(ctx, study, reference)
+        left = end_at - ctx.budget.elapsed() - validation_reserve(ctx, store, reference)
         if len(gaps) >= SPREAD_REPEATS or left < ctx.typical_probe():
             return
         remeasure()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import optuna
 from loguru import logger
 from optuna.trial import FrozenTrial
 
@@ -43,13 +42,14 @@ from autotune.search._validation_time import (
     rerun_need,
 )
 from autotune.study.reference import ReferenceRecord
+from autotune.study.store import StudyStore
 
 __all__ = ["validate"]
 
 
 def validate(
     ctx: SearchContext,
-    study: optuna.Study,
+    store: StudyStore,
     reference: ReferenceRecord,
     end_at: float,
     *,
@@ -70,10 +70,10 @@ def validate(
     selection: Selection | None = None
     noise, ref_run, end = reference.seed_noise(tol), None, end_at
     while True:
-        leaders, standby = candidates(ctx, study, reference, ruled)
+        leaders, standby = candidates(ctx, store, reference, ruled)
         if not leaders:
             break
-        fresh = _round(ctx, study, reference, (leaders, standby), end, reruns, noise, ruled)
+        fresh = _round(ctx, store, reference, (leaders, standby), end, reruns, noise, ruled)
         reruns += fresh
         ref_run, noise = reference_arm(reruns, reference, tol)
         reruns = _lengthen(ctx, reference, reruns, fresh, noise)
@@ -97,7 +97,7 @@ def validate(
 
 def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
     ctx: SearchContext,
-    study: optuna.Study,
+    store: StudyStore,
     reference: ReferenceRecord,
     queue: tuple[list[FrozenTrial], FrozenTrial | None],
     end: float,
@@ -110,7 +110,7 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
     only while nothing measured so far was accepted. What each refusal rules out (into
     ``ruled``) is skipped in the rest of the round too."""
     tol, min_speedup = ctx.spec.parity_tolerance, ctx.spec.validation.min_speedup
-    horizon = fp16_horizon(ctx.spec.validation.fp16_steps, study.get_trials(deepcopy=False))
+    horizon = fp16_horizon(ctx.spec.validation.fp16_steps, store.trials())
     leaders, standby = queue
     order = leaders + ([standby] if standby is not None else [])
     out: list[Rerun] = []

@@ -3,12 +3,13 @@ record; nothing else touches user attributes."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.schema.config import TunedConfig
 from autotune.study import study_keys
@@ -55,6 +56,30 @@ class StudyStore:
 
     def __init__(self, study: optuna.Study) -> None:
         self.study = study
+
+    @property
+    def maximize(self) -> bool:
+        """Whether the study maximizes its objective (throughput); False when it minimizes."""
+        return self.study.direction == optuna.study.StudyDirection.MAXIMIZE
+
+    def trials(self, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
+        """The study's trials as stored now, not copied (read them, never change them); only
+        those in ``states`` when given."""
+        return self.study.get_trials(deepcopy=False, states=states)
+
+    def ask(self) -> optuna.Trial:
+        """Start the next trial: the first one queued, else one the sampler suggests."""
+        return self.study.ask()
+
+    def tell(
+        self,
+        trial: optuna.Trial | int,
+        values: float | Sequence[float] | None = None,
+        *,
+        state: TrialState | None = None,
+    ) -> FrozenTrial:
+        """Finish a trial: with its objective ``values``, or in ``state`` (pruned, failed)."""
+        return self.study.tell(trial, values, state=state)
 
     def _get(self, key: str) -> Any:
         return self.study.user_attrs.get(key)
