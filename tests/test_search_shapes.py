@@ -23,6 +23,7 @@ from autotune.search import Budget, run_search
 from autotune.search._risk import kept_lr, safe_scale
 from autotune.search._space import Space
 from autotune.sim import Landscape, SimulatedRunner, family, simulate
+from autotune.study.store import StudyStore
 from autotune.study.trials import TrialRecord, record
 
 
@@ -402,17 +403,17 @@ def test_the_search_raises_a_ceiling_its_own_trials_measured_room_above() -> Non
         return next(t for t in study.trials if t.params["batch_size"] == 256)
 
     study = study_with({128: 4.56, 256: 4.86}, "time")
-    assert raise_ceiling(ctx, study, at_ceiling(study)) == 1024
+    assert raise_ceiling(ctx, StudyStore(study), at_ceiling(study)) == 1024
     assert ctx.ceilings["fp16"] == 1024 and "fp16 batch>256" not in ctx.cut
     # A steeper line stops where it would pass half the budget (512: 12 GB; 1024: 24 GB).
     ctx.ceilings["fp16"] = 256
     study = study_with({128: 3.0, 256: 6.0}, "time")
-    assert raise_ceiling(ctx, study, at_ceiling(study)) == 512
+    assert raise_ceiling(ctx, StudyStore(study), at_ceiling(study)) == 512
     assert ctx.cut["fp16 batch>512"].startswith("fp16 ceiling is 512")
     for peaks, limit in (({128: 4.56, 256: 4.86}, "memory"), ({256: 4.86}, "time")):
         ctx.ceilings["fp16"] = 256
         study = study_with(peaks, limit)
-        assert raise_ceiling(ctx, study, at_ceiling(study)) is None
+        assert raise_ceiling(ctx, StudyStore(study), at_ceiling(study)) is None
         assert ctx.ceilings["fp16"] == 256
 
 

@@ -6,7 +6,6 @@ import math
 import socket
 from collections.abc import Callable
 
-import optuna
 from loguru import logger
 from optuna.trial import FrozenTrial
 
@@ -68,10 +67,10 @@ def _key(ctx: SearchContext, *, limits: bool = False) -> str:
     return ceilings_key(*_where(ctx), limits=limits)
 
 
-def find_ceilings(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
+def find_ceilings(ctx: SearchContext, store: StudyStore, modes: list[str]) -> None:
     """Measure (or read back) each mode's batch ceiling into ``ctx.ceilings``."""
     space = ctx.spec.space
-    store, where = StudyStore(study), _where(ctx)
+    where = _where(ctx)
     stored = store.ceilings(*where)
     if stored is not None and all(m in stored for m in modes):
         ctx.ceilings.update({m: stored[m] for m in modes})
@@ -370,18 +369,18 @@ def _scaled(first: ProbeResult, size: int) -> ProbeResult:
     )
 
 
-def lower_ceiling(ctx: SearchContext, study: optuna.Study, mode: str, batch_size: int) -> None:
+def lower_ceiling(ctx: SearchContext, store: StudyStore, mode: str, batch_size: int) -> None:
     """An OOM at ``batch_size`` during the search: the mode's ceiling drops below it."""
     lower = max([b for b in ctx.space.ladder if b < batch_size], default=0)
     if lower < ctx.ceilings.get(mode, 0):
         logger.info("{} bs={} → OOM, ceiling now {}", mode, batch_size, lower)
         ctx.ceilings[mode] = lower
-        store, where = StudyStore(study), _where(ctx)
+        where = _where(ctx)
         store.set_ceilings(*where, ctx.ceilings)
         store.set_ceiling_limits(*where, {**store.ceiling_limits(*where), mode: "memory"})
 
 
-def raise_ceiling(ctx: SearchContext, study: optuna.Study, trial: FrozenTrial) -> int | None:
+def raise_ceiling(ctx: SearchContext, store: StudyStore, trial: FrozenTrial) -> int | None:
     """A trial at a mode's ceiling, where the ceiling phase ran out of time: the peaks the
     search's own trials of that mode measured at two batch sizes (this one the larger) give
     the memory a batch takes, a fixed part and a part per sample, and the ceiling rises to the
@@ -396,14 +395,14 @@ def raise_ceiling(ctx: SearchContext, study: optuna.Study, trial: FrozenTrial) -
         return None
     if record(trial).fp32_modules:
         return None
-    store, where = StudyStore(study), _where(ctx)
+    where = _where(ctx)
     limits = store.ceiling_limits(*where)
     if limits.get(mode) != "time":
         return None  # memory or the margin set it, or it is the space's cap already
     budget = ctx.facts.memory_budget(ctx.spec.memory_margin)
     knobs = {k: v for k, v in p.items() if k in ("compile", "compile_mode", "channels_last")}
     peaks: dict[int, int] = {}
-    for t in study.get_trials(deepcopy=False):
+    for t in store.trials():
         rec = record(t)
         same = all(t.params.get(k) == v for k, v in knobs.items())
         if (

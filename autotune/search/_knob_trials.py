@@ -6,7 +6,6 @@ from __future__ import annotations
 import statistics
 from typing import Any, cast
 
-import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
@@ -71,7 +70,7 @@ def _trial_estimate(ctx: SearchContext) -> float:
 
 def diagnose_failures(
     ctx: SearchContext,
-    study: optuna.Study,
+    store: StudyStore,
     trial: Any = None,
     *,
     spare: float | None = None,
@@ -86,10 +85,10 @@ def diagnose_failures(
         The stored summary (with ``fp32_modules`` and the ``islands`` decision), or None when
         there was nothing to diagnose, no time, or the diagnosis could not run.
     """
-    if StudyStore(study).diagnosis() is not None:
+    if store.diagnosis() is not None:
         return None
     if trial is None:
-        trial = worst_diverged(study.get_trials(deepcopy=False), "fp16")
+        trial = worst_diverged(store.trials(), "fp16")
     if trial is None:
         return None
     left = ctx.budget.left() - WRITE_RESERVE if spare is None else spare
@@ -122,7 +121,7 @@ def diagnose_failures(
         "fp32_modules": modules,
         "islands": islands,
     }
-    StudyStore(study).set_diagnosis(summary)
+    store.set_diagnosis(summary)
     logger.info(
         "fp16 diagnosis of trial {}: {} (first non-finite: {}); fp32 islands {}",
         trial.number,
@@ -133,9 +132,7 @@ def diagnose_failures(
     return summary
 
 
-def _enqueue_islands(
-    ctx: SearchContext, study: optuna.Study, trial: Any, modules: list[str]
-) -> None:
+def _enqueue_islands(ctx: SearchContext, store: StudyStore, trial: Any, modules: list[str]) -> None:
     """fp16 with the modules in fp32: at the diverged trial's point, and at fp16's ceiling."""
     points = [{**trial.params, "fp32_islands": ISLANDS_CHOICES[1]}]
     fitting = [b for b in ctx.space.ladder if b <= ctx.ceilings.get("fp16", 0)]
@@ -149,28 +146,28 @@ def _enqueue_islands(
             rec = record(trial).settings(fp32_modules=modules, role=Role.FP32_ISLANDS)
         else:
             rec = TrialRecord(fp32_modules=modules)
-        StudyStore(study).enqueue(params, rec, skip_if_exists=True)
+        store.enqueue(params, rec, skip_if_exists=True)
     logger.info("enqueued fp16 with {} in fp32 at {} point(s)", ", ".join(modules), len(points))
 
 
-def enqueue_diagnosed_islands(ctx: SearchContext, study: optuna.Study, modes: list[str]) -> None:
+def enqueue_diagnosed_islands(ctx: SearchContext, store: StudyStore, modes: list[str]) -> None:
     """A study diagnosed before (a resumed run, another worker, or a diagnosis that came too
     late for the search phase): its islands are enqueued now, unless they already were."""
-    found = StudyStore(study).diagnosis()
+    found = store.diagnosis()
     if found is None or not ctx.spec.space.fp32_islands or "fp16" not in modes:
         return
     modules = found.get("fp32_modules") or []
-    trials = study.get_trials(deepcopy=False)
+    trials = store.trials()
     if any("fp32_islands" in t.params or record(t).fp32_modules for t in trials):
         return
     trial = next((t for t in trials if t.number == found["trial"]), None)
     if modules and trial is not None:
-        _enqueue_islands(ctx, study, trial, modules)
+        _enqueue_islands(ctx, store, trial, modules)
 
 
-def _flip_leader(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
+def _flip_leader(ctx: SearchContext, store: StudyStore, trial: Any) -> None:
     """When ``trial`` is the best feasible trial now, enqueue it with each knob flipped."""
-    done = feasible_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    done = feasible_trials(store.trials((TrialState.COMPLETE,)))
     if not done:
         return
     pick = max if ctx.maximize else min
@@ -179,19 +176,17 @@ def _flip_leader(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
         return
     settings = record(best).settings()
     for params in ctx.space.knob_flips(dict(best.params)):
-        StudyStore(study).enqueue(params, settings, skip_if_exists=True)
+        store.enqueue(params, settings, skip_if_exists=True)
 
 
-def _try_safe_scale(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
+def _try_safe_scale(ctx: SearchContext, store: StudyStore, trial: Any) -> None:
     """A GradScaler divergence names the scale the scaler backed off to: the same point at
     that init_scale is tried next (once), instead of waiting for the sampler to find it."""
     scale = safe_scale(trial, ctx.space.scales, blowup=ctx.spec.probe.loss_blowup_factor)
     if scale is None or "init_scale" not in trial.params:
         return
     rec = record(trial)
-    StudyStore(study).enqueue(
-        {**trial.params, "init_scale": scale}, rec.settings(), skip_if_exists=True
-    )
+    store.enqueue({**trial.params, "init_scale": scale}, rec.settings(), skip_if_exists=True)
     logger.info(
         "trial {} backed off to scale {:g}: enqueued the same point at init_scale={:g}",
         trial.number,
@@ -200,17 +195,17 @@ def _try_safe_scale(ctx: SearchContext, study: optuna.Study, trial: Any) -> None
     )
 
 
-def _try_kept_lr(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
+def _try_kept_lr(ctx: SearchContext, store: StudyStore, trial: Any) -> None:
     """A loss that blew up at the larger lr the rule gives a larger batch: the same point at
     the largest lr seen to train is tried next (once), where the spec leaves the lr rule to
     the workload (``lr_scaling: auto``)."""
     if ctx.spec.space.lr_scaling != "auto":
         return
-    trials = study.get_trials(deepcopy=False)
+    trials = store.trials()
     mult = kept_lr(trial, trials, ctx.space, blowup=ctx.spec.probe.loss_blowup_factor)
     if mult is None:
         return
-    StudyStore(study).enqueue(
+    store.enqueue(
         {**trial.params, "lr_multiplier": mult},
         record(trial).settings(kept_lr=mult),
         skip_if_exists=True,
@@ -226,16 +221,16 @@ def _try_kept_lr(ctx: SearchContext, study: optuna.Study, trial: Any) -> None:
     )
 
 
-def after_trial(ctx: SearchContext, study: optuna.Study, trial: Any, *, spare: float) -> None:
+def after_trial(ctx: SearchContext, store: StudyStore, trial: Any, *, spare: float) -> None:
     """What a finished trial sets off: the fp16 diagnosis and the islands after a divergence,
     a trial at the scale a GradScaler divergence names, one at a kept lr after a larger
     batch's blow-up, the knob flips after a new best. ``spare``: seconds the search phase has
     left."""
     rec = record(trial)
     if rec.outcome == Outcome.DIVERGED and trial.params.get("precision") == "fp16":
-        _try_safe_scale(ctx, study, trial)
+        _try_safe_scale(ctx, store, trial)
     if rec.outcome == Outcome.DIVERGED and rec.duplicate_of is None:
-        _try_kept_lr(ctx, study, trial)
+        _try_kept_lr(ctx, store, trial)
     if (
         rec.outcome == Outcome.DIVERGED
         and trial.params.get("precision") == "fp16"
@@ -244,14 +239,14 @@ def after_trial(ctx: SearchContext, study: optuna.Study, trial: Any, *, spare: f
         and ctx.spec.space.fp32_islands
     ):
         # Only while an islands trial would still fit after it.
-        summary = diagnose_failures(ctx, study, trial, spare=spare, then=_trial_estimate(ctx))
+        summary = diagnose_failures(ctx, store, trial, spare=spare, then=_trial_estimate(ctx))
         if summary is not None and summary["fp32_modules"]:
-            _enqueue_islands(ctx, study, trial, summary["fp32_modules"])
+            _enqueue_islands(ctx, store, trial, summary["fp32_modules"])
     elif rec.outcome == Outcome.COMPLETED and rec.duplicate_of is None:
-        _flip_leader(ctx, study, trial)
+        _flip_leader(ctx, store, trial)
     if rec.peak_memory_bytes and rec.duplicate_of is None:
         # A larger ceiling: its top is tried next, as the second wave tries each ceiling.
-        top = raise_ceiling(ctx, study, trial)
+        top = raise_ceiling(ctx, store, trial)
         if top is not None:
             params = ctx.space.params(str(trial.params["precision"]), top)
-            study.enqueue_trial(params, skip_if_exists=True)
+            store.enqueue(params, skip_if_exists=True)

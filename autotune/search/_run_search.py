@@ -152,7 +152,7 @@ def _search(
             with heartbeat(store.study, trial):
                 step.run(trial, modes, left)
             # A divergence diagnosed now leaves time for the fp32 islands it suggests.
-            after_trial(ctx, store.study, trial, spare=end_at - reserve - ctx.budget.elapsed())
+            after_trial(ctx, store, trial, spare=end_at - reserve - ctx.budget.elapsed())
         except optuna.exceptions.UpdateFinishedTrialError:
             # Another worker failed this trial as stale while it ran (its heartbeats came late
             # on a busy machine) and queued its retry: the retry measures it; this one goes on.
@@ -371,7 +371,7 @@ def _run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> _Outcome:
     requeue_not_run(store.study)  # what the last run queued and never ran
     modes = check_hardware(ctx, list(ctx.spec.space.precisions))
     with ctx.clock(Phase.CEILINGS):
-        find_ceilings(ctx, store.study, modes)
+        find_ceilings(ctx, store, modes)
     modes = [m for m in modes if ctx.ceilings.get(m, 0) > 0]
     runnable: list[str] = [m for m in ctx.spec.space.precisions if m not in ctx.facts.unsupported]
     choices = _fix_choices(store, ctx.spec, runnable)
@@ -379,7 +379,7 @@ def _run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> _Outcome:
     refs = ReferenceKeeper(ctx, store.study)
     reference = _establish(ctx, refs)
     enqueue_base_trials(ctx, store, [m for m in choices if m in modes])
-    enqueue_diagnosed_islands(ctx, store.study, modes)
+    enqueue_diagnosed_islands(ctx, store, modes)
     end_at = hard_end = ctx.budget.total - WRITE_RESERVE
     with ctx.clock(Phase.SEARCH):
         if _search(ctx, store, TrialStep(ctx, store.study, refs), modes, end_at):
@@ -438,7 +438,7 @@ def _validate_once(
             selection, ref_run, noise = validate(ctx, store, reference, end_at, hard_end=hard_end)
         # The config's word on why fp16 diverged, with what validation left over (before it,
         # the diagnosis took the time validation's pairs were kept for).
-        diagnose_failures(ctx, store.study)
+        diagnose_failures(ctx, store)
     outcome.validated_at = clock.now()
     trials = store.trials()
     outcome.selection = selection

@@ -189,7 +189,7 @@ class TrialStep:
             self.retry(trial)
         else:
             if result.outcome == Outcome.OOM:
-                lower_ceiling(ctx, self.study, cand.precision, cand.batch_size)
+                lower_ceiling(ctx, StudyStore(self.study), cand.precision, cand.batch_size)
             elif result.outcome in (Outcome.SLOWER, Outcome.OFF_PARITY):
                 ctx.trial_seconds.append(measured)
                 decided = (
