@@ -19,6 +19,7 @@ from autotune.search._coordination import await_validation, validation_job
 from autotune.sim import SimulatedRunner
 from autotune.study.claims import LEASE, claim, done_by, holding, mark_done, owner_id, renew
 from autotune.study.crown import stored_config
+from autotune.study.store import StudyStore
 
 DEAD = f"{socket.gethostname()}:999999"  # no such process on this host
 ELSEWHERE = "another-box:4242"  # a process this host cannot see
@@ -55,7 +56,7 @@ def test_a_holder_that_stops_gives_its_claim_up_and_a_done_job_is_not_claimed_ag
     assert done_by(study, "validation:1") == owner_id()
     with clock.use(clock.VirtualClock()):
         clock.sleep(2 * LEASE)  # the holder is long silent, but its job is done
-        assert await_validation(study, "1", wait=0.0)[:2] == (False, owner_id())
+        assert await_validation(StudyStore(study), "1", wait=0.0)[:2] == (False, owner_id())
 
 
 class _ValidatorDies(SimulatedRunner):
@@ -69,7 +70,7 @@ class _ValidatorDies(SimulatedRunner):
     def run(self, *args: Any, **kwargs: Any) -> Any:
         if not self.claimed:
             study = optuna.load_study(study_name="v", storage=self.storage)
-            claim(study, validation_job(window_id(study)), self.holder)
+            claim(study, validation_job(window_id(StudyStore(study))), self.holder)
             self.claimed = True
         return super().run(*args, **kwargs)
 
@@ -99,7 +100,7 @@ def test_a_worker_validates_in_place_of_a_validator_that_died(tmp_path: Path, ho
     assert result.validated_by == owner_id()
     assert result.path is not None and result.path.is_file()
     assert stored_config(result.study) is not None
-    assert done_by(result.study, validation_job(window_id(result.study))) == owner_id()
+    assert done_by(result.study, validation_job(window_id(StudyStore(result.study)))) == owner_id()
 
 
 def test_a_worker_waits_for_a_live_validator_instead_of_validating_again(

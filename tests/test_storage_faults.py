@@ -20,6 +20,7 @@ from _service import wait_for
 
 from autotune.schema.spec import StudySpec
 from autotune.study.storage import fail_stale, open_storage, open_study, owner_id
+from autotune.study.store import StudyStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -230,7 +231,7 @@ def test_the_end_of_a_search_waits_out_a_trial_nobody_recorded_running(
     live = _running(study, owner_id())  # a worker that named itself: not waited on
     monkeypatch.setattr("autotune.study.storage.GRACE_PERIOD", 1)
     monkeypatch.setattr("autotune.search._coordination.GRACE_PERIOD", 1)
-    assert fail_ownerless(study, poll=0.1) == [orphan.number]
+    assert fail_ownerless(StudyStore(study), poll=0.1) == [orphan.number]
     assert study.trials[orphan.number].state == optuna.trial.TrialState.FAIL
     assert study.trials[live.number].state == optuna.trial.TrialState.RUNNING
 

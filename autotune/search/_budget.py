@@ -100,7 +100,7 @@ class Budget:
         return cls(total=float(window.seconds), started=clock.now() - ago)
 
 
-def open_window(study: optuna.Study, budget: Budget) -> str:
+def open_window(store: StudyStore, budget: Budget) -> str:
     """Record the budget window this run opens, so joining workers share its clock.
 
     Returns:
@@ -109,13 +109,13 @@ def open_window(study: optuna.Study, budget: Budget) -> str:
     started_at = clock.wall() - budget.elapsed()
     # Its own id: two windows opened at one (virtual) time are two windows all the same.
     window = BudgetWindow(started_at=started_at, seconds=budget.total, id=uuid.uuid4().hex[:12])
-    StudyStore(study).set_budget_window(window)
-    return window_id(study)
+    store.set_budget_window(window)
+    return window_id(store)
 
 
-def window_id(study: optuna.Study) -> str:
+def window_id(store: StudyStore) -> str:
     """The id of the study's open budget window (``"0"`` when none is open)."""
-    window = StudyStore(study).budget_window()
+    window = store.budget_window()
     return window.name if window is not None else "0"
 
 

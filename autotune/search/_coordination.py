@@ -80,7 +80,7 @@ def validation_job(window: str) -> str:
 
 
 def await_validation(
-    study: optuna.Study,
+    store: StudyStore,
     window: str,
     *,
     wait: float,
@@ -101,10 +101,10 @@ def await_validation(
     deadline = clock.now() + wait + 2 * LEASE
     seen = ""  # the other worker that held it, while this one waited
     while True:
-        if (by := done_by(study, job)) is not None:
+        if (by := done_by(store.study, job)) is not None:
             return False, by, ""
-        owner, taken_from = take(study, job, me)
-        if owner == me and (by := done_by(study, job)) is not None:  # done between two looks
+        owner, taken_from = take(store.study, job, me)
+        if owner == me and (by := done_by(store.study, job)) is not None:  # done between two looks
             return False, by, ""
         if owner == me:
             return True, me, taken_from or seen
@@ -114,7 +114,7 @@ def await_validation(
         clock.sleep(poll)
 
 
-def fail_orphans(study: optuna.Study) -> list[int]:
+def fail_orphans(store: StudyStore) -> list[int]:
     """Fail the trials this process left RUNNING, at the end of its search: nothing of it runs
     any more (a study runs in one search per process), so a RUNNING trial of ours is one whose
     last write the storage refused. Each is labelled ``stale`` with the reason and retried once.
@@ -123,9 +123,9 @@ def fail_orphans(study: optuna.Study) -> list[int]:
         The numbers of the trials failed.
     """
     me = owner_id()
-    storage = study._storage
+    storage = store.study._storage
     failed = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    for trial in store.trials((TrialState.RUNNING,)):
         if record(trial).worker != me:
             continue
         try:
@@ -136,11 +136,11 @@ def fail_orphans(study: optuna.Study) -> list[int]:
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
         failed.append(trial.number)
-        retry_stale_trial(study, storage.get_trial(trial._trial_id))
+        retry_stale_trial(store.study, storage.get_trial(trial._trial_id))
     return failed
 
 
-def fail_ownerless(study: optuna.Study, poll: float = 0.5) -> list[int]:
+def fail_ownerless(store: StudyStore, poll: float = 0.5) -> list[int]:
     """At the end of a search: fail what nobody runs any more (:func:`fail_stale`), and wait out
     the grace period of a RUNNING trial nobody recorded running (no ``worker``: its start was
     cut off, e.g. by a full disk just after it was asked), so it is failed too. A live worker
@@ -152,14 +152,14 @@ def fail_ownerless(study: optuna.Study, poll: float = 0.5) -> list[int]:
     deadline = clock.now() + GRACE_PERIOD + poll
     failed: list[int] = []
     while True:
-        failed += fail_stale(study)
-        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        failed += fail_stale(store.study)
+        running = store.trials((TrialState.RUNNING,))
         if not any(record(t).worker is None for t in running) or clock.now() >= deadline:
             return failed
         clock.sleep(poll)
 
 
-def fail_waiting(study: optuna.Study) -> list[int]:
+def fail_waiting(store: StudyStore) -> list[int]:
     """At the end of a search: fail what it queued and never ran (WAITING: the first trials, a
     knob flipped, fp32 islands, a retry the budget left no time for), each with outcome
     ``not_run`` and the reason, so a finished study leaves nothing waiting in optuna-dashboard.
@@ -167,9 +167,9 @@ def fail_waiting(study: optuna.Study) -> list[int]:
     Returns:
         The numbers of the trials failed.
     """
-    storage = study._storage
+    storage = store.study._storage
     failed = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+    for trial in store.trials((TrialState.WAITING,)):
         try:
             if storage.get_trial(trial._trial_id).state != TrialState.WAITING:
                 continue  # another worker has just started it
@@ -184,7 +184,7 @@ def fail_waiting(study: optuna.Study) -> list[int]:
     return failed
 
 
-def requeue_not_run(study: optuna.Study) -> list[int]:
+def requeue_not_run(store: StudyStore) -> list[int]:
     """When a search resumes a study: queue again, with their attributes (a role, fp32 modules,
     a retry's origin), the trials an earlier search failed as ``not_run``, unless a later trial
     holds the same parameters.
@@ -192,7 +192,7 @@ def requeue_not_run(study: optuna.Study) -> list[int]:
     Returns:
         The numbers of the trials queued again.
     """
-    trials = study.get_trials(deepcopy=False)
+    trials = store.trials()
     queued = []
     for t in trials:
         params, rec = t.system_attrs.get("fixed_params"), record(t)
@@ -203,6 +203,6 @@ def requeue_not_run(study: optuna.Study) -> list[int]:
         ]
         if params in later:
             continue
-        StudyStore(study).enqueue(params, rec.without("outcome", "reason"))
+        store.enqueue(params, rec.without("outcome", "reason"))
         queued.append(t.number)
     return queued

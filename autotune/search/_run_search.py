@@ -289,7 +289,7 @@ def _window(store: StudyStore, spec: StudySpec, budget: Budget | None, *, join: 
     """The budget window: the running search's when joining, else a new one, opened now."""
     if not join:
         budget = budget or Budget(spec.budget)
-        open_window(store.study, budget)
+        open_window(store, budget)
         return budget
     shared = Budget.shared(store.study)
     if shared is None:
@@ -368,7 +368,7 @@ def _run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> _Outcome:
     # A resumed study first fails what its dead workers left RUNNING (labelled, retried once),
     # even when no time is left for a trial: nothing stays RUNNING after a run.
     fail_stale(store.study)
-    requeue_not_run(store.study)  # what the last run queued and never ran
+    requeue_not_run(store)  # what the last run queued and never ran
     modes = check_hardware(ctx, list(ctx.spec.space.precisions))
     with ctx.clock(Phase.CEILINGS):
         find_ceilings(ctx, store, modes)
@@ -419,9 +419,9 @@ def _validate_once(
     # Validation runs once per budget window, by whichever worker gets there first; the
     # window is read now, from the study: workers that started together may each have
     # opened one, and the last one written is the one they all share.
-    window = window_id(store.study)
+    window = window_id(store)
     won, validated_by, lost_by = await_validation(
-        store.study, window, wait=max(0.0, ctx.budget.left()), stop=ctx.should_stop
+        store, window, wait=max(0.0, ctx.budget.left()), stop=ctx.should_stop
     )
     outcome = _Outcome(ctx=ctx, reference=reference, validated_by=validated_by)
     if not won:
@@ -494,8 +494,8 @@ def _write_up(store: StudyStore, outcome: _Outcome, out: Path, budget: Budget) -
         config = store.config()
     # Nothing of this search runs any more: what it left RUNNING (a refused write), and what
     # nobody owns (a start cut off by a full disk), is failed with its reason and retried.
-    fail_waiting(store.study)  # what it queued and never ran: nothing stays WAITING either
-    for number in fail_orphans(store.study) + fail_ownerless(store.study):
+    fail_waiting(store)  # what it queued and never ran: nothing stays WAITING either
+    for number in fail_orphans(store) + fail_ownerless(store):
         logger.warning("trial {} was left running: failed, and retried", number)
     ctx = outcome.ctx
     spent = {**ctx.spent, Phase.WRITING: clock.now() - written_from}
