@@ -241,7 +241,7 @@ def test_a_reference_cut_inside_its_warm_up_is_measured_again(tmp_path: Path) ->
             run_probe=run_probe,
             clock=lambda phase: contextlib.nullcontext(),
         )
-        record = ReferenceKeeper(ctx, optuna.create_study()).establish()  # type: ignore[arg-type]
+        record = ReferenceKeeper(ctx, StudyStore(optuna.create_study())).establish()  # type: ignore[arg-type]
         return len(calls), len(record.finite_losses)
 
     # Cut inside its warm-up (no timed block): measured again, and the full curve is kept;

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 
-import optuna
 from loguru import logger
 
 from autotune.infra import clock
@@ -111,12 +110,12 @@ def implausible(
 class ReferenceKeeper:
     """Keeps one machine-and-device's fp32 reference fresh, in the study's storage."""
 
-    def __init__(self, ctx: SearchContext, study: optuna.Study) -> None:
+    def __init__(self, ctx: SearchContext, store: StudyStore) -> None:
         self.ctx = ctx
-        self.study = study
+        self.store = store
         self.where = (socket.gethostname(), ctx.device)
         self.key = reference_key(*self.where)
-        self.record: ReferenceRecord | None = StudyStore(study).reference(*self.where)
+        self.record: ReferenceRecord | None = store.reference(*self.where)
         self.drifted = False
         # Measurements (by time) a disagreeing trial challenged already, or that a challenge
         # confirmed: never challenged (again).
@@ -126,7 +125,7 @@ class ReferenceKeeper:
 
     def _save(self) -> None:
         if self.record is not None:
-            StudyStore(self.study).set_reference(*self.where, self.record)
+            self.store.set_reference(*self.where, self.record)
 
     def establish(self) -> ReferenceRecord:
         """The reference with its loss curve: the long first run, or the stored one measured

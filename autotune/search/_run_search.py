@@ -376,13 +376,13 @@ def _run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> _Outcome:
     runnable: list[str] = [m for m in ctx.spec.space.precisions if m not in ctx.facts.unsupported]
     choices = _fix_choices(store, ctx.spec, runnable)
     ctx.space = _space(ctx.spec, choices, ctx.facts, rule)
-    refs = ReferenceKeeper(ctx, store.study)
+    refs = ReferenceKeeper(ctx, store)
     reference = _establish(ctx, refs)
     enqueue_base_trials(ctx, store, [m for m in choices if m in modes])
     enqueue_diagnosed_islands(ctx, store, modes)
     end_at = hard_end = ctx.budget.total - WRITE_RESERVE
     with ctx.clock(Phase.SEARCH):
-        if _search(ctx, store, TrialStep(ctx, store.study, refs), modes, end_at):
+        if _search(ctx, store, TrialStep(ctx, store, refs), modes, end_at):
             # Measured through: validation takes what it needs, and the search ends with
             # its result instead of spending the rest of the budget on tighter intervals
             # (a second round, after every first choice was refused, may use the rest).

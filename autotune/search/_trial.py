@@ -48,13 +48,13 @@ def _finite(values: list[float]) -> list[float | None]:
     return [v if math.isfinite(v) else None for v in values]
 
 
-def standing(study: optuna.Study, reference: ReferenceMeasurement | None) -> Standing:
+def standing(store: StudyStore, reference: ReferenceMeasurement | None) -> Standing:
     """The best feasible measured trial so far, for progress."""
-    best_trials = feasible_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    best_trials = feasible_trials(store.trials((TrialState.COMPLETE,)))
     ref_tp = reference.throughput if reference else None
     if not best_trials:
         return Standing(reference_throughput=ref_tp)
-    pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
+    pick = max if store.maximize else min
     best = pick(best_trials, key=lambda t: cast(float, t.value))  # COMPLETE, so valued
     rec = record(best)
     return Standing(
@@ -69,9 +69,9 @@ def standing(study: optuna.Study, reference: ReferenceMeasurement | None) -> Sta
 class TrialStep:
     """Runs trials of one search: probe, record, tell."""
 
-    def __init__(self, ctx: SearchContext, study: optuna.Study, refs: ReferenceKeeper) -> None:
+    def __init__(self, ctx: SearchContext, store: StudyStore, refs: ReferenceKeeper) -> None:
         self.ctx = ctx
-        self.study = study
+        self.store = store
         self.refs = refs
         # Trials in a row whose candidate was measured already (see EXHAUSTED).
         self.twins_in_row = 0
@@ -98,9 +98,7 @@ class TrialStep:
         if (why := cannot_compile(self.ctx, cand, left)) is not None:
             self.prune(trial, Outcome.TOO_SLOW, why)
             return
-        done = self.study.get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)
-        )
+        done = self.store.trials((TrialState.COMPLETE, TrialState.PRUNED))
         if (no := not_worth(done, cand, left, ctx.space)) is not None:
             self.prune(trial, *no)
             return
@@ -150,7 +148,7 @@ class TrialStep:
         ctx = self.ctx
         ref = self.refs.record
         step = ref.batch_size / reference.throughput if ref and reference.throughput else 0.0
-        trials = self.study.get_trials(deepcopy=False)
+        trials = self.store.trials()
         settings = trial_settings(ctx, trials, left, cand, role, reference_step=step)
         result = ctx.run_probe(
             cand,
@@ -189,7 +187,7 @@ class TrialStep:
             self.retry(trial)
         else:
             if result.outcome == Outcome.OOM:
-                lower_ceiling(ctx, StudyStore(self.study), cand.precision, cand.batch_size)
+                lower_ceiling(ctx, self.store, cand.precision, cand.batch_size)
             elif result.outcome in (Outcome.SLOWER, Outcome.OFF_PARITY):
                 ctx.trial_seconds.append(measured)
                 decided = (
@@ -230,10 +228,10 @@ class TrialStep:
         ref = self.refs.record
         assert ref is not None
         below = None
-        best = standing(self.study, reference)
+        best = standing(self.store, reference)
         if best.best_params is not None and self.ctx.maximize:
             best_trial = slower_bar(
-                self.study.get_trials(deepcopy=False),
+                self.store.trials(),
                 risky=carries_risk(dict(cand)),
                 batch=cand.batch_size,
                 parity_tolerance=self.ctx.spec.parity_tolerance,
@@ -302,7 +300,7 @@ class TrialStep:
             rec.outcome = Outcome.INFEASIBLE
         rec.write(trial)
         set_constraints(trial, constraints)
-        self.study.tell(trial, objective_value(value, constraints, maximize=ctx.maximize))
+        self.store.tell(trial, objective_value(value, constraints, maximize=ctx.maximize))
         ctx.emit(
             TrialFinished(
                 number=trial.number,
@@ -311,7 +309,7 @@ class TrialStep:
                 throughput=result.throughput,
                 speedup=rec.speedup,
                 gap=rec.parity_gap,
-                standing=standing(self.study, reference),
+                standing=standing(self.store, reference),
             )
         )
 
@@ -380,7 +378,7 @@ class TrialStep:
         if self.ctx.spec.objective == "time_to_loss":
             value = _NEVER
             set_constraints(trial, {"reaches_reference_loss": 0.0})
-        self.study.tell(trial, value)
+        self.store.tell(trial, value)
         self.ctx.emit(
             TrialFinished(
                 number=trial.number,
@@ -388,33 +386,33 @@ class TrialStep:
                 throughput=reference.throughput,
                 speedup=1.0,
                 gap=0.0,
-                standing=standing(self.study, reference),
+                standing=standing(self.store, reference),
             )
         )
 
     def prune(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> None:
         TrialRecord(outcome=outcome, reason=reason).write(trial)
-        self.study.tell(trial, state=TrialState.PRUNED)
+        self.store.tell(trial, state=TrialState.PRUNED)
         logger.info("trial {} pruned: {}: {}", trial.number, outcome, reason)
         self.ctx.emit(
             TrialFinished(
                 number=trial.number,
                 outcome=outcome,
                 reason=reason,
-                standing=standing(self.study, self._latest()),
+                standing=standing(self.store, self._latest()),
             )
         )
 
     def fail(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> None:
         TrialRecord(outcome=outcome, reason=reason).write(trial)
-        self.study.tell(trial, state=TrialState.FAIL)
+        self.store.tell(trial, state=TrialState.FAIL)
         logger.warning("trial {} failed: {}", trial.number, reason)
         self.ctx.emit(
             TrialFinished(
                 number=trial.number,
                 outcome=outcome,
                 reason=reason,
-                standing=standing(self.study, self._latest()),
+                standing=standing(self.store, self._latest()),
             )
         )
 
@@ -425,7 +423,7 @@ class TrialStep:
         if rec.retry_of is not None or not trial.params:
             return
         retry = rec.settings(role=rec.role, retry_of=trial.number)
-        StudyStore(self.study).enqueue(trial.params, retry)
+        self.store.enqueue(trial.params, retry)
         logger.info("trial {} will be retried once", trial.number)
 
     def _latest(self) -> ReferenceMeasurement | None:
@@ -436,9 +434,7 @@ class TrialStep:
 
     def _twin(self, trial: optuna.Trial) -> FrozenTrial | None:
         params = trial.params
-        for t in self.study.get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)
-        ):
+        for t in self.store.trials((TrialState.COMPLETE, TrialState.PRUNED)):
             if t.number != trial.number and t.params == params and record(t).outcome:
                 return t
         return None
@@ -458,15 +454,15 @@ class TrialStep:
         write_attrs(trial.storage, trial._trial_id, attrs)
         if twin.state == TrialState.COMPLETE:
             set_constraints(trial, twin.constraints)
-            self.study.tell(trial, twin.value)
+            self.store.tell(trial, twin.value)
         else:
-            self.study.tell(trial, state=TrialState.PRUNED)
+            self.store.tell(trial, state=TrialState.PRUNED)
         self.ctx.emit(
             TrialFinished(
                 number=trial.number,
                 outcome=Outcome.REUSED,
                 reason=f"same parameters as trial {twin.number}: its measurement is reused",
-                standing=standing(self.study, self._latest()),
+                standing=standing(self.store, self._latest()),
             )
         )
 
