@@ -123,7 +123,7 @@ def fail_orphans(store: StudyStore) -> list[int]:
         The numbers of the trials failed.
     """
     me = owner_id()
-    storage = store.study._storage
+    storage = store.storage
     failed = []
     for trial in store.trials((TrialState.RUNNING,)):
         if record(trial).worker != me:
@@ -167,7 +167,7 @@ def fail_waiting(store: StudyStore) -> list[int]:
     Returns:
         The numbers of the trials failed.
     """
-    storage = store.study._storage
+    storage = store.storage
     failed = []
     for trial in store.trials((TrialState.WAITING,)):
         try:

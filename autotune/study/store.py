@@ -62,6 +62,12 @@ class StudyStore:
         """Whether the study maximizes its objective (throughput); False when it minimizes."""
         return self.study.direction == optuna.study.StudyDirection.MAXIMIZE
 
+    @property
+    def storage(self) -> optuna.storages.BaseStorage:
+        """The storage the study lives in, for writes by trial id (a trial another worker
+        started, one failed at the end of a search)."""
+        return self.study._storage
+
     def trials(self, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
         """The study's trials as stored now, not copied (read them, never change them); only
         those in ``states`` when given."""
