@@ -44,6 +44,7 @@ def worker(
     from autotune.schema.spec import load_spec
     from autotune.search import Budget, SearchInterrupted, run_search
     from autotune.study.storage import open_study
+    from autotune.study.store import StudyStore
 
     try:
         if spec_file is not None:
@@ -57,7 +58,7 @@ def worker(
             )
         # Join the window a running search opened; open one when there is none.
         opened_study = open_study(spec)
-        shared = Budget.shared(opened_study)
+        shared = Budget.shared(StudyStore(opened_study))
         join = shared is not None and shared.left() > 1.0
         if study is not None and spec_file is None and not join:
             if not _finish_spent(opened_study, spec):

@@ -7,8 +7,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import optuna
-
 from autotune.errors import AutotuneError
 from autotune.infra import clock
 from autotune.schema.spec import MIN_BUDGET
@@ -88,12 +86,12 @@ class Budget:
             self.paused_seconds += clock.now() - t0
 
     @classmethod
-    def shared(cls, study: optuna.Study) -> Budget | None:
+    def shared(cls, store: StudyStore) -> Budget | None:
         """The budget window the study's current run opened, as seen by a joining worker.
 
         Returns None when the study has no open window (nobody started a search on it).
         """
-        window = StudyStore(study).budget_window()
+        window = store.budget_window()
         if window is None:
             return None
         ago = clock.wall() - float(window.started_at)

@@ -43,7 +43,7 @@ SETTLE_WAIT = GRACE_PERIOD + 2 * HEARTBEAT_INTERVAL
 
 
 def settle(
-    study: optuna.Study,
+    store: StudyStore,
     *,
     wait: float = SETTLE_WAIT,
     stop: Callable[[], bool] = lambda: False,
@@ -54,7 +54,7 @@ def settle(
     (and re-enqueued once). Gives up after ``wait`` seconds or when ``stop()`` says so.
 
     Args:
-        study: the study.
+        store: the study's store.
         wait: the most seconds to wait.
         stop: polled between looks; True ends the wait.
         on_wait: told how many trials are still running, before each wait.
@@ -65,8 +65,8 @@ def settle(
     """
     deadline = clock.now() + wait
     while True:
-        fail_stale(study)
-        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        fail_stale(store.study)
+        running = store.trials((TrialState.RUNNING,))
         if not running or stop() or clock.now() >= deadline:
             return [t.number for t in running]
         if on_wait is not None:

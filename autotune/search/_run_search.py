@@ -291,7 +291,7 @@ def _window(store: StudyStore, spec: StudySpec, budget: Budget | None, *, join: 
         budget = budget or Budget(spec.budget)
         open_window(store, budget)
         return budget
-    shared = Budget.shared(store.study)
+    shared = Budget.shared(store)
     if shared is None:
         raise StorageError(
             f"study {spec.name!r} has no running search to join; start one with "
@@ -432,7 +432,7 @@ def _validate_once(
     outcome.job = validation_job(window)
     with holding(store.study, outcome.job):
         wait = min(SETTLE_WAIT, max(0.0, ctx.budget.left() - 1.0))
-        settle(store.study, wait=wait, stop=ctx.should_stop)
+        settle(store, wait=wait, stop=ctx.should_stop)
         ctx.emit(PhaseStarted(phase=Phase.VALIDATION))
         with ctx.clock(Phase.VALIDATION):
             selection, ref_run, noise = validate(ctx, store, reference, end_at, hard_end=hard_end)

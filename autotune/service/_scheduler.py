@@ -35,6 +35,7 @@ from autotune.service._queue import QueueRow, StudyQueue
 from autotune.service._study_run import DeviceRunner, StudyRun, accepts, preemptor
 from autotune.study.crown import stored_config
 from autotune.study.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, Storage
+from autotune.study.store import StudyStore
 
 __all__ = ["DRAIN_GRACE", "Scheduler"]
 
@@ -431,7 +432,7 @@ class Scheduler:
         try:
             study = optuna.load_study(study_name=run.name, storage=self.storage)
             running = settle(
-                study,
+                StudyStore(study),
                 wait=_STALE_WAIT,
                 stop=lambda: run.cancel.is_set() or self._draining.is_set(),
                 on_wait=waiting,
