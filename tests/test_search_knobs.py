@@ -205,7 +205,7 @@ def test_a_spec_without_the_knobs_asks_for_no_knob_parameter(tmp_path: Path) -> 
         name="plain",
         workload="autotune.workloads:tiny_convnet",
         device="cpu",
-        budget="4s",
+        budget="30s",
         storage=_storage(tmp_path),
         space={"precisions": ["bf16"], "batch_sizes": [32], "lr_multipliers": [1.0]},
         probe={"warmup_steps": 1, "steps": 4, "time_limit": "5s"},
