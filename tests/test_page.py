@@ -12,6 +12,7 @@ The other tests read the HTML the app answers: escaping, headers, refusals.
 from __future__ import annotations
 
 import getpass
+import html
 import http.server
 import json
 import logging
@@ -483,3 +484,32 @@ def test_a_private_service_s_page_reads_once_its_token_is_given(tmp_path: Path) 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_a_finished_row_says_why_it_fell_back_and_what_others_took() -> None:
+    """The page's finished row shows, under the figure, why a config fell back (best.json's
+    words) and, where other processes kept half a core or more busy, how much; a validated
+    config on a quiet machine shows neither."""
+    from datetime import datetime, timezone
+
+    from _configs import make_config
+
+    from autotune.service._models import StudyProgress, StudyStatus
+    from autotune.service._page import _result
+
+    status = StudyStatus(
+        name="quick", state="done", detail="done", priority=0, workload="w", device="cpu",
+        submitted_at=datetime.now(timezone.utc),
+        progress=StudyProgress(budget_seconds=60.0, budget_used_seconds=30.0),
+    )  # fmt: skip
+    cfg = make_config("fp32")
+    why = "no candidate's validated lower bound cleared 1.05x (bf16 bs=64: 4 pairs)"
+    fell = cfg.evidence.model_copy(
+        update={"validated": False, "validation_note": why, "others_cores": 1.6}
+    )
+    row = html.unescape(_result(status, cfg.model_copy(update={"evidence": fell})))
+    assert "not validated: fp32 fallback" in row and why in row
+    assert "other processes kept 1.6 cores busy while the search measured" in row
+    quiet = cfg.evidence.model_copy(update={"validated": True, "others_cores": 0.2})
+    row = html.unescape(_result(status, cfg.model_copy(update={"evidence": quiet})))
+    assert "cores busy" not in row and "lower bound" not in row

@@ -9,7 +9,13 @@ import optuna
 
 from autotune.infra.files import make_dirs, write_text
 from autotune.report._data import DEFAULT_STORAGE, ReportData, collect, load_study
-from autotune.report._format import noise_text, optimism_text, ratio_text, throughput_text
+from autotune.report._format import (
+    busy_text,
+    noise_text,
+    optimism_text,
+    ratio_text,
+    throughput_text,
+)
 from autotune.report._html import render_html
 from autotune.report._knob_gains import KnobGain, knob_gains, knob_lines
 from autotune.report._summary import print_summary
@@ -19,6 +25,7 @@ __all__ = [
     "DEFAULT_STORAGE",
     "KnobGain",
     "ReportData",
+    "busy_text",
     "collect",
     "knob_gains",
     "knob_lines",
