@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from autotune.execution.contention import NOTABLE
 from autotune.schema.config import TunedConfig
 from autotune.search import lr_for
 
@@ -198,11 +199,18 @@ def kept_lr_text(cfg: TunedConfig) -> str:
     )
 
 
-def busy_text(cores: float) -> str:
-    """Other processes' load during a search, as a report shows it (on any machine).
+def busy_text(cfg: TunedConfig | None) -> str | None:
+    """Other processes' load while the config's search measured, as every surface shows it (on
+    any machine); None where it was not measured or stayed under half a core.
 
     Example:
-        >>> busy_text(1.04)
-        'other processes kept 1.0 cores busy while the search measured: its figures ran beside them'
+        >>> busy_text(None) is None
+        True
     """
-    return f"other processes kept {cores:.1f} cores busy while the search measured: its figures ran beside them"
+    cores = cfg.evidence.others_cores if cfg is not None else None
+    if cores is None or cores < NOTABLE:
+        return None
+    return (
+        f"other processes kept {cores:.1f} cores busy while the search measured: its figures "
+        "ran beside them"
+    )

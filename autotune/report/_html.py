@@ -6,7 +6,6 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.execution.contention import NOTABLE
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._evidence import reference_figure, speed_line, validation_figure
 from autotune.report._format import (
@@ -338,9 +337,9 @@ def _facts(data: ReportData) -> str:
         rule = f"{cfg.evidence.lr_scaling} scaling with the batch size{kept_lr_text(cfg)}"
         items.append(("learning rate", rule))
     items.append(("timing noise", noise_text(data.noise, data.noise_interval)))
-    busy = cfg.evidence.others_cores if cfg is not None else None
-    if busy is not None and busy >= NOTABLE:
-        items.append(("others' load", busy_text(busy)))
+    busy = busy_text(cfg)
+    if busy:
+        items.append(("others' load", busy))
     if data.ceilings:
         text = "; ".join(
             ceiling_text(m, b, data.ceiling_limits.get(m)) for m, b in data.ceilings.items()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from optuna.trial import TrialState
 
-from autotune.execution.contention import NOTABLE
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._format import (
     busy_text,
@@ -60,9 +59,9 @@ def render_text(data: ReportData) -> str:
     lines += _winner_lines(data)
     lines.append(_reference_line(data))
     lines.append(f"timing noise: {noise_text(data.noise, data.noise_interval)}")
-    busy = cfg.evidence.others_cores if cfg is not None else None
-    if busy is not None and busy >= NOTABLE:
-        lines.append(f"others' load: {busy_text(busy)}")
+    busy = busy_text(cfg)
+    if busy:
+        lines.append(f"others' load: {busy}")
     lines.append(_amp_recipe_line(data))
     c = data.counts()
     lines.append(

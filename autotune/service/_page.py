@@ -14,7 +14,6 @@ from urllib.parse import quote
 from pydantic import ValidationError
 
 from autotune.errors import StorageError
-from autotune.execution.contention import NOTABLE
 from autotune.infra import clock
 from autotune.report import busy_text, collect, load_study, render_html
 from autotune.schema.config import TunedConfig
@@ -295,8 +294,9 @@ def _result(s: StudyStatus, cfg: TunedConfig | None) -> str:
     notes = []
     if not ev.validated and ev.validation_note:
         notes.append(ev.validation_note)  # why it fell back, as best.json and the report say
-    if ev.others_cores is not None and ev.others_cores >= NOTABLE:
-        notes.append(busy_text(ev.others_cores))
+    busy = busy_text(cfg)
+    if busy:
+        notes.append(busy)
     more = "".join(f'<div class="muted">{_e(n)}</div>' for n in notes)
     return (
         f"<code>{_e(cfg.precision)} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}</code>"
