@@ -226,7 +226,7 @@ def _print_verdict(cmp: Any) -> None:
         if loss_kept != accuracy_kept:
             console.print(
                 f"[yellow]the metrics disagree:[/] final loss {loss:.2f}x the baseline's "
-                f"({'kept' if loss_kept else 'not kept'} within 5%) but accuracy "
+                f"({'kept' if loss_kept else 'not kept'} within {_LOSS_KEPT - 1:.0%}) but accuracy "
                 f"{delta * 100:+.1f} pts ({'held' if accuracy_kept else 'lower'}); judge by "
                 "the one your training is for, or train longer.",
                 highlight=False,
