@@ -123,7 +123,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> Any:
         name="knobs",
         workload="autotune.workloads:tiny_convnet",
         device="cpu",
-        budget="20s",
+        budget="30s",
         storage=_storage(tmp),
         space={
             "precisions": ["bf16"],

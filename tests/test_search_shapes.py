@@ -200,10 +200,10 @@ def test_a_budget_too_short_for_ceilings_still_validates_the_safe_rule(budget: s
 
 
 def test_a_ceiling_not_measured_for_lack_of_time_is_not_shown_as_a_limit() -> None:
-    """A 16-second bf16 search measures no ceiling: the sampler's larger batches are pruned
+    """A 26-second bf16 search measures no ceiling: the sampler's larger batches are pruned
     above the base batch, and the reason says the ceiling was not measured (a user reading
     "above the bf16 ceiling 64" alone would take bs=128 for too large to run)."""
-    run = simulate(spec("16s", space={"precisions": ["bf16"]}), landscape(), seed=0)
+    run = simulate(spec("26s", space={"precisions": ["bf16"]}), landscape(), seed=0)
     above = [t for t in run.study.trials if t.user_attrs.get("outcome") == "above_ceiling"]
     assert above
     assert all("not measured" in t.user_attrs["reason"] for t in above)

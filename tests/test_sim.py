@@ -463,17 +463,17 @@ def test_on_a_cpu_fp32_vouches_for_the_autocast_modes_memory_where_half_of_it_is
 
 
 def test_a_short_budget_takes_the_cap_fp32_vouched_for_though_the_ceiling_phase_is_spent() -> None:
-    """18 s on the test GPU, batches up to 256: fp32's two tries take the ceiling phase's time
+    """30 s on the test GPU, batches up to 256: fp32's two tries take the ceiling phase's time
     and reach the cap with half the memory free, so fp16 and bf16 take 256 without a try
     (before, they were left at the base batch, "not measured: out of time", and their larger
     batches were pruned as above a ceiling)."""
     land = landscape()
     space = {"batch_size": {"min": 16, "max": 256}}
-    run = simulate(spec("18s", space=space), land, seed=0)
+    run = simulate(spec("30s", space=space), land, seed=0)
     attrs = run.study.user_attrs
     ceilings = next(v for k, v in attrs.items() if k.startswith("ceilings:"))
     assert ceilings == {"fp32": 256, "fp16": 256, "bf16": 256}
-    assert run.seconds <= 18.0
+    assert run.seconds <= 30.0
 
 
 def test_a_larger_batch_that_only_lags_early_is_validated_and_one_that_stays_behind_is_not() -> (

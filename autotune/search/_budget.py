@@ -15,6 +15,8 @@ from autotune.study.store import BudgetWindow, StudyStore
 __all__ = [
     "CEILING_SHARE",
     "HARD_GRACE",
+    "OPENING_LEAST",
+    "OPENING_PLAN",
     "SAFE_PLAN",
     "TRIAL_SHARE",
     "VALIDATION_SHARE",
@@ -37,6 +39,13 @@ REFERENCE_FLOOR = 3.0
 # Seconds a short budget keeps, past the ceilings, for what the safe rule needs: the
 # reference's floor, a first trial of two modes at the base batch, one short validation.
 SAFE_PLAN = 4 * REFERENCE_FLOOR
+# Seconds left after the worker's start below which the search opens with one pair: the safe
+# rule's candidate beside the fp32 reference, whose arm is the reference and whose pair is that
+# candidate's validation (a reference, a trial and a pair, each with its own set-up, do not fit).
+OPENING_PLAN = 2 * SAFE_PLAN
+# ... and at or above which one fits (two arms' set-up and six pairs; below it, the reference
+# runs alone).
+OPENING_LEAST = 3 * REFERENCE_FLOOR
 # A probe may overrun its soft limit by about one step; the hard limit adds this much.
 HARD_GRACE = 15.0
 # No ordinary trial may take more than this share of the budget.

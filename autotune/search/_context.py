@@ -79,6 +79,9 @@ class SearchContext:
     compile_seconds: dict[str, list[float]] = field(default_factory=dict)
     # Where the job's time went, by phase (seconds); see :meth:`clock`.
     spent: dict[str, float] = field(default_factory=dict)
+    # A short budget's opening pair (the safe rule's candidate beside the reference): its
+    # candidate's first trial and first validation pair, until they take it.
+    opening: PairedResult | None = None
     # What other processes take of this machine's CPU while the search runs.
     contention: CpuContention = field(default_factory=CpuContention, repr=False)
     _clocks: list[list] = field(default_factory=list, repr=False)

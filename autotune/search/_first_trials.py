@@ -9,16 +9,23 @@ from collections.abc import Callable
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.schema.enums import Outcome, Role
+from autotune.schema.spec import Candidate
 from autotune.search._context import SearchContext
 from autotune.search._shortlist import eligible
 from autotune.study.reference import ReferenceRecord
 from autotune.study.store import StudyStore
 from autotune.study.trials import TrialRecord, record
 
-__all__ = ["enqueue_base_trials", "enqueue_between", "enqueue_larger_batches"]
+__all__ = ["enqueue_base_trials", "enqueue_between", "enqueue_larger_batches", "safe_pick"]
 
 
 _WAVE_ONE = ("bf16", "fp16", "tf32")
+
+
+def safe_pick(ctx: SearchContext, modes: list[str]) -> Candidate | None:
+    """The safe rule's pick among ``modes``: bf16 at the base batch, else the AMP recipe."""
+    mode = next((m for m in _WAVE_ONE[:2] if m in modes), None)
+    return ctx.space.candidate(mode, ctx.space.base_batch) if mode else None
 
 
 def enqueue_base_trials(ctx: SearchContext, store: StudyStore, modes: list[str]) -> None:

@@ -67,8 +67,11 @@ def _key(ctx: SearchContext, *, limits: bool = False) -> str:
     return ceilings_key(*_where(ctx), limits=limits)
 
 
-def find_ceilings(ctx: SearchContext, store: StudyStore, modes: list[str]) -> None:
-    """Measure (or read back) each mode's batch ceiling into ``ctx.ceilings``."""
+def find_ceilings(
+    ctx: SearchContext, store: StudyStore, modes: list[str], *, keep: float = SAFE_PLAN
+) -> None:
+    """Measure (or read back) each mode's batch ceiling into ``ctx.ceilings``, keeping ``keep``
+    seconds of the budget for what comes after."""
     space = ctx.spec.space
     where = _where(ctx)
     stored = store.ceilings(*where)
@@ -81,7 +84,7 @@ def find_ceilings(ctx: SearchContext, store: StudyStore, modes: list[str]) -> No
     # trials, one validation) and the config no longer fit: a short budget measures no
     # ceiling, and its trials stay at the base batch.
     left = ctx.budget.left()
-    room = left - SAFE_PLAN - WRITE_RESERVE - 1.0
+    room = left - keep - WRITE_RESERVE - 1.0
     phase_end = ctx.budget.elapsed() + max(0.0, min(CEILING_SHARE * left, room))
     base = ctx.space.base_batch
     start = min(max(base, space.batch_size.min), space.batch_size.max)

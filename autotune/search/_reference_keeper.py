@@ -7,12 +7,13 @@ import socket
 
 from loguru import logger
 
+from autotune.errors import DeviceError
 from autotune.infra import clock
 from autotune.measure.parity import parity_gap
 from autotune.measure.result import ProbeResult
 from autotune.schema.enums import Outcome, Phase
 from autotune.schema.spec import Candidate
-from autotune.search._budget import REFERENCE_FLOOR, SAFE_PLAN
+from autotune.search._budget import REFERENCE_FLOOR, SAFE_PLAN, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._events import PhaseStarted
 from autotune.search._space import reference_factor
@@ -20,11 +21,14 @@ from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.store import StudyStore
 from autotune.study.study_keys import reference_key
 
-__all__ = ["ReferenceKeeper", "ReferenceUnavailable"]
+__all__ = ["ReferenceKeeper", "ReferenceUnavailable", "establish"]
 
 # The long first run takes at most this share of the budget ...
 _CURVE_SHARE = 0.15
 # ... and at least REFERENCE_FLOOR seconds (or the probe's own time limit, if shorter).
+# An opening pair takes at most this share of what is left: it ends once its candidate ran its
+# steps (fp16's overflow horizon) and the pairs' ratio is tight; the rest goes to other trials.
+_OPENING_SHARE = 0.85
 # Re-measure when the last measurement is older than this many typical trials ...
 _REFRESH_TRIALS = 8
 # ... but never more often than this (seconds), and at least this often.
@@ -127,9 +131,10 @@ class ReferenceKeeper:
         if self.record is not None:
             self.store.set_reference(*self.where, self.record)
 
-    def establish(self) -> ReferenceRecord:
+    def establish(self, opening: Candidate | None = None) -> ReferenceRecord:
         """The reference with its loss curve: the long first run, or the stored one measured
-        again now (a resumed run, or another worker on this machine).
+        again now (a resumed run, or another worker on this machine); with ``opening`` (a
+        short budget's safe pick), the first run is that candidate's pair with it.
 
         Raises:
             ReferenceUnavailable: the reference run did not complete.
@@ -145,6 +150,8 @@ class ReferenceKeeper:
             self.measure()
             self._settle()
             return self.record
+        if opening is not None and (result := self._open(cand, opening)) is not None:
+            return self._first(cand, result)
         # Parity compares at equal samples seen: the reference must have seen as many samples as
         # a probe of the largest batch size does.
         factor = reference_factor(max(ctx.space.ladder), cand.batch_size)
@@ -169,6 +176,11 @@ class ReferenceKeeper:
             result = again if again.ok or not result.ok else result
         if not result.ok:
             raise ReferenceUnavailable(result)
+        return self._first(cand, result)
+
+    def _first(self, cand: Candidate, result: ProbeResult) -> ReferenceRecord:
+        """Keep the first run's measurement and curve as the reference, confirmed where a
+        confirmation fits."""
         self._run_seconds = result.wall_seconds
         self.record = ReferenceRecord(
             batch_size=cand.batch_size,
@@ -192,6 +204,39 @@ class ReferenceKeeper:
         self._save()
         self._settle()  # confirmed here, not inside the first trial (a short budget: not at all)
         return self.record
+
+    def _open(self, cand: Candidate, opening: Candidate) -> ProbeResult | None:
+        """The opening pair: ``opening`` beside the reference in most of what is left, its arms
+        past fp16's overflow horizon where it is fp16, kept in ``ctx.opening``; its reference
+        arm, or None where that arm did not complete (the reference then runs alone)."""
+        ctx, probe = self.ctx, self.ctx.spec.probe
+        steps = ctx.spec.validation.steps
+        if opening.precision == "fp16":
+            steps = max(steps, ctx.spec.validation.fp16_steps)
+        left = ctx.budget.left() - WRITE_RESERVE
+        share = _OPENING_SHARE * left
+        settings = probe.model_copy(
+            update={
+                "steps": steps,
+                "time_limit": max(1.0, share - 1.0),
+                "min_time": ctx.default_min_time,
+                "precision": 0.005,
+            }
+        )
+        # Stopped at the budget's end at the latest (a second for the worker to stop).
+        timeout = min(share + ctx.hard_grace(), left - 1.0)
+        paired = ctx.run_compare(opening, cand, settings, timeout=timeout)
+        logger.info("opening pair, the reference beside the safe pick: {}", paired.summary())
+        ctx.opening, arm = paired, paired.reference
+        if not arm.ok and arm.timed_out:
+            # Stopped at its hard limit (a build or a step that hangs): alone it would again.
+            raise ReferenceUnavailable(arm)
+        if not arm.ok or arm.throughput <= 0 or len(arm.losses) < probe.warmup_steps + probe.steps:
+            # Stopped early (its candidate diverged or ran out of memory): too short a curve.
+            logger.info("the opening pair's reference arm ran {} steps: measuring the reference "
+                        "alone", len(arm.losses))  # fmt: skip
+            return None
+        return arm
 
     def refresh_after(self) -> float:
         """Seconds a measurement stays fresh: a few typical trials, shorter after drift."""
@@ -321,3 +366,22 @@ class ReferenceKeeper:
         self.record.measurements.append(m)
         self._save()
         return m
+
+
+def establish(
+    ctx: SearchContext, refs: ReferenceKeeper, opening: Candidate | None
+) -> ReferenceRecord:
+    """The fp32 reference, measured first: without it there is nothing to compare with."""
+    try:
+        with ctx.clock(Phase.REFERENCE):
+            return refs.establish(opening)
+    except ReferenceUnavailable as exc:
+        # A drain, a cancel or a preemption stops the worker under the reference: that is
+        # the operator's doing, not the workload's.
+        ctx.stop_if_asked()
+        raise DeviceError(
+            f"study {ctx.spec.name!r}: {exc} at batch_size={ctx.space.base_batch}; the search "
+            "needs it as the baseline — check the workload runs in fp32 on "
+            f"{ctx.device} (autotune probe --workload {ctx.workload} --device "
+            f"{ctx.device})"
+        ) from None

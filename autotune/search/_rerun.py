@@ -48,21 +48,22 @@ def reference_arm(
 ) -> tuple[PairedResult | None, float]:
     """The first reference arm measured, and the seed noise it and the search's repeats give
     together (one root mean square of every seed gap they saw)."""
-    ref_run = next(
-        (
-            r.paired
-            for r in reruns
-            if r.paired is not None and r.paired.reference.ok and r.paired.reference.throughput > 0
-        ),
-        None,
-    )
+    arms = [
+        r.paired
+        for r in reruns
+        if r.paired is not None and r.paired.reference.ok and r.paired.reference.throughput > 0
+    ]
+    # One at a seed of its own first (the opening pair's arm is the reference's first run).
+    ref_run = next((p for p in arms if p.reference.seed != reference.seed), None)
+    ref_run = ref_run or next(iter(arms), None)
     return ref_run, reference.seed_noise(tol, also=_seed_gaps(ref_run, reference))
 
 
 def _seed_gaps(ref_run: PairedResult | None, reference: ReferenceRecord) -> list[float]:
     """How far a fresh seed moved the reference's loss curve by itself: its validation arm's
     gap to its first run (none where there is no arm to compare)."""
-    if ref_run is None or not reference.finite_losses:
+    if ref_run is None or not reference.finite_losses or ref_run.reference.seed == reference.seed:
+        # (The opening pair's arm is the reference's own run: no second seed.)
         return []
     r = ref_run.reference
     seed_gap = parity_gap(r.losses, r.batch_size, reference.finite_losses, reference.batch_size)
@@ -122,6 +123,15 @@ def paired_rerun(
     compiled one only where its share covers compiling again and six pairs after it); an
     fp16 one whose pair would be accepted then runs alone to ``horizon`` steps, in the time
     kept for it, so a refusal for speed or parity never pays for it."""
+    opening = ctx.opening
+    if opening is not None and opening.candidate.candidate == candidate(trial):
+        # Its pair was the search's opening: measured before any trial, so not chosen for its
+        # figures; the first rerun of its candidate is that pair.
+        ctx.opening = None
+        if opening.ok:
+            wall = opening.candidate.wall_seconds
+            rerun = with_gap(Rerun(trial, opening, share=wall, horizon=horizon), reference)
+            return _endure(ctx, reference, rerun, trial, share=max(0.0, share - wall))
     started = ctx.budget.elapsed()
     seconds = compiling(trial)
     least = seconds + six_pairs(ctx, trial)
@@ -157,9 +167,24 @@ def paired_rerun(
         return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
     paired = run_pair(ctx, trial, reference, pair_share, seconds, steps=steps)
     rerun = with_gap(Rerun(trial, paired, share=share, horizon=horizon), reference)
-    if horizon and covered(rerun) < horizon and would_pass(ctx, reference, rerun):
-        left = share - (ctx.budget.elapsed() - started)
-        rerun.endurance = run_alone(ctx, trial, horizon, left, ran=len(paired.candidate.losses))
+    return _endure(ctx, reference, rerun, trial, share=share - (ctx.budget.elapsed() - started))
+
+
+def _endure(
+    ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, trial: FrozenTrial, *,
+    share: float,
+) -> Rerun:  # fmt: skip
+    """An fp16 rerun whose pair would pass but fell short of its horizon runs alone to it, in
+    the ``share`` seconds left of its time."""
+    paired = rerun.paired
+    if (
+        paired is not None
+        and rerun.horizon
+        and covered(rerun) < rerun.horizon
+        and would_pass(ctx, reference, rerun)
+    ):
+        ran = len(paired.candidate.losses)
+        rerun.endurance = run_alone(ctx, trial, rerun.horizon, share, ran=ran)
     return rerun
 
 

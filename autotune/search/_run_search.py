@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import threading
 from collections.abc import Iterator
@@ -23,6 +24,9 @@ from autotune.schema.enums import Outcome, Phase, Role
 from autotune.schema.spec import StudySpec
 from autotune.search._artifact import baseline, build_config
 from autotune.search._budget import (
+    OPENING_LEAST,
+    OPENING_PLAN,
+    SAFE_PLAN,
     WRITE_RESERVE,
     Budget,
     SearchInterrupted,
@@ -47,6 +51,7 @@ from autotune.search._first_trials import (
     enqueue_base_trials,
     enqueue_between,
     enqueue_larger_batches,
+    safe_pick,
 )
 from autotune.search._hardware import check_hardware, find_ceilings
 from autotune.search._knob_trials import (
@@ -54,7 +59,7 @@ from autotune.search._knob_trials import (
     diagnose_failures,
     enqueue_diagnosed_islands,
 )
-from autotune.search._reference_keeper import ReferenceKeeper, ReferenceUnavailable
+from autotune.search._reference_keeper import ReferenceKeeper, establish
 from autotune.search._rejections import rejection_summary
 from autotune.search._space import Space
 from autotune.search._trial import TrialStep
@@ -131,7 +136,7 @@ def _search(
         # From what the search measured so far: a new leader's pair may need more.
         reserve = validation_reserve(ctx, store, step.refs.record)
         left = end_at - reserve - ctx.budget.elapsed()
-        if left < max(1.0, 0.25 * ctx.typical_probe(), ctx.least_probe()):
+        if left < max(1.0, 0.25 * ctx.typical_probe(), ctx.least_probe()) and not step.opened:
             logger.info("search phase over: {:.0f}s left for it", max(0.0, left))
             return False
         if step.twins_in_row >= EXHAUSTED:
@@ -370,14 +375,18 @@ def _run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> _Outcome:
     fail_stale(store.study)
     requeue_not_run(store)  # what the last run queued and never ran
     modes = check_hardware(ctx, list(ctx.spec.space.precisions))
+    # Too short a budget for a reference, a trial and a pair: no ceilings, and the safe pick's
+    # pair opens the search (see OPENING_PLAN).
+    short = OPENING_LEAST <= ctx.budget.left() < OPENING_PLAN
     with ctx.clock(Phase.CEILINGS):
-        find_ceilings(ctx, store, modes)
+        find_ceilings(ctx, store, modes, keep=math.inf if short else SAFE_PLAN)
     modes = [m for m in modes if ctx.ceilings.get(m, 0) > 0]
     runnable: list[str] = [m for m in ctx.spec.space.precisions if m not in ctx.facts.unsupported]
     choices = _fix_choices(store, ctx.spec, runnable)
     ctx.space = _space(ctx.spec, choices, ctx.facts, rule)
     refs = ReferenceKeeper(ctx, store)
-    reference = _establish(ctx, refs)
+    opening = safe_pick(ctx, [m for m in choices if m in modes]) if short else None
+    reference = establish(ctx, refs, opening if refs.record is None else None)
     enqueue_base_trials(ctx, store, [m for m in choices if m in modes])
     enqueue_diagnosed_islands(ctx, store, modes)
     end_at = hard_end = ctx.budget.total - WRITE_RESERVE
@@ -389,23 +398,6 @@ def _run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> _Outcome:
             end_at = min(end_at, ctx.budget.elapsed() + validation_reserve(ctx, store, reference))
         measure_spread(ctx, store, reference, refs.measure, end_at)
     return _validate_once(ctx, store, reference, end_at, hard_end)
-
-
-def _establish(ctx: SearchContext, refs: ReferenceKeeper) -> ReferenceRecord:
-    """The fp32 reference, measured first: without it there is nothing to compare with."""
-    try:
-        with ctx.clock(Phase.REFERENCE):
-            return refs.establish()
-    except ReferenceUnavailable as exc:
-        # A drain, a cancel or a preemption stops the worker under the reference: that is
-        # the operator's doing, not the workload's.
-        ctx.stop_if_asked()
-        raise DeviceError(
-            f"study {ctx.spec.name!r}: {exc} at batch_size={ctx.space.base_batch}; the search "
-            "needs it as the baseline — check the workload runs in fp32 on "
-            f"{ctx.device} (autotune probe --workload {ctx.workload} --device "
-            f"{ctx.device})"
-        ) from None
 
 
 def _validate_once(

@@ -75,6 +75,13 @@ class TrialStep:
         self.refs = refs
         # Trials in a row whose candidate was measured already (see EXHAUSTED).
         self.twins_in_row = 0
+        # The opening pair's candidate arm, until its trial takes it as its probe.
+        self._opening = ctx.opening.candidate if ctx.opening is not None else None
+
+    @property
+    def opened(self) -> bool:
+        """Does the opening pair's arm still wait for its trial (which costs no time)?"""
+        return self._opening is not None
 
     # ---- the step ------------------------------------------------------------------------------
 
@@ -146,6 +153,11 @@ class TrialStep:
             SearchStopped: the probe crashed because the search was asked to stop.
         """
         ctx = self.ctx
+        if self._opening is not None and self._opening.candidate == cand:
+            # Measured in the opening pair, beside the reference: its arm is the probe (its
+            # wall time the pair's: what a run of it costs, at most).
+            arm, self._opening = self._opening, None
+            return arm
         ref = self.refs.record
         step = ref.batch_size / reference.throughput if ref and reference.throughput else 0.0
         trials = self.store.trials()
