@@ -11,6 +11,7 @@ from autotune.search import lr_for
 __all__ = [
     "busy_text",
     "ceiling_text",
+    "config_notes",
     "kept_lr_text",
     "noise_text",
     "optimism_text",
@@ -214,3 +215,33 @@ def busy_text(cfg: TunedConfig | None) -> str | None:
         f"other processes kept {cores:.1f} cores busy while the search measured: its figures "
         "ran beside them"
     )
+
+
+def config_notes(cfg: TunedConfig, *, why: bool = True) -> list[str]:
+    """What every surface shows beside a config's figure, read from the config alone and
+    labelled as the text report labels them: why it fell back (a fallback; ``why=False`` where
+    the surface says it already), this device's timing noise, and other processes' load where
+    notable (:func:`busy_text`).
+
+    Example:
+        >>> from autotune.schema.config import Evidence
+        >>> ev = Evidence.model_construct(
+        ...     validated=False, validation_note="no candidate cleared 1.05x", noise=0.042,
+        ...     others_cores=1.6,
+        ... )
+        >>> for note in config_notes(TunedConfig.model_construct(evidence=ev)):
+        ...     print(note)
+        why: no candidate cleared 1.05x
+        timing noise: 4.2% (spread of the fp32 reference's timed blocks: interquartile range over median)
+        others' load: other processes kept 1.6 cores busy while the search measured: its figures ran beside them
+    """
+    ev = cfg.evidence
+    notes = []
+    if why and not ev.validated and ev.validation_note:
+        notes.append(f"why: {ev.validation_note}")
+    if ev.noise:
+        notes.append(f"timing noise: {noise_text(ev.noise)}")
+    busy = busy_text(cfg)
+    if busy:
+        notes.append(f"others' load: {busy}")
+    return notes

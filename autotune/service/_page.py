@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from autotune.errors import StorageError
 from autotune.infra import clock
-from autotune.report import busy_text, collect, load_study, render_html
+from autotune.report import collect, config_notes, load_study, render_html
 from autotune.schema.config import TunedConfig
 from autotune.schema.enums import StudyState
 from autotune.schema.spec import format_duration
@@ -291,13 +291,8 @@ def _result(s: StudyStatus, cfg: TunedConfig | None) -> str:
         return f'<span class="muted">{_e(s.error or s.detail)}</span>'
     ev = cfg.evidence
     verdict = "validated" if ev.validated else "not validated: fp32 fallback"
-    notes = []
-    if not ev.validated and ev.validation_note:
-        notes.append(ev.validation_note)  # why it fell back, as best.json and the report say
-    busy = busy_text(cfg)
-    if busy:
-        notes.append(busy)
-    more = "".join(f'<div class="muted">{_e(n)}</div>' for n in notes)
+    # Why it fell back, the timing noise and others' load: best.json's, as every surface says.
+    more = "".join(f'<div class="muted">{_e(n)}</div>' for n in config_notes(cfg))
     return (
         f"<code>{_e(cfg.precision)} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}</code>"
         f'<div class="figure">{_speedup(ev.speedup, ev.speedup_low, ev.speedup_high)} the fp32 '
