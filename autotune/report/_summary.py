@@ -57,8 +57,10 @@ def settings_text(
 
 
 def _half_width(value: float | None, low: float | None, high: float | None) -> float | None:
-    """An interval's half-width relative to its value (0.018: ±1.8%); None where unknown."""
-    if not value or low is None or high is None:
+    """An interval's half-width relative to its value (0.018: ±1.8%); None where unknown (a
+    probe cut short after one timed step stores its figure as both ends: no interval, where
+    ``±0.0%`` read as a perfectly steady one)."""
+    if not value or low is None or high is None or high <= low:
         return None
     return (high - low) / 2 / value
 
@@ -70,6 +72,8 @@ def _samples(value: float | None, low: float | None, high: float | None) -> str:
     Example:
         >>> _samples(950.0, 940.0, 960.0), _samples(950.0, None, None), _samples(None, 1, 2)
         ('950.0 ±1.1%', '950.0', '—')
+        >>> _samples(101.3, 101.3, 101.3)
+        '101.3'
     """
     half = _half_width(value, low, high)
     return throughput_text(value) + ("" if half is None else f" ±{half:.1%}")
