@@ -67,18 +67,20 @@ def throughput_text(
     unit: str = "",
     missing: str = "",
 ) -> str:
-    """Samples/s with its interval: ``1,812.5 (1,790.2–1,840.0)``; ``—`` without a value.
+    """Samples/s with its interval: ``1,812.5 (1,790.2–1,840.0)``; ``—`` without a value. An
+    interval whose ends are equal (a probe cut short after one timed step stores its figure as
+    both) is none: no ``(101.3–101.3)`` that reads as a perfectly steady figure.
 
     Example:
         >>> throughput_text(1812.49, 1790.2, 1840.0, unit=" samples/s")
         '1,812.5 samples/s (1,790.2–1,840.0)'
-        >>> throughput_text(0), throughput_text(812.5)
-        ('—', '812.5')
+        >>> throughput_text(0), throughput_text(812.5), throughput_text(101.3, 101.3, 101.3)
+        ('—', '812.5', '101.3')
     """
     v, lo, hi = _number(value), _number(low), _number(high)
     if not v:
         return "—"
-    if lo is None or hi is None:
+    if lo is None or hi is None or hi <= lo:
         return f"{v:,.1f}{unit}{missing}"
     return f"{v:,.1f}{unit} ({lo:,.1f}–{hi:,.1f})"
 
