@@ -322,11 +322,12 @@ def _print_study(s: Any, config: Any = None) -> None:
     """One study: its state, budget and trials; its config (``config``, best.json's record)
     once it is done, else the best trial so far; the latest trials."""
     from autotune.report import ratio_text
+    from autotune.schema.workload_spec import workload_label
     from autotune.study.trials import label
 
     p = s.progress
     console.print(
-        f"[bold]{escape(s.name)}[/] · {escape(s.workload)} · "
+        f"[bold]{escape(s.name)}[/] · {escape(workload_label(s.workload))} · "
         f"[{_STATE_STYLE[s.state]}]{s.state}[/] · priority {s.priority} · "
         f"submitted {_age(s.submitted_at)}",
         highlight=False,

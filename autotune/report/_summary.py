@@ -23,6 +23,7 @@ from autotune.report._format import (
 from autotune.report._knob_gains import config_knobs, knob_lines
 from autotune.report.progress import scale_text
 from autotune.schema.enums import Role
+from autotune.schema.workload_spec import workload_label
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import display_outcome, record, role_trials
 
@@ -224,7 +225,7 @@ def print_summary(result: Any, console: Console) -> None:
     cfg = result.config
     ev = cfg.evidence
     console.print(
-        f"[bold]study {escape(repr(cfg.study))}[/]: {escape(cfg.workload)} on "
+        f"[bold]study {escape(repr(cfg.study))}[/]: {escape(workload_label(cfg.workload))} on "
         f"{escape(cfg.environment.device)}",
         highlight=False,
     )
