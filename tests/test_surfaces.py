@@ -256,6 +256,7 @@ def status(service: Any, monkeypatch: pytest.MonkeyPatch) -> Callable[..., str]:
 
     def client(server: str, token: str | None) -> ServiceClient:
         made = ServiceClient(server, token)
+        made._http.close()
         made._http = TestClient(app_, base_url=server)
         return made
 
