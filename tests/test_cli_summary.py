@@ -416,3 +416,20 @@ def test_a_search_beside_a_busy_neighbour_says_how_much_it_took(tmp_path: Path, 
     with console.capture() as out:
         _search._print_summary(result)
     assert "other processes kept 1.6 of this machine's" in " ".join(out.get().split())
+
+
+def test_an_adapter_workload_is_titled_by_its_objects_not_its_json(
+    tmp_path: Path, wide: None
+) -> None:
+    """A Lightning spec's summary was titled with the spec's raw workload JSON."""
+    result = _result(tmp_path)
+    workload = (
+        '{"lightning": {"datamodule": "examples.lightning.data:CIFARData", "module": '
+        '"examples.lightning.model:LitClassifier", "module_args": {"channels": 16}}}'
+    )
+    result.config = result.config.model_copy(update={"workload": workload})
+    with console.capture() as out:
+        _search._print_summary(result)
+    title = out.get().splitlines()[0]
+    assert "lightning examples.lightning.model:LitClassifier + examples.lightning.data:" in title
+    assert "{" not in title

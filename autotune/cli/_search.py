@@ -186,6 +186,7 @@ def _run_with(  # noqa: PLR0913 - _run's arguments, and the worker it started
 ) -> tuple[Any, Any]:
     from autotune.infra import clock as clocks
     from autotune.report.progress import SearchProgress
+    from autotune.schema.workload_spec import workload_label
     from autotune.search import Budget, SearchInterrupted, run_search
 
     virtual = runner.clock if runner is not None else None
@@ -196,7 +197,7 @@ def _run_with(  # noqa: PLR0913 - _run's arguments, and the worker it started
         clock,
         console=err_console,
         live=False if (still or virtual) else None,
-        title=f"{spec.name} · {spec.workload}",
+        title=f"{spec.name} · {workload_label(spec.workload)}",
         device=where,
         parity_tolerance=spec.parity_tolerance,
     )

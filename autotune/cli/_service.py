@@ -295,18 +295,45 @@ def _print_studies(studies: list[Any], devices: list[Any]) -> None:
     console.print(dev)
 
 
-def _print_study(s: Any) -> None:
+def _print_config(cfg: Any, s: Any) -> None:
+    """A finished study's config, read from best.json's record as every surface reads it: its
+    figure with its interval and verdict, then why it fell back, the noise and others' load."""
+    from autotune.report import config_notes, ratio_text
+
+    ev = cfg.evidence
+    verdict = "validated" if ev.validated else "not validated: fp32 fallback"
+    if ev.validated and ev.paired_blocks:
+        verdict += f" over {ev.paired_blocks} paired blocks"
+    trial = (
+        f", trial {s.best.number}" if s.best is not None and s.best.role == "tuned_config" else ""
+    )
+    console.print(
+        f"  config: {cfg.precision} bs={cfg.batch_size} lr={cfg.learning_rate:.3g} → "
+        f"{_tp(ev.throughput)} samples/s, "
+        f"{ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high)} the fp32 reference "
+        f"({verdict}{trial})",
+        highlight=False,
+    )
+    for note in config_notes(cfg):
+        console.print(f"  {escape(note)}", highlight=False)
+
+
+def _print_study(s: Any, config: Any = None) -> None:
+    """One study: its state, budget and trials; its config (``config``, best.json's record)
+    once it is done, else the best trial so far; the latest trials."""
     from autotune.report import ratio_text
+    from autotune.schema.workload_spec import workload_label
     from autotune.study.trials import label
 
     p = s.progress
     console.print(
-        f"[bold]{escape(s.name)}[/] · {escape(s.workload)} · "
+        f"[bold]{escape(s.name)}[/] · {escape(workload_label(s.workload))} · "
         f"[{_STATE_STYLE[s.state]}]{s.state}[/] · priority {s.priority} · "
         f"submitted {_age(s.submitted_at)}",
         highlight=False,
     )
-    console.print(f"  {escape(s.detail)}", highlight=False)
+    if config is None:  # a done study's config says it below, with its notes
+        console.print(f"  {escape(s.detail)}", highlight=False)
     console.print(
         f"  budget {p.budget_used_seconds:.1f}s of {p.budget_seconds:.0f}s (probe time; queue "
         f"time not counted) · trials: {_trials(p.trials)}",
@@ -317,7 +344,9 @@ def _print_study(s: Any) -> None:
             "  by outcome: " + ", ".join(f"{n} {k}" for k, n in sorted(s.by_outcome.items())),
             highlight=False,
         )
-    if s.best is not None:
+    if config is not None:
+        _print_config(config, s)
+    elif s.best is not None:
         best = s.best
         # The config's trial carries validation's figure; before it, the search's best.
         head = "config" if best.role == "tuned_config" else "best so far"
@@ -349,6 +378,17 @@ def _print_study(s: Any) -> None:
     console.print(table)
 
 
+def _study_and_config(client: Any, name: str) -> tuple[Any, Any]:
+    """A study's detail and, once it is done, its config (None while it has none)."""
+    detail = client.study(name)
+    if detail.state != StudyState.DONE:
+        return detail, None
+    try:
+        return detail, client.config(name)
+    except AutotuneError:  # done, but its storage holds no config: the detail says the rest
+        return detail, None
+
+
 @app.command()
 def status(
     study: Annotated[
@@ -363,7 +403,7 @@ def status(
             if study is None:
                 _print_studies(client.studies(), client.devices())
             else:
-                _print_study(client.study(study))
+                _print_study(*_study_and_config(client, study))
     except AutotuneError as exc:
         fail(str(exc))
 
@@ -393,13 +433,17 @@ def result(
     except OSError as exc:
         fail(f"cannot write {str(output)!r}: {exc.strerror}; pass -o to a writable path")
         return
+    from autotune.report import config_notes, ratio_text
+
     ev = config.evidence
     console.print(
         f"wrote {escape(str(path))}: {config.precision} bs={config.batch_size} "
-        f"lr={config.learning_rate:.3g}, {ev.speedup:.2f}x the fp32 reference "
-        f"({'validated' if ev.validated else 'not validated: fp32 fallback'})",
+        f"lr={config.learning_rate:.3g}, {ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high)} "
+        f"the fp32 reference ({'validated' if ev.validated else 'not validated: fp32 fallback'})",
         highlight=False,
     )
+    for note in config_notes(config):
+        console.print(f"  {escape(note)}", highlight=False)
 
 
 @app.command()

@@ -11,6 +11,7 @@ from autotune.infra.files import make_dirs, write_text
 from autotune.report._data import DEFAULT_STORAGE, ReportData, collect, load_study
 from autotune.report._format import (
     busy_text,
+    config_notes,
     noise_text,
     optimism_text,
     ratio_text,
@@ -27,6 +28,7 @@ __all__ = [
     "ReportData",
     "busy_text",
     "collect",
+    "config_notes",
     "knob_gains",
     "knob_lines",
     "load_study",

@@ -11,6 +11,7 @@ from autotune.search import lr_for
 __all__ = [
     "busy_text",
     "ceiling_text",
+    "config_notes",
     "kept_lr_text",
     "noise_text",
     "optimism_text",
@@ -66,18 +67,20 @@ def throughput_text(
     unit: str = "",
     missing: str = "",
 ) -> str:
-    """Samples/s with its interval: ``1,812.5 (1,790.2–1,840.0)``; ``—`` without a value.
+    """Samples/s with its interval: ``1,812.5 (1,790.2–1,840.0)``; ``—`` without a value. An
+    interval whose ends are equal (a probe cut short after one timed step stores its figure as
+    both) is none: no ``(101.3–101.3)`` that reads as a perfectly steady figure.
 
     Example:
         >>> throughput_text(1812.49, 1790.2, 1840.0, unit=" samples/s")
         '1,812.5 samples/s (1,790.2–1,840.0)'
-        >>> throughput_text(0), throughput_text(812.5)
-        ('—', '812.5')
+        >>> throughput_text(0), throughput_text(812.5), throughput_text(101.3, 101.3, 101.3)
+        ('—', '812.5', '101.3')
     """
     v, lo, hi = _number(value), _number(low), _number(high)
     if not v:
         return "—"
-    if lo is None or hi is None:
+    if lo is None or hi is None or hi <= lo:
         return f"{v:,.1f}{unit}{missing}"
     return f"{v:,.1f}{unit} ({lo:,.1f}–{hi:,.1f})"
 
@@ -214,3 +217,33 @@ def busy_text(cfg: TunedConfig | None) -> str | None:
         f"other processes kept {cores:.1f} cores busy while the search measured: its figures "
         "ran beside them"
     )
+
+
+def config_notes(cfg: TunedConfig, *, why: bool = True) -> list[str]:
+    """What every surface shows beside a config's figure, read from the config alone and
+    labelled as the text report labels them: why it fell back (a fallback; ``why=False`` where
+    the surface says it already), this device's timing noise, and other processes' load where
+    notable (:func:`busy_text`).
+
+    Example:
+        >>> from autotune.schema.config import Evidence
+        >>> ev = Evidence.model_construct(
+        ...     validated=False, validation_note="no candidate cleared 1.05x", noise=0.042,
+        ...     others_cores=1.6,
+        ... )
+        >>> for note in config_notes(TunedConfig.model_construct(evidence=ev)):
+        ...     print(note)
+        why: no candidate cleared 1.05x
+        timing noise: 4.2% (spread of the fp32 reference's timed blocks: interquartile range over median)
+        others' load: other processes kept 1.6 cores busy while the search measured: its figures ran beside them
+    """
+    ev = cfg.evidence
+    notes = []
+    if why and not ev.validated and ev.validation_note:
+        notes.append(f"why: {ev.validation_note}")
+    if ev.noise:
+        notes.append(f"timing noise: {noise_text(ev.noise)}")
+    busy = busy_text(cfg)
+    if busy:
+        notes.append(f"others' load: {busy}")
+    return notes

@@ -32,6 +32,7 @@ from autotune.report._svg import esc
 from autotune.report.progress import scale_text
 from autotune.schema.config import TunedConfig
 from autotune.schema.enums import Outcome, Role
+from autotune.schema.workload_spec import workload_label
 from autotune.study.trials import display_outcome
 from autotune.study.trials import label as params_label
 
@@ -501,7 +502,7 @@ def render_html(data: ReportData) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body><main>"
         f"<header><h1>{esc(title)}</h1>"
-        f'<p class="meta">{esc(spec.get("workload", "?"))} on {esc(device)} · '
+        f'<p class="meta">{esc(workload_label(str(spec.get("workload", "?"))))} on {esc(device)} · '
         f"storage {esc(data.storage or '?')}</p></header>"
         + "".join(sections)
         + f"<footer>Written by autotune {esc(__version__)} on {esc(generated)}.</footer>"

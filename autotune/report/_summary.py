@@ -23,6 +23,7 @@ from autotune.report._format import (
 from autotune.report._knob_gains import config_knobs, knob_lines
 from autotune.report.progress import scale_text
 from autotune.schema.enums import Role
+from autotune.schema.workload_spec import workload_label
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import display_outcome, record, role_trials
 
@@ -57,8 +58,10 @@ def settings_text(
 
 
 def _half_width(value: float | None, low: float | None, high: float | None) -> float | None:
-    """An interval's half-width relative to its value (0.018: ±1.8%); None where unknown."""
-    if not value or low is None or high is None:
+    """An interval's half-width relative to its value (0.018: ±1.8%); None where unknown (a
+    probe cut short after one timed step stores its figure as both ends: no interval, where
+    ``±0.0%`` read as a perfectly steady one)."""
+    if not value or low is None or high is None or high <= low:
         return None
     return (high - low) / 2 / value
 
@@ -70,6 +73,8 @@ def _samples(value: float | None, low: float | None, high: float | None) -> str:
     Example:
         >>> _samples(950.0, 940.0, 960.0), _samples(950.0, None, None), _samples(None, 1, 2)
         ('950.0 ±1.1%', '950.0', '—')
+        >>> _samples(101.3, 101.3, 101.3)
+        '101.3'
     """
     half = _half_width(value, low, high)
     return throughput_text(value) + ("" if half is None else f" ±{half:.1%}")
@@ -220,7 +225,7 @@ def print_summary(result: Any, console: Console) -> None:
     cfg = result.config
     ev = cfg.evidence
     console.print(
-        f"[bold]study {escape(repr(cfg.study))}[/]: {escape(cfg.workload)} on "
+        f"[bold]study {escape(repr(cfg.study))}[/]: {escape(workload_label(cfg.workload))} on "
         f"{escape(cfg.environment.device)}",
         highlight=False,
     )

@@ -16,6 +16,7 @@ from autotune.report._format import (
 from autotune.report._knob_gains import config_knobs, knob_lines
 from autotune.report._plots import ref_label
 from autotune.report.progress import scale_text
+from autotune.schema.workload_spec import workload_label
 from autotune.study.trials import display_outcome, feasible_trials
 from autotune.study.trials import label as params_label
 
@@ -55,7 +56,8 @@ def render_text(data: ReportData) -> str:
     """
     cfg = data.config
     device = cfg.environment.device if cfg else str(data.spec.get("device", "?"))
-    lines = [f"study {data.name!r}: {data.spec.get('workload', '?')} on {device}"]
+    workload = workload_label(str(data.spec.get("workload", "?")))
+    lines = [f"study {data.name!r}: {workload} on {device}"]
     lines += _winner_lines(data)
     lines.append(_reference_line(data))
     lines.append(f"timing noise: {noise_text(data.noise, data.noise_interval)}")

@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from typing import Any, TextIO
 
+from autotune.report._format import config_notes, ratio_text
 from autotune.schema.config import TunedConfig
 from autotune.schema.enums import Outcome
 from autotune.search import Budget, Event, PhaseStarted, TrialFinished, TrialStarted
@@ -61,8 +62,10 @@ class NotebookProgress:
         self.current = ""
         self._bar: Any = None
         self._want_bar = bar
-        # The config the search wrote, in words: the closing line's, in place of its best trial.
+        # The config the search wrote, in words: the closing line's, in place of its best trial;
+        # and the lines before it: the timing noise and others' load, as every surface says them.
         self.outcome = ""
+        self.notes: list[str] = []
 
     def __enter__(self) -> NotebookProgress:
         if self.title:
@@ -90,6 +93,8 @@ class NotebookProgress:
             self._bar.close()
             self._bar = None
         tail = f"; {self.outcome}" if self.outcome else (f"; best {self.best}" if self.best else "")
+        for note in self.notes:
+            self._print(note)
         self._print(f"{how}: {self._trials()}{tail}")
 
     def config_written(self, config: TunedConfig) -> None:
@@ -99,13 +104,12 @@ class NotebookProgress:
         ev = config.evidence
         settings = f"{config.precision} bs={config.batch_size} lr={config.learning_rate:.3g}"
         if ev.validated:
-            shown = f"{ev.speedup:.2f}x"
-            if ev.speedup_low is not None and ev.speedup_high is not None:
-                shown += f" ({ev.speedup_low:.2f}–{ev.speedup_high:.2f})"
+            shown = ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high)
             self.outcome = f"config {settings}: {shown} the fp32 reference, validated"
         else:
             why = f": {ev.validation_note}" if ev.validation_note else ""
             self.outcome = f"config {settings}: fell back to the fp32 reference{why}"
+        self.notes = config_notes(config, why=False)  # the closing line says why
 
     # ---- events ---------------------------------------------------------------------------
 

@@ -15,10 +15,11 @@ from pydantic import ValidationError
 
 from autotune.errors import StorageError
 from autotune.infra import clock
-from autotune.report import busy_text, collect, load_study, render_html
+from autotune.report import collect, config_notes, load_study, render_html
 from autotune.schema.config import TunedConfig
 from autotune.schema.enums import StudyState
 from autotune.schema.spec import format_duration
+from autotune.schema.workload_spec import workload_label
 from autotune.service._models import DeviceInfo, Health, StudyDetail, StudyStatus
 from autotune.service._page_assets import PRIVATE_NOTE, SCRIPT, STYLE
 from autotune.service._tuning_service import RequestError, TuningService
@@ -243,7 +244,7 @@ def _running_card(s: StudyDetail) -> str:
         f'<article class="card" id="study-{_e(s.name)}" data-study="{_e(s.name)}">'
         f"<h3>{_e(s.name)} {_badge(s.state)}</h3>"
         f'<div class="muted">{_owner(s.owner)} · on {_e(s.device or "?")} · '
-        f"<code>{_e(s.workload)}</code></div><dl>"
+        f"<code>{_e(workload_label(s.workload))}</code></div><dl>"
         f'<dt>Phase</dt><dd class="phase">{_e(p.phase or "starting")}</dd>'
         f'<dt>Budget</dt><dd class="budget">{budget}</dd>'
         f"<dt>Trials</dt>{_trial_chips(s)}"
@@ -264,7 +265,7 @@ def _queue_row(i: int, s: StudyStatus, device: str, now: float) -> str:
     return (
         f'<tr data-study="{_e(s.name)}"><td class="num wide">{i}</td>'
         f'<td><span class="name">{_e(s.name)}</span><div class="muted">{_owner(s.owner)}</div></td>'
-        f'<td class="wide"><code>{_e(s.workload)}</code><div class="muted">device '
+        f'<td class="wide"><code>{_e(workload_label(s.workload))}</code><div class="muted">device '
         f"{_e(device)} · priority {s.priority}</div></td>"
         f'<td class="num">{format_duration(s.progress.budget_seconds)}</td>'
         f"<td>{_when(s.submitted_at, now)}</td>"
@@ -291,13 +292,8 @@ def _result(s: StudyStatus, cfg: TunedConfig | None) -> str:
         return f'<span class="muted">{_e(s.error or s.detail)}</span>'
     ev = cfg.evidence
     verdict = "validated" if ev.validated else "not validated: fp32 fallback"
-    notes = []
-    if not ev.validated and ev.validation_note:
-        notes.append(ev.validation_note)  # why it fell back, as best.json and the report say
-    busy = busy_text(cfg)
-    if busy:
-        notes.append(busy)
-    more = "".join(f'<div class="muted">{_e(n)}</div>' for n in notes)
+    # Why it fell back, the timing noise and others' load: best.json's, as every surface says.
+    more = "".join(f'<div class="muted">{_e(n)}</div>' for n in config_notes(cfg))
     return (
         f"<code>{_e(cfg.precision)} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}</code>"
         f'<div class="figure">{_speedup(ev.speedup, ev.speedup_low, ev.speedup_high)} the fp32 '

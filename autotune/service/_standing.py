@@ -80,7 +80,12 @@ def read_standing(study: optuna.Study) -> StudyStanding:
     """The standing of a study, from its trials and user attributes."""
     trials = study.get_trials(deepcopy=False)
     out = StudyStanding()
+    # The config's own trial is not one the search ran: left out of the counts, as in the report.
+    crowned = [t for t in trials if record(t).tuned_config]
+    apart = {t.number for t in crowned}
     for t in trials:
+        if t.number in apart:
+            continue
         key = t.state.name.lower()
         if t.state == TrialState.FAIL and record(t).outcome == Outcome.NOT_RUN:
             key = "not_run"  # queued and never started: no failure of the workload's
@@ -93,7 +98,6 @@ def read_standing(study: optuna.Study) -> StudyStanding:
     out.reference_throughput = ref.throughput if ref is not None else None
     # The config, once there is one (the trial that carries validation's figure); before,
     # as validation ranks them: feasible, measured (not copied from a twin), best value first.
-    crowned = [t for t in trials if record(t).tuned_config]
     feasible = [t for t in feasible_trials(trials) if t.value is not None]
     if crowned:
         out.best = trial_info(crowned[-1])

@@ -13,7 +13,9 @@ import optuna
 import autotune
 from autotune.errors import AutotuneError, SpecError, WorkloadError
 from autotune.infra.inputs import Format, load_text
+from autotune.report import config_notes, ratio_text
 from autotune.schema.bounds import check_plain_text
+from autotune.schema.config import TunedConfig
 from autotune.schema.enums import StudyState
 from autotune.schema.spec import StudySpec, format_duration, parse_duration, parse_spec
 from autotune.service._access import WorkloadPolicy, WorkloadRefused
@@ -41,6 +43,18 @@ __all__ = ["MAX_BUDGET", "RequestError", "TuningService"]
 _READING_AGE = 0.5
 # The longest budget a study may ask for by default: a day of a shared device.
 MAX_BUDGET = 24 * 3600.0
+
+
+def _done_detail(cfg: TunedConfig) -> str:
+    """A finished study in one line: its config and figure with its interval, then why it fell
+    back, the timing noise and others' load, as best.json, the report and the page say them."""
+    ev = cfg.evidence
+    head = (
+        f"done: {cfg.precision} bs={cfg.batch_size} lr={cfg.learning_rate:.3g}, "
+        f"{ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high)} the fp32 reference "
+        f"({'validated' if ev.validated else 'fp32 fallback'})"
+    )
+    return "; ".join([head, *config_notes(cfg)])
 
 
 class RequestError(AutotuneError):
@@ -319,13 +333,7 @@ class TuningService:
                 return f"queued: waiting for a device: {'; '.join(blocked)}{spent}"
             return f"queued: {_ordinal(position)} in line{spent}"
         if row.state == StudyState.DONE and standing is not None and standing.tuned_config:
-            cfg = standing.tuned_config
-            ev = cfg.get("evidence", {})
-            return (
-                f"done: {cfg.get('precision')} bs={cfg.get('batch_size')} "
-                f"lr={cfg.get('learning_rate', 0):.3g}, {ev.get('speedup', 0):.2f}x the fp32 "
-                f"reference ({'validated' if ev.get('validated') else 'fp32 fallback'})"
-            )
+            return _done_detail(TunedConfig.model_validate(standing.tuned_config))
         if row.state == StudyState.FAILED:
             return f"failed: {row.error}"
         return row.state
