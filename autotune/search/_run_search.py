@@ -6,7 +6,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -252,7 +252,7 @@ def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.r
                     gate=gate,
                     should_stop=stop_requested,
                 )
-                ctx.spent[Phase.START] = started_in
+                ctx.found.spent[Phase.START] = started_in
                 outcome = _run_phases(ctx, store, rule)
             except (KeyboardInterrupt, SearchStopped) as exc:
                 if isinstance(exc, SearchStopped) and not interrupted.is_set():
@@ -372,10 +372,11 @@ def _run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> _Outcome:
     modes = check_hardware(ctx, list(ctx.spec.space.precisions))
     with ctx.clock(Phase.CEILINGS):
         find_ceilings(ctx, store, modes)
-    modes = [m for m in modes if ctx.ceilings.get(m, 0) > 0]
+    modes = [m for m in modes if ctx.found.ceilings.get(m, 0) > 0]
     runnable: list[str] = [m for m in ctx.spec.space.precisions if m not in ctx.facts.unsupported]
     choices = _fix_choices(store, ctx.spec, runnable)
-    ctx.space = _space(ctx.spec, choices, ctx.facts, rule)
+    # The sampler's space from here on: the choices fixed with the study, a new context for it.
+    ctx = replace(ctx, space=_space(ctx.spec, choices, ctx.facts, rule))
     refs = ReferenceKeeper(ctx, store)
     reference = _establish(ctx, refs)
     enqueue_base_trials(ctx, store, [m for m in choices if m in modes])
@@ -498,7 +499,7 @@ def _write_up(store: StudyStore, outcome: _Outcome, out: Path, budget: Budget) -
     for number in fail_orphans(store) + fail_ownerless(store):
         logger.warning("trial {} was left running: failed, and retried", number)
     ctx = outcome.ctx
-    spent = {**ctx.spent, Phase.WRITING: clock.now() - written_from}
+    spent = {**ctx.found.spent, Phase.WRITING: clock.now() - written_from}
     logger.info("time spent: {}", ", ".join(f"{k} {v:.1f}s" for k, v in spent.items()))
     roles = role_trials(store.trials())
     return SearchResult(
@@ -508,11 +509,11 @@ def _write_up(store: StudyStore, outcome: _Outcome, out: Path, budget: Budget) -
         reference=outcome.reference,
         baselines={Role.AMP_RECIPE: baseline(roles.get(Role.AMP_RECIPE))},
         rejected=outcome.rejected,
-        cut=ctx.cut,
-        ceilings=ctx.ceilings,
+        cut=ctx.found.cut,
+        ceilings=ctx.found.ceilings,
         elapsed=budget.elapsed(),
         validated_by=outcome.validated_by,
         selection=outcome.selection,
         spent=spent,
-        others_cores=ctx.contention.report(),
+        others_cores=ctx.found.contention.report(),
     )
