@@ -35,10 +35,6 @@ from autotune.search._context import Gate, SearchContext
 from autotune.search._coordination import (
     SETTLE_WAIT,
     await_validation,
-    fail_orphans,
-    fail_ownerless,
-    fail_waiting,
-    requeue_not_run,
     settle,
     validation_job,
 )
@@ -62,6 +58,7 @@ from autotune.search._validate import Selection, measure_spread, validation_rese
 from autotune.search._validation_run import validate
 from autotune.study.claims import LEASE, holding, mark_done
 from autotune.study.crown import store_config
+from autotune.study.leftovers import fail_orphans, fail_ownerless, fail_waiting, requeue_not_run
 from autotune.study.reference import ReferenceRecord
 from autotune.study.storage import Storage, fail_stale, heartbeat, open_study
 from autotune.study.store import StudyStore
