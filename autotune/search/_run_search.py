@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -212,7 +212,7 @@ def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.r
     budget: Budget | None = None,
     on_event: EventSink | None = None,
     gate: Gate | None = None,
-    should_stop: Any = None,
+    should_stop: Callable[[], bool] | None = None,
     join: bool = False,
     handle_sigint: bool = False,
     storage: Storage | None = None,
@@ -223,8 +223,7 @@ def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.r
     """
     t0 = clock.now()
     runner, own_runner = _resolve_runner(spec, runner)
-    study, starting = _open(spec, storage, join=join, runner=runner, own_runner=own_runner)
-    store = StudyStore(study)
+    store, starting = _open(spec, storage, join=join, runner=runner, own_runner=own_runner)
     budget = _window(store, spec, budget, join=join)
     out = Path(out_dir) if out_dir is not None else Path("studies") / spec.name
     interrupted = threading.Event()
@@ -268,13 +267,13 @@ def _open(
     join: bool,
     runner: Runner,
     own_runner: bool,
-) -> tuple[optuna.Study, threading.Thread]:
+) -> tuple[StudyStore, threading.Thread]:
     """Open (or join) the study while the runner's worker starts beside it."""
     # The worker imports torch while the storage opens: the first trial starts sooner.
     starting = threading.Thread(target=_start_quietly, args=(runner,), daemon=True)
     starting.start()
     try:
-        return open_study(spec, storage, create=not join), starting
+        return StudyStore(open_study(spec, storage, create=not join)), starting
     except BaseException:
         starting.join()
         if own_runner:
