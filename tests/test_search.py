@@ -149,6 +149,7 @@ def test_first_trials_try_each_mode_at_base_then_the_fastest_modes_larger_batche
     raised meanwhile is the one tried; nothing twice or above a ceiling."""
     from types import SimpleNamespace
 
+    from autotune.search._context import Findings
     from autotune.search._first_trials import enqueue_base_trials, enqueue_larger_batches
     from autotune.search._space import Space
     from autotune.study.trials import TrialRecord
@@ -158,7 +159,7 @@ def test_first_trials_try_each_mode_at_base_then_the_fastest_modes_larger_batche
     )
     space = Space.of(spec, ["fp32", "fp16", "bf16"], rule="linear", base_lr=0.2, base_batch=32)
     ceilings = {"fp32": 256, "fp16": 64, "bf16": 128}
-    ctx: Any = SimpleNamespace(space=space, ceilings=ceilings, wave_two=None)
+    ctx: Any = SimpleNamespace(space=space, found=Findings(ceilings=ceilings))
     reference: Any = SimpleNamespace(latest=lambda: SimpleNamespace(throughput=100.0))
     modes = ["fp32", "fp16", "bf16"]
     study = optuna.create_study(direction="maximize")

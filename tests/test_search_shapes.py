@@ -368,17 +368,19 @@ def test_the_search_raises_a_ceiling_its_own_trials_measured_room_above() -> Non
     half the memory budget, a ceiling set by memory stays, and one size alone says nothing."""
     from types import SimpleNamespace
 
+    from autotune.search._context import Findings
     from autotune.search._hardware import _key, raise_ceiling
 
     gib = 2**30
     ctx: Any = SimpleNamespace(
-        ceilings={"fp16": 256},
+        found=Findings(
+            ceilings={"fp16": 256}, cut={"fp16 batch>256": "fp16 ceiling is 256 (limited by time)"}
+        ),
         facts=SimpleNamespace(memory_budget=lambda margin: 30 * gib),
         spec=SimpleNamespace(
             memory_margin=0.1, space=SimpleNamespace(batch_size=SimpleNamespace(max=1024))
         ),
         space=SimpleNamespace(ladder=(64, 128, 256, 512, 1024)),
-        cut={"fp16 batch>256": "fp16 ceiling is 256 (limited by time)"},
         device="cuda:0",
     )
 
@@ -404,17 +406,17 @@ def test_the_search_raises_a_ceiling_its_own_trials_measured_room_above() -> Non
 
     study = study_with({128: 4.56, 256: 4.86}, "time")
     assert raise_ceiling(ctx, StudyStore(study), at_ceiling(study)) == 1024
-    assert ctx.ceilings["fp16"] == 1024 and "fp16 batch>256" not in ctx.cut
+    assert ctx.found.ceilings["fp16"] == 1024 and "fp16 batch>256" not in ctx.found.cut
     # A steeper line stops where it would pass half the budget (512: 12 GB; 1024: 24 GB).
-    ctx.ceilings["fp16"] = 256
+    ctx.found.ceilings["fp16"] = 256
     study = study_with({128: 3.0, 256: 6.0}, "time")
     assert raise_ceiling(ctx, StudyStore(study), at_ceiling(study)) == 512
-    assert ctx.cut["fp16 batch>512"].startswith("fp16 ceiling is 512")
+    assert ctx.found.cut["fp16 batch>512"].startswith("fp16 ceiling is 512")
     for peaks, limit in (({128: 4.56, 256: 4.86}, "memory"), ({256: 4.86}, "time")):
-        ctx.ceilings["fp16"] = 256
+        ctx.found.ceilings["fp16"] = 256
         study = study_with(peaks, limit)
         assert raise_ceiling(ctx, StudyStore(study), at_ceiling(study)) is None
-        assert ctx.ceilings["fp16"] == 256
+        assert ctx.found.ceilings["fp16"] == 256
 
 
 def test_the_fastest_candidate_is_measured_where_validation_holds_its_least() -> None:

@@ -224,7 +224,7 @@ def test_the_end_of_a_search_waits_out_a_trial_nobody_recorded_running(
 ) -> None:
     """A resumed search that ends within the grace period of such a trial (left by the run the
     disk stopped) still fails it: the study never ends with a trial RUNNING."""
-    from autotune.search._coordination import fail_ownerless
+    from autotune.study.leftovers import fail_ownerless
 
     study, _ = _study(tmp_path)
     orphan = study.ask()

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _spec_path import walk
 
 from autotune.schema.enums import Outcome, Role, StudyState
 
@@ -461,3 +462,72 @@ def test_outcomes_states_and_roles_are_enum_members_not_strings() -> None:
 )
 def test_the_named_value_rule_flags_what_it_should(source: str, flagged: bool) -> None:
     assert bool(_literal_named_values(source, "example.py")) is flagged
+
+
+# ---- the spec's path ----------------------------------------------------------------------------
+
+# Following the spec from the search's face (the method: tests/_spec_path.py and
+# docs/architecture.md), the most times it may go back up a layer.
+MAX_BACK_UP = 5
+
+
+def test_the_spec_goes_back_up_a_layer_at_most_five_times() -> None:
+    path = walk()
+    # The walk reaches every phase, or its figures say nothing.
+    for phase in ("_hardware.find_ceilings", "_trial.TrialStep.run", "_validation_run.validate"):
+        assert f"autotune.search.{phase}" in path.functions, f"the walk misses {phase}"
+    assert len(path.back_up) <= MAX_BACK_UP, path.figures()
+
+
+_MINI = {
+    "__init__.py": "",
+    "schema/__init__.py": "",
+    "schema/spec.py": "class StudySpec:\n    def fingerprint(self) -> str:\n        return ''\n",
+    "study/__init__.py": "",
+    "study/store.py": "class StudyStore:\n    def read(self) -> int:\n        return 0\n",
+    "study/storage.py": (
+        "from autotune.schema.spec import StudySpec\nfrom autotune.study.store import StudyStore\n"
+        "def open_study(spec: StudySpec) -> StudyStore:\n    spec.fingerprint()\n"
+        "    return StudyStore()\n"
+        "def fail(store: StudyStore) -> None:\n    store.read()\n"
+    ),
+    "search/__init__.py": (
+        "from autotune.schema.spec import StudySpec\nfrom autotune.study.storage import open_study\n"
+        "from autotune.{home} import tidy\n"
+        "def run_search(spec: StudySpec) -> None:\n    store = open_study(spec)\n    store.read()\n"
+        "    tidy(store)\n    finish(spec)\n"
+        "def finish(spec: StudySpec) -> None:\n    return None\n"
+    ),
+    # The same function in the search, or in the study layer.
+    **{
+        path: (
+            "from autotune.study.storage import fail\nfrom autotune.study.store import StudyStore\n"
+            "def tidy(store: StudyStore) -> None:\n    fail(store)\n"
+        )
+        for path in ("search/_tidy.py", "study/tidy.py")
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("home", "faces", "back_up"),
+    [
+        # open_study (study), tidy (search), fail (study), finish (search): up twice.
+        ("search._tidy", False, 2),
+        # tidy moved to the layer that owns it: the walk comes back up once, to finish.
+        ("study.tidy", False, 1),
+        # the store's read and the spec's own method entered too: the walk climbs from the
+        # spec's method to the store, and from the study to the search.
+        ("study.tidy", True, 2),
+    ],
+)
+def test_the_spec_path_counts_what_it_should(
+    tmp_path: Path, home: str, faces: bool, back_up: int
+) -> None:
+    for name, text in _MINI.items():
+        path = tmp_path / "autotune" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.replace("{home}", home))
+    found = walk(package=tmp_path / "autotune", faces=faces)
+    assert len(found.back_up) == back_up, found.figures()
+    assert found.functions[0] == "autotune.search.run_search"

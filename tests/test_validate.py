@@ -18,7 +18,7 @@ from autotune.measure.stats import claimed, ratio_estimate
 from autotune.schema.spec import Candidate, parse_spec
 from autotune.search import run_search
 from autotune.search._budget import Budget
-from autotune.search._context import SearchContext
+from autotune.search._context import Findings, SearchContext
 from autotune.search._rejections import rejection_summary
 from autotune.search._space import Space
 from autotune.search._validate import (
@@ -447,7 +447,7 @@ def _hour_long(spec: Any) -> tuple[SearchContext, optuna.Study]:
         budget=Budget(3600.0),
         facts=WorkerFacts.model_construct(workload=WORKLOAD, device="cuda:0"),
         space=Space.of(spec, ["bf16"], rule="linear", base_lr=0.1, base_batch=64),
-        probe_seconds=[1.0] * 10,
+        found=Findings(probe_seconds=[1.0] * 10),
     )
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="maximize")
     return ctx, study

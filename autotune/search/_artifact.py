@@ -124,11 +124,11 @@ def build_config(  # noqa: PLR0913 - what the phases found, each named at the on
         "base_learning_rate": facts.base_lr,
         "base_batch_size": facts.base_batch_size,
         "rejected": [str(r) for r in rejected[:10]],
-        "cut": ctx.cut,
-        "ceilings": ctx.ceilings,
+        "cut": ctx.found.cut,
+        "ceilings": ctx.found.ceilings,
         "fp16_diagnosis": fp16_diagnosis,
         "amp_throughput": amp.get("throughput"),
-        "others_cores": _rounded(ctx.contention.others_cores()),
+        "others_cores": _rounded(ctx.found.contention.others_cores()),
     }
     winner = selection.winner if selection is not None else None
     if winner is not None and winner.paired is not None:

@@ -1,5 +1,6 @@
-"""What every phase of a search shares: the spec, the runner, the clock, the device's facts,
-the space, and what the phases found so far (cut modes, ceilings, probe times)."""
+"""What every phase of a search shares: a frozen context (the spec, the runner, the clock, the
+device's facts, the space) and one mutable record of what the phases found (cuts, ceilings, probe
+times)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from autotune.search._budget import HARD_GRACE, WRITE_RESERVE, Budget, SearchSto
 from autotune.search._events import Event, EventSink
 from autotune.search._space import Space
 
-__all__ = ["Gate", "SearchContext"]
+__all__ = ["Findings", "Gate", "SearchContext"]
 
 # Called before each probe with its candidate; may block until the device has room.
 Gate = Callable[[Candidate], None]
@@ -42,28 +43,11 @@ def _no_events(event: Event) -> None:
 
 
 @dataclass
-class SearchContext:
-    """The state a search's phases share.
+class Findings:
+    """What a search's phases find as they go, shared by every context of one search: the one
+    mutable record beside the frozen :class:`SearchContext`."""
 
-    Args:
-        spec: the study spec.
-        runner: runs probes (a worker process per device, or in-process).
-        budget: the whole job's clock.
-        facts: the workload's and the device's facts, from the runner.
-        space: what the sampler may choose.
-        emit: where events go.
-        gate: called before each probe; may block (off the budget) while the device is busy.
-        should_stop: polled before each probe and trial; True stops with SearchStopped.
-    """
-
-    spec: StudySpec
-    runner: Runner
-    budget: Budget
-    facts: WorkerFacts
-    space: Space
-    emit: EventSink = _no_events
-    gate: Gate | None = None
-    should_stop: Callable[[], bool] = lambda: False
+    # Modes cut on this device, and batches above a mode's ceiling left unmeasured: the reason.
     cut: dict[str, str] = field(default_factory=dict)
     ceilings: dict[str, int] = field(default_factory=dict)
     # The modes the second wave of first trials has still to offer, fastest first (None until
@@ -77,7 +61,7 @@ class SearchContext:
     # the warm-up, first-use costs; compiling apart): what a probe pays before it measures.
     setup_seconds: list[float] = field(default_factory=list)
     compile_seconds: dict[str, list[float]] = field(default_factory=dict)
-    # Where the job's time went, by phase (seconds); see :meth:`clock`.
+    # Where the job's time went, by phase (seconds); see :meth:`SearchContext.clock`.
     spent: dict[str, float] = field(default_factory=dict)
     # A short budget's opening pair (the safe rule's candidate beside the reference): its
     # candidate's first trial and first validation pair, until they take it.
@@ -86,23 +70,53 @@ class SearchContext:
     contention: CpuContention = field(default_factory=CpuContention, repr=False)
     _clocks: list[list] = field(default_factory=list, repr=False)
 
+
+@dataclass(frozen=True)
+class SearchContext:
+    """What a search's phases share: fixed for the search, but the space, which a phase that
+    changes it replaces (``dataclasses.replace(ctx, space=...)``); what they find goes to
+    ``found``.
+
+    Args:
+        spec: the study spec.
+        runner: runs probes (a worker process per device, or in-process).
+        budget: the whole job's clock.
+        facts: the workload's and the device's facts, from the runner.
+        space: what the sampler may choose.
+        emit: where events go.
+        gate: called before each probe; may block (off the budget) while the device is busy.
+        should_stop: polled before each probe and trial; True stops with SearchStopped.
+        found: what the phases found so far (shared by the contexts a replace makes).
+    """
+
+    spec: StudySpec
+    runner: Runner
+    budget: Budget
+    facts: WorkerFacts
+    space: Space
+    emit: EventSink = _no_events
+    gate: Gate | None = None
+    should_stop: Callable[[], bool] = lambda: False
+    found: Findings = field(default_factory=Findings)
+
     @contextmanager
     def clock(self, phase: str) -> Iterator[None]:
         """Count the block's wall time to ``phase``; a clock started inside another pauses it,
         so the figures add up to the whole."""
+        clocks, spent = self.found._clocks, self.found.spent
         now = clock.now()
-        if self._clocks:
-            outer = self._clocks[-1]
-            self.spent[outer[0]] = self.spent.get(outer[0], 0.0) + now - outer[1]
-        self._clocks.append([phase, now])
+        if clocks:
+            outer = clocks[-1]
+            spent[outer[0]] = spent.get(outer[0], 0.0) + now - outer[1]
+        clocks.append([phase, now])
         try:
             yield
         finally:
-            name, since = self._clocks.pop()
+            name, since = clocks.pop()
             now = clock.now()
-            self.spent[name] = self.spent.get(name, 0.0) + now - since
-            if self._clocks:
-                self._clocks[-1][1] = now
+            spent[name] = spent.get(name, 0.0) + now - since
+            if clocks:
+                clocks[-1][1] = now
 
     @property
     def workload(self) -> str:
@@ -136,12 +150,12 @@ class SearchContext:
         """Seconds a compiled candidate may take beyond an uncompiled probe's hard limit: twice
         the longest compilation seen in its compile mode; in a mode not seen yet, a first guess
         for the device and mode, or more where the other modes' compilations, scaled, say so."""
-        mode = candidate.compile_mode
-        if self.compile_seconds.get(mode):
-            return 2 * max(self.compile_seconds[mode]) + 5.0
+        mode, compiled = candidate.compile_mode, self.found.compile_seconds
+        if compiled.get(mode):
+            return 2 * max(compiled[mode]) + 5.0
         factor = _MODE_FACTOR.get(mode, max(_MODE_FACTOR.values()))
         guess = factor * _FIRST_COMPILE["cuda" if self.device.startswith("cuda") else "cpu"]
-        for other, seconds in self.compile_seconds.items():
+        for other, seconds in compiled.items():
             scaled = max(seconds, default=0.0) * factor / _MODE_FACTOR.get(other, 1.0)
             guess = max(guess, 2 * scaled + 5.0)
         return guess
@@ -150,13 +164,13 @@ class SearchContext:
         """Count a finished probe: its wall time without compiling, and the compiling."""
         seconds = clock.now() - started
         if candidate.compile and compiled is not None:
-            self.compile_seconds.setdefault(candidate.compile_mode, []).append(compiled)
+            self.found.compile_seconds.setdefault(candidate.compile_mode, []).append(compiled)
             seconds = max(0.0, seconds - compiled)
-        self.probe_seconds.append(seconds)
+        self.found.probe_seconds.append(seconds)
 
     def typical_probe(self, default: float = 0.0) -> float:
         """The median wall time of the last probes (``default`` before any)."""
-        recent = self.probe_seconds[-10:]
+        recent = self.found.probe_seconds[-10:]
         return statistics.median(recent) if recent else default
 
     def _margined(self, settings: ProbeSettings) -> ProbeSettings:
@@ -209,13 +223,13 @@ class SearchContext:
         full = settings.warmup_steps >= self.spec.probe.warmup_steps
         if full and result.timed_steps and result.timed_seconds:
             before = result.wall_seconds - result.timed_seconds - (result.compile_seconds or 0.0)
-            self.setup_seconds.append(max(0.0, before))
+            self.found.setup_seconds.append(max(0.0, before))
         return result
 
     def least_probe(self) -> float:
         """Seconds the shortest probe worth starting takes: a typical set-up, then half the
         device's timed phase (a probe cut before it has timed anything measures nothing)."""
-        recent = self.setup_seconds[-10:]
+        recent = self.found.setup_seconds[-10:]
         setup = statistics.median(recent) if recent else 0.0
         return setup + 0.5 * self.default_min_time
 

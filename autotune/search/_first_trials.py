@@ -48,7 +48,7 @@ def enqueue_larger_batches(
     if store.trials((TrialState.WAITING,)):
         return False
     base = ctx.space.base_batch
-    if ctx.wave_two is None:
+    if ctx.found.wave_two is None:
         speed = _speed_at(store, base, reference)
         # A mode whose step at the base batch outlasted a probe's time limit, or whose warm
         # steps there ran at a fraction of the best's, has no larger batch worth a try (a CPU's
@@ -59,17 +59,17 @@ def enqueue_larger_batches(
             if t.params.get("batch_size") == base and _stopped_warming_up(t)
         }
         offered = [m for m in modes if m in ctx.space.precisions and m not in slow]
-        ctx.wave_two = sorted(offered, key=_order(speed))
-    while ctx.wave_two:
-        mode = ctx.wave_two.pop(0)
-        fitting = [b for b in ctx.space.ladder if b <= ctx.ceilings.get(mode, 0)]
+        ctx.found.wave_two = sorted(offered, key=_order(speed))
+    while ctx.found.wave_two:
+        mode = ctx.found.wave_two.pop(0)
+        fitting = [b for b in ctx.space.ladder if b <= ctx.found.ceilings.get(mode, 0)]
         near = next((b for b in fitting if b > base), None)
         top = max(fitting, default=None)
         batches = [b for b in dict.fromkeys((near, top)) if b is not None and b != base]
         for batch in batches:
             store.enqueue(ctx.space.params(mode, batch), skip_if_exists=True)
         if batches:
-            return not ctx.wave_two
+            return not ctx.found.wave_two
     return True
 
 

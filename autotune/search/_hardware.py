@@ -44,16 +44,16 @@ _JUMP_MEMORY_SHARE = 0.5
 
 
 def check_hardware(ctx: SearchContext, modes: list[str]) -> list[str]:
-    """The modes of ``modes`` the device runs; the others go to ``ctx.cut`` with the reason."""
+    """The modes of ``modes`` the device runs; the others go to ``ctx.found.cut`` with the reason."""
     runnable = []
     for name in modes:
         why = ctx.facts.unsupported.get(name)
         if why is not None:
-            ctx.cut[name] = why
+            ctx.found.cut[name] = why
             logger.info("cut {}: {}", name, why)
         else:
             runnable.append(name)
-    ctx.emit(HardwareChecked(modes=list(runnable), cut=dict(ctx.cut), device=ctx.device))
+    ctx.emit(HardwareChecked(modes=list(runnable), cut=dict(ctx.found.cut), device=ctx.device))
     return runnable
 
 
@@ -70,14 +70,14 @@ def _key(ctx: SearchContext, *, limits: bool = False) -> str:
 def find_ceilings(
     ctx: SearchContext, store: StudyStore, modes: list[str], *, keep: float = SAFE_PLAN
 ) -> None:
-    """Measure (or read back) each mode's batch ceiling into ``ctx.ceilings``, keeping ``keep``
+    """Measure (or read back) each mode's batch ceiling into ``ctx.found.ceilings``, keeping ``keep``
     seconds of the budget for what comes after."""
     space = ctx.spec.space
     where = _where(ctx)
     stored = store.ceilings(*where)
     if stored is not None and all(m in stored for m in modes):
-        ctx.ceilings.update({m: stored[m] for m in modes})
-        logger.info("ceilings from the stored study: {}", ctx.ceilings)
+        ctx.found.ceilings.update({m: stored[m] for m in modes})
+        logger.info("ceilings from the stored study: {}", ctx.found.ceilings)
         return
     ctx.runner.start()
     # Never so long that what the safe rule needs (the reference, the base batch's first
@@ -110,7 +110,7 @@ def find_ceilings(
             # vouched for): the mode keeps the base batch size, which the baselines run, or
             # the size fp32 vouched for, if larger.
             for m in (mode, *(m for m in modes if _TWINS.get(m) == mode)):
-                ctx.ceilings[m], limits[m] = max(start, vouched), "time"
+                ctx.found.ceilings[m], limits[m] = max(start, vouched), "time"
                 _out_of_time(ctx, m, max(start, vouched))
             continue
         else:
@@ -118,19 +118,19 @@ def find_ceilings(
         if mode == "fp32":
             vouched = vouched_size(ceiling, ctx.facts.memory_budget(ctx.spec.memory_margin))
             # What one try took (a build and a first step): a share shorter has no room for one.
-            try_seconds = ctx.probe_seconds[-1] if ctx.probe_seconds else 0.0
+            try_seconds = ctx.found.probe_seconds[-1] if ctx.found.probe_seconds else 0.0
         # A try cut short by the stop says nothing about memory: store no ceiling.
         ctx.stop_if_asked()
         if ceiling.limited_by == "busy":
             # Other processes held the margin: the mode keeps the base batch size this time,
             # and no ceiling is stored, so a resumed search measures it again.
             ceiling = ceiling.model_copy(update={"batch_size": max(ceiling.batch_size, start)})
-        ctx.ceilings[mode], limits[mode] = ceiling.batch_size, ceiling.limited_by
+        ctx.found.ceilings[mode], limits[mode] = ceiling.batch_size, ceiling.limited_by
         _note_ceiling(ctx, mode, ceiling, start=start)
         _twins_take(ctx, modes, mode, ceiling, limits, start=start)
     if "busy" in limits.values():
         return
-    store.set_ceilings(*where, ctx.ceilings)
+    store.set_ceilings(*where, ctx.found.ceilings)
     store.set_ceiling_limits(*where, limits)
 
 
@@ -146,7 +146,7 @@ def _twins_take(  # noqa: PLR0913 - the phase's state, keyword-only start
     """The modes of ``modes`` that twin ``mode`` take its measured ceiling."""
     for twin in (m for m in modes if _TWINS.get(m) == mode):
         ctx.emit(PhaseStarted(phase=Phase.CEILINGS, mode=twin))
-        ctx.ceilings[twin], limits[twin] = ceiling.batch_size, ceiling.limited_by
+        ctx.found.ceilings[twin], limits[twin] = ceiling.batch_size, ceiling.limited_by
         logger.info(
             "ceiling {} = {} ({}'s: a step holds the same tensors)", twin, ceiling.batch_size, mode
         )
@@ -155,7 +155,9 @@ def _twins_take(  # noqa: PLR0913 - the phase's state, keyword-only start
 
 def _out_of_time(ctx: SearchContext, mode: str, start: int) -> None:
     """Say that a mode's ceiling was not measured above ``start``: no time was left for it."""
-    ctx.cut[f"{mode} batch>{start}"] = f"{mode} ceiling not measured above {start}: no time left"
+    ctx.found.cut[f"{mode} batch>{start}"] = (
+        f"{mode} ceiling not measured above {start}: no time left"
+    )
     logger.info("ceiling {} = {} (not measured: the ceiling phase is out of time)", mode, start)
     ctx.emit(
         CeilingFound(
@@ -222,12 +224,12 @@ def _note_ceiling(ctx: SearchContext, mode: str, ceiling: Ceiling, *, start: int
     if ceiling.batch_size == 0:
         # Not even the first size ran: the mode cannot run here (or not within this budget).
         first = ceiling.tries[0] if ceiling.tries else None
-        ctx.cut[mode] = f"{mode} could not run one step at batch_size={start}" + (
+        ctx.found.cut[mode] = f"{mode} could not run one step at batch_size={start}" + (
             f": {first.outcome}: {first.note}" if first is not None else ""
         )
-        logger.info("cut {}: {}", mode, ctx.cut[mode])
+        logger.info("cut {}: {}", mode, ctx.found.cut[mode])
     elif ceiling.batch_size < ctx.spec.space.batch_size.max:
-        ctx.cut[f"{mode} batch>{ceiling.batch_size}"] = (
+        ctx.found.cut[f"{mode} batch>{ceiling.batch_size}"] = (
             f"{mode} ceiling is {ceiling.batch_size} (limited by {ceiling.limited_by})"
         )
     ctx.emit(CeilingFound(mode=mode, ceiling=ceiling))
@@ -375,11 +377,11 @@ def _scaled(first: ProbeResult, size: int) -> ProbeResult:
 def lower_ceiling(ctx: SearchContext, store: StudyStore, mode: str, batch_size: int) -> None:
     """An OOM at ``batch_size`` during the search: the mode's ceiling drops below it."""
     lower = max([b for b in ctx.space.ladder if b < batch_size], default=0)
-    if lower < ctx.ceilings.get(mode, 0):
+    if lower < ctx.found.ceilings.get(mode, 0):
         logger.info("{} bs={} → OOM, ceiling now {}", mode, batch_size, lower)
-        ctx.ceilings[mode] = lower
+        ctx.found.ceilings[mode] = lower
         where = _where(ctx)
-        store.set_ceilings(*where, ctx.ceilings)
+        store.set_ceilings(*where, ctx.found.ceilings)
         store.set_ceiling_limits(*where, {**store.ceiling_limits(*where), mode: "memory"})
 
 
@@ -394,7 +396,7 @@ def raise_ceiling(ctx: SearchContext, store: StudyStore, trial: FrozenTrial) -> 
     still lowers it)."""
     p = trial.params
     mode, bs = p.get("precision"), p.get("batch_size")
-    if not isinstance(mode, str) or not isinstance(bs, int) or bs != ctx.ceilings.get(mode):
+    if not isinstance(mode, str) or not isinstance(bs, int) or bs != ctx.found.ceilings.get(mode):
         return None
     if record(trial).fp32_modules:
         return None
@@ -426,14 +428,14 @@ def raise_ceiling(ctx: SearchContext, store: StudyStore, trial: FrozenTrial) -> 
     if not fits:
         return None
     new = max(fits)
-    ctx.ceilings[mode] = new
+    ctx.found.ceilings[mode] = new
     cap = max(ctx.space.ladder)
-    ctx.cut.pop(f"{mode} batch>{bs}", None)
+    ctx.found.cut.pop(f"{mode} batch>{bs}", None)
     if new < ctx.spec.space.batch_size.max:
-        ctx.cut[f"{mode} batch>{new}"] = (
+        ctx.found.cut[f"{mode} batch>{new}"] = (
             f"{mode} ceiling is {new} (limited by time; raised from {bs} by the search's peaks)"
         )
-    store.set_ceilings(*where, ctx.ceilings)
+    store.set_ceilings(*where, ctx.found.ceilings)
     store.set_ceiling_limits(*where, {**limits, mode: "cap" if new >= cap else "time"})
     logger.info(
         "{} ceiling {} → {}: trials at bs={} and {} peaked at {:.0f} and {:.0f} MiB, {:.2f} MiB "

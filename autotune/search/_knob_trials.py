@@ -63,8 +63,8 @@ def islands_plan(found: dict[str, Any]) -> tuple[list[str], str]:
 
 def _trial_estimate(ctx: SearchContext) -> float:
     """Seconds one more search trial takes: the typical one, at most a trial's time limit."""
-    if ctx.trial_seconds:
-        return statistics.median(ctx.trial_seconds[-10:])
+    if ctx.found.trial_seconds:
+        return statistics.median(ctx.found.trial_seconds[-10:])
     return min(ctx.typical_probe(default=5.0), max(3.0, TRIAL_SHARE * ctx.budget.total))
 
 
@@ -135,7 +135,7 @@ def diagnose_failures(
 def _enqueue_islands(ctx: SearchContext, store: StudyStore, trial: Any, modules: list[str]) -> None:
     """fp16 with the modules in fp32: at the diverged trial's point, and at fp16's ceiling."""
     points = [{**trial.params, "fp32_islands": ISLANDS_CHOICES[1]}]
-    fitting = [b for b in ctx.space.ladder if b <= ctx.ceilings.get("fp16", 0)]
+    fitting = [b for b in ctx.space.ladder if b <= ctx.found.ceilings.get("fp16", 0)]
     if fitting and max(fitting) != trial.params.get("batch_size"):
         points.append(
             {**ctx.space.params("fp16", max(fitting)), "fp32_islands": ISLANDS_CHOICES[1]}

@@ -45,9 +45,9 @@ def trial_settings(
     # A mode far slower than the rest (fp16 on many CPUs) shows it in a few steps; a short
     # budget should not spend a large slice of itself proving it.
     limit = max(1.0, min(limit, max(3.0, most)))
-    if len(ctx.trial_seconds) >= 3:
+    if len(ctx.found.trial_seconds) >= 3:
         # Once typical trials are known, one far slower than them is cut at a few times
         # their length: its throughput is measured by then.
-        typical = statistics.median(ctx.trial_seconds)
+        typical = statistics.median(ctx.found.trial_seconds)
         limit = max(1.0, min(limit, max(2.0, 4 * typical)))
     return probe.model_copy(update={"time_limit": limit})

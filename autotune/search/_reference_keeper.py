@@ -207,7 +207,7 @@ class ReferenceKeeper:
 
     def _open(self, cand: Candidate, opening: Candidate) -> ProbeResult | None:
         """The opening pair: ``opening`` beside the reference in most of what is left, its arms
-        past fp16's overflow horizon where it is fp16, kept in ``ctx.opening``; its reference
+        past fp16's overflow horizon where it is fp16, kept in ``ctx.found.opening``; its reference
         arm, or None where that arm did not complete (the reference then runs alone)."""
         ctx, probe = self.ctx, self.ctx.spec.probe
         steps = ctx.spec.validation.steps
@@ -227,7 +227,7 @@ class ReferenceKeeper:
         timeout = min(share + ctx.hard_grace(), left - 1.0)
         paired = ctx.run_compare(opening, cand, settings, timeout=timeout)
         logger.info("opening pair, the reference beside the safe pick: {}", paired.summary())
-        ctx.opening, arm = paired, paired.reference
+        ctx.found.opening, arm = paired, paired.reference
         if not arm.ok and arm.timed_out:
             # Stopped at its hard limit (a build or a step that hangs): alone it would again.
             raise ReferenceUnavailable(arm)

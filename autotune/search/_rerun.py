@@ -123,11 +123,11 @@ def paired_rerun(
     compiled one only where its share covers compiling again and six pairs after it); an
     fp16 one whose pair would be accepted then runs alone to ``horizon`` steps, in the time
     kept for it, so a refusal for speed or parity never pays for it."""
-    opening = ctx.opening
+    opening = ctx.found.opening
     if opening is not None and opening.candidate.candidate == candidate(trial):
         # Its pair was the search's opening: measured before any trial, so not chosen for its
         # figures; the first rerun of its candidate is that pair.
-        ctx.opening = None
+        ctx.found.opening = None
         if opening.ok:
             wall = opening.candidate.wall_seconds
             rerun = with_gap(Rerun(trial, opening, share=wall, horizon=horizon), reference)

@@ -189,7 +189,7 @@ def cannot_step(trials: list[FrozenTrial], cand: Candidate, left: float) -> str 
 def cannot_compile(ctx: SearchContext, cand: Candidate, left: float) -> str | None:
     """Why a compiled candidate cannot be measured in ``left`` seconds: its compile mode took
     longer here (cut while compiling, it would measure nothing); None when it can."""
-    seen = ctx.compile_seconds.get(cand.compile_mode) if cand.compile else None
+    seen = ctx.found.compile_seconds.get(cand.compile_mode) if cand.compile else None
     if not seen or min(seen) < left:
         return None
     return (

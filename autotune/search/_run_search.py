@@ -6,8 +6,8 @@ import contextlib
 import math
 import signal
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,10 +39,6 @@ from autotune.search._context import Gate, SearchContext
 from autotune.search._coordination import (
     SETTLE_WAIT,
     await_validation,
-    fail_orphans,
-    fail_ownerless,
-    fail_waiting,
-    requeue_not_run,
     settle,
     validation_job,
 )
@@ -67,6 +63,7 @@ from autotune.search._validate import Selection, measure_spread, validation_rese
 from autotune.search._validation_run import validate
 from autotune.study.claims import LEASE, holding, mark_done
 from autotune.study.crown import store_config
+from autotune.study.leftovers import fail_orphans, fail_ownerless, fail_waiting, requeue_not_run
 from autotune.study.reference import ReferenceRecord
 from autotune.study.storage import Storage, fail_stale, heartbeat, open_study
 from autotune.study.store import StudyStore
@@ -220,7 +217,7 @@ def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.r
     budget: Budget | None = None,
     on_event: EventSink | None = None,
     gate: Gate | None = None,
-    should_stop: Any = None,
+    should_stop: Callable[[], bool] | None = None,
     join: bool = False,
     handle_sigint: bool = False,
     storage: Storage | None = None,
@@ -231,8 +228,7 @@ def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.r
     """
     t0 = clock.now()
     runner, own_runner = _resolve_runner(spec, runner)
-    study, starting = _open(spec, storage, join=join, runner=runner, own_runner=own_runner)
-    store = StudyStore(study)
+    store, starting = _open(spec, storage, join=join, runner=runner, own_runner=own_runner)
     budget = _window(store, spec, budget, join=join)
     out = Path(out_dir) if out_dir is not None else Path("studies") / spec.name
     interrupted = threading.Event()
@@ -257,7 +253,7 @@ def run_search(  # noqa: PLR0913 - the face's keyword options (autotune.search.r
                     gate=gate,
                     should_stop=stop_requested,
                 )
-                ctx.spent[Phase.START] = started_in
+                ctx.found.spent[Phase.START] = started_in
                 outcome = _run_phases(ctx, store, rule)
             except (KeyboardInterrupt, SearchStopped) as exc:
                 if isinstance(exc, SearchStopped) and not interrupted.is_set():
@@ -276,13 +272,13 @@ def _open(
     join: bool,
     runner: Runner,
     own_runner: bool,
-) -> tuple[optuna.Study, threading.Thread]:
+) -> tuple[StudyStore, threading.Thread]:
     """Open (or join) the study while the runner's worker starts beside it."""
     # The worker imports torch while the storage opens: the first trial starts sooner.
     starting = threading.Thread(target=_start_quietly, args=(runner,), daemon=True)
     starting.start()
     try:
-        return open_study(spec, storage, create=not join), starting
+        return StudyStore(open_study(spec, storage, create=not join)), starting
     except BaseException:
         starting.join()
         if own_runner:
@@ -380,10 +376,11 @@ def _run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> _Outcome:
     short = OPENING_LEAST <= ctx.budget.left() < OPENING_PLAN
     with ctx.clock(Phase.CEILINGS):
         find_ceilings(ctx, store, modes, keep=math.inf if short else SAFE_PLAN)
-    modes = [m for m in modes if ctx.ceilings.get(m, 0) > 0]
+    modes = [m for m in modes if ctx.found.ceilings.get(m, 0) > 0]
     runnable: list[str] = [m for m in ctx.spec.space.precisions if m not in ctx.facts.unsupported]
     choices = _fix_choices(store, ctx.spec, runnable)
-    ctx.space = _space(ctx.spec, choices, ctx.facts, rule)
+    # The sampler's space from here on: the choices fixed with the study, a new context for it.
+    ctx = replace(ctx, space=_space(ctx.spec, choices, ctx.facts, rule))
     refs = ReferenceKeeper(ctx, store)
     opening = safe_pick(ctx, [m for m in choices if m in modes]) if short else None
     reference = establish(ctx, refs, opening if refs.record is None else None)
@@ -490,7 +487,7 @@ def _write_up(store: StudyStore, outcome: _Outcome, out: Path, budget: Budget) -
     for number in fail_orphans(store) + fail_ownerless(store):
         logger.warning("trial {} was left running: failed, and retried", number)
     ctx = outcome.ctx
-    spent = {**ctx.spent, Phase.WRITING: clock.now() - written_from}
+    spent = {**ctx.found.spent, Phase.WRITING: clock.now() - written_from}
     logger.info("time spent: {}", ", ".join(f"{k} {v:.1f}s" for k, v in spent.items()))
     roles = role_trials(store.trials())
     return SearchResult(
@@ -500,11 +497,11 @@ def _write_up(store: StudyStore, outcome: _Outcome, out: Path, budget: Budget) -
         reference=outcome.reference,
         baselines={Role.AMP_RECIPE: baseline(roles.get(Role.AMP_RECIPE))},
         rejected=outcome.rejected,
-        cut=ctx.cut,
-        ceilings=ctx.ceilings,
+        cut=ctx.found.cut,
+        ceilings=ctx.found.ceilings,
         elapsed=budget.elapsed(),
         validated_by=outcome.validated_by,
         selection=outcome.selection,
         spent=spent,
-        others_cores=ctx.contention.report(),
+        others_cores=ctx.found.contention.report(),
     )

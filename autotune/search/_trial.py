@@ -76,7 +76,7 @@ class TrialStep:
         # Trials in a row whose candidate was measured already (see EXHAUSTED).
         self.twins_in_row = 0
         # The opening pair's candidate arm, until its trial takes it as its probe.
-        self._opening = ctx.opening.candidate if ctx.opening is not None else None
+        self._opening = ctx.found.opening.candidate if ctx.found.opening is not None else None
 
     @property
     def opened(self) -> bool:
@@ -129,12 +129,12 @@ class TrialStep:
         """Prune a candidate no probe can run: a mode cut on this device, or a batch above the
         mode's ceiling (a baseline runs there anyway). True when it was pruned."""
         if cand.precision not in modes:
-            why = self.ctx.cut.get(cand.precision, f"{cand.precision} was cut on this device")
+            why = self.ctx.found.cut.get(cand.precision, f"{cand.precision} was cut on this device")
             self.prune(trial, Outcome.UNSUPPORTED, why)
             return True
-        ceiling = self.ctx.ceilings.get(cand.precision, 0)
+        ceiling = self.ctx.found.ceilings.get(cand.precision, 0)
         if cand.batch_size > ceiling and role is None:
-            unmeasured = self.ctx.cut.get(f"{cand.precision} batch>{ceiling}")  # out of time
+            unmeasured = self.ctx.found.cut.get(f"{cand.precision} batch>{ceiling}")  # out of time
             why = f"batch_size={cand.batch_size} is above the {cand.precision} ceiling {ceiling}"
             self.prune(trial, Outcome.ABOVE_CEILING, f"{why} ({unmeasured})" if unmeasured else why)
             return True
@@ -185,7 +185,7 @@ class TrialStep:
         # What the trial measured for; its compiling is no measure of how long trials take.
         measured = result.wall_seconds - (result.compile_seconds or 0.0)
         if result.outcome == Outcome.COMPLETED:
-            ctx.trial_seconds.append(measured)
+            ctx.found.trial_seconds.append(measured)
             self._complete(trial, result, reference)
         elif result.outcome == Outcome.CRASHED:
             if result.timed_out:
@@ -201,7 +201,7 @@ class TrialStep:
             if result.outcome == Outcome.OOM:
                 lower_ceiling(ctx, self.store, cand.precision, cand.batch_size)
             elif result.outcome in (Outcome.SLOWER, Outcome.OFF_PARITY):
-                ctx.trial_seconds.append(measured)
+                ctx.found.trial_seconds.append(measured)
                 decided = (
                     f"speed after {len(result.blocks)} blocks"
                     if result.outcome == Outcome.SLOWER
