@@ -673,3 +673,24 @@ def test_an_lr_at_or_above_one_that_blew_up_is_not_run_again() -> None:
             blown[str(mode)] = min(lr, blown.get(str(mode), lr))
     assert blown and skipped >= 1
     assert run.config.evidence.validated
+
+
+@pytest.mark.parametrize(
+    ("budget", "precisions"), [("18s", ["fp32", "bf16", "fp16"]), ("26s", ["fp32", "fp16"])]
+)
+def test_a_budget_too_short_for_a_reference_a_trial_and_a_pair_validates_the_safe_pick_from_one_pair(
+    budget: str, precisions: list[str]
+) -> None:
+    """Runs that each pay 2.4 s of set-up, a worker that starts in 6 s, 18-26 s in all: a
+    reference, a trial and a validation pair (six set-ups) do not fit, so the search opens with
+    one pair, the safe pick (bf16 at the base batch, else the AMP recipe run to fp16's horizon)
+    beside the fp32 reference, and that pair validates it on every seed, inside the budget
+    (before, the reference and the trial took the time its pair needed: fp32 on every seed)."""
+    short = spec(budget, space={"precisions": precisions})
+    safe = "bf16" if "bf16" in precisions else "fp16"
+    for run in validated_on_every_seed(short, slow_builds(start=6.0), 3):
+        cfg = run.config
+        assert (cfg.precision, cfg.batch_size) == (safe, 64)
+        assert cfg.evidence.paired_blocks >= 6
+        first = run.study.trials[0]
+        assert first.params["precision"] == safe and first.state == TrialState.COMPLETE
