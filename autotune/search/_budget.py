@@ -45,7 +45,7 @@ SAFE_PLAN = 4 * REFERENCE_FLOOR
 OPENING_PLAN = 2 * SAFE_PLAN
 # ... and at or above which one fits (two arms' set-up and six pairs; below it, the reference
 # runs alone).
-OPENING_LEAST = 3 * REFERENCE_FLOOR
+OPENING_LEAST = 2 * REFERENCE_FLOOR
 # A probe may overrun its soft limit by about one step; the hard limit adds this much.
 HARD_GRACE = 15.0
 # No ordinary trial may take more than this share of the budget.

@@ -29,6 +29,8 @@ _CURVE_SHARE = 0.15
 # An opening pair takes at most this share of what is left: it ends once its candidate ran its
 # steps (fp16's overflow horizon) and the pairs' ratio is tight; the rest goes to other trials.
 _OPENING_SHARE = 0.85
+# Seconds a reference run alone needs after it: its floor, the config's writing, a second.
+_ALONE = REFERENCE_FLOOR + WRITE_RESERVE + 1.0
 # Re-measure when the last measurement is older than this many typical trials ...
 _REFRESH_TRIALS = 8
 # ... but never more often than this (seconds), and at least this often.
@@ -231,8 +233,10 @@ class ReferenceKeeper:
         if not arm.ok and arm.timed_out:
             # Stopped at its hard limit (a build or a step that hangs): alone it would again.
             raise ReferenceUnavailable(arm)
-        if not arm.ok or arm.throughput <= 0 or len(arm.losses) < probe.warmup_steps + probe.steps:
-            # Stopped early (its candidate diverged or ran out of memory): too short a curve.
+        short = len(arm.losses) < probe.warmup_steps + probe.steps
+        if not arm.ok or arm.throughput <= 0 or (short and ctx.budget.left() > _ALONE):
+            # Stopped early (its candidate diverged or ran out of memory): too short a curve,
+            # where a run alone still fits.
             logger.info("the opening pair's reference arm ran {} steps: measuring the reference "
                         "alone", len(arm.losses))  # fmt: skip
             return None
