@@ -222,7 +222,7 @@ class ReferenceKeeper:
                 "steps": steps,
                 "time_limit": max(1.0, share - 1.0),
                 "min_time": ctx.default_min_time,
-                "precision": 0.005,
+                "precision": 0.01,
             }
         )
         # Stopped at the budget's end at the latest (a second for the worker to stop).

@@ -18,6 +18,7 @@ from autotune.search._validation_time import (
     compiling,
     endurance_seconds,
     in_pair_seconds,
+    opened,
     setup_seconds,
     six_pairs,
 )
@@ -124,7 +125,7 @@ def paired_rerun(
     fp16 one whose pair would be accepted then runs alone to ``horizon`` steps, in the time
     kept for it, so a refusal for speed or parity never pays for it."""
     opening = ctx.found.opening
-    if opening is not None and opening.candidate.candidate == candidate(trial):
+    if opening is not None and opened(ctx, trial):
         # Its pair was the search's opening: measured before any trial, so not chosen for its
         # figures; the first rerun of its candidate is that pair.
         ctx.found.opening = None

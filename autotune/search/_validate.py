@@ -26,6 +26,7 @@ from autotune.search._shortlist import eligible, safe_standby, shortlist
 from autotune.search._validation_time import (
     endurance_seconds,
     least_pair,
+    opened,
     proof_seconds,
     rerun_need,
 )
@@ -390,13 +391,21 @@ def candidates(
     picked = _shortlist(ctx, store, reference, ruled_out)
     if not picked or not ctx.maximize:
         return picked, None
+    done = store.trials((TrialState.COMPLETE,))
+    min_speedup = ctx.spec.validation.min_speedup
     standby = safe_standby(
-        store.trials((TrialState.COMPLETE,)),
+        done,
         picked,
-        min_speedup=ctx.spec.validation.min_speedup,
+        min_speedup=min_speedup,
         ruled_out=ruled_out,
         parity_tolerance=ctx.spec.parity_tolerance,
     )
+    # The opening pair's pick costs validation nothing: the standby, where it is the faster.
+    first = next((t for t in done if opened(ctx, t) and t not in picked), None)
+    if first is not None and first not in ruled_out and is_feasible(first):
+        speed = record(first).speedup or 0.0
+        if speed >= min_speedup and (standby is None or speed >= (record(standby).speedup or 0)):
+            standby = first
     return picked, standby
 
 

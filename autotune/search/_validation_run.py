@@ -38,6 +38,7 @@ from autotune.search._validate import (
 from autotune.search._validation_time import (
     LONGER,
     compiling,
+    opened,
     proof_seconds,
     rerun_need,
 )
@@ -124,7 +125,7 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
             out.append(Rerun(trial, None, skipped="ruled out by a refusal before it"))
             continue
         left = end - ctx.budget.elapsed()
-        if left < 1.0:
+        if left < 1.0 and not opened(ctx, trial):  # (the opening pair costs nothing now)
             out.append(Rerun(trial, None))
             continue
         # Each its share of what is left by what it needs, and the best first what it needs
@@ -143,7 +144,7 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         least = least_seconds(ctx, trial) + proof_seconds(ctx, trial, horizon)
         room = max(left - keep, min(left, least))
         # At most twice its need: what it leaves goes to the next round, should it fail.
-        share = min(max(left * needs[0] / sum(needs), needs[0]), room, 2 * needs[0])
+        share = min(max(left * needs[0] / max(sum(needs), 1e-9), needs[0]), room, 2 * needs[0])
         rerun = paired_rerun(ctx, trial, reference, share=share, horizon=horizon)
         out.append(rerun)
         if rerun.paired is not None or rerun.endurance is not None:

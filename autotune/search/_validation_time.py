@@ -8,7 +8,7 @@ from optuna.trial import FrozenTrial
 from autotune.measure.stats import MIN_VALUES
 from autotune.search._context import SearchContext
 from autotune.search._risk import steps_run
-from autotune.study.trials import is_feasible, record
+from autotune.study.trials import candidate, is_feasible, record
 
 __all__ = [
     "ENDURANCE_SHARE",
@@ -17,6 +17,7 @@ __all__ = [
     "endurance_seconds",
     "in_pair_seconds",
     "least_pair",
+    "opened",
     "per_pair",
     "proof_seconds",
     "rerun_need",
@@ -50,10 +51,18 @@ def per_pair(ctx: SearchContext) -> float:
     return 2.5 * ratio * ctx.typical_probe(default=0.0) + 1.0
 
 
+def opened(ctx: SearchContext, trial: FrozenTrial) -> bool:
+    """Is ``trial``'s first validation pair the search's opening pair, still untaken?"""
+    pair = ctx.found.opening
+    return pair is not None and pair.ok and pair.candidate.candidate == candidate(trial)
+
+
 def rerun_need(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
     """Seconds a trial's validation needs: its pair (by its weight, and at least what six
     pairs take at its measured step times), fp16's run alone to ``horizon`` steps, and a
-    compiled candidate's compiling again."""
+    compiled candidate's compiling again; none for the opening pair's candidate."""
+    if opened(ctx, trial):
+        return 0.0
     pair = max(per_pair(ctx), six_pairs(ctx, trial)) * weight(trial)
     seconds = compiling(trial)
     # A compiled one also needs a second to spare: its pair is measured only where its share
