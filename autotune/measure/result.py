@@ -112,7 +112,10 @@ class ProbeResult(BaseModel):
             if self.compile_seconds is not None:
                 tail += f" (compiled in {self.compile_seconds:.1f}s, untimed)"
             if self.truncated:
-                tail += f" (time limit, {self.timed_steps} timed steps)"
+                steps = (
+                    "1 timed step" if self.timed_steps == 1 else f"{self.timed_steps} timed steps"
+                )
+                tail += f" (time limit, {steps})"
             return f"{head} → {tail}"
         return f"{head} → {self.outcome}: {self.reason}"
 

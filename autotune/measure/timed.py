@@ -283,7 +283,7 @@ class TimedRun:
         self.outcome = Outcome.SLOWER
         self.reason = (
             f"a warm step ran at {rate:,.1f} samples/s, under 1/{HOPELESS:g} of the best's "
-            f"{rule.below:,.0f}"
+            f"lower bound, {rule.below:,.0f} samples/s"
         )
         return True
 

@@ -173,7 +173,7 @@ def cannot_step(trials: list[FrozenTrial], cand: Candidate, left: float) -> str 
     if cand.batch_size <= at and best_rate * HOPELESS < fastest:
         return (
             f"{cand.precision} ran at {best_rate:,.1f} samples/s at batch_size={at}, under "
-            f"1/{HOPELESS:g} of the best's {fastest:,.0f}: a smaller batch runs no faster"
+            f"1/{HOPELESS:g} of the best's {fastest:,.0f} samples/s: a smaller batch runs no faster"
         )
     step = cand.batch_size / best_rate
     # Two steps at the least: the first, with its first-use costs, and one that is timed.
