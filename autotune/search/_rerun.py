@@ -124,15 +124,14 @@ def paired_rerun(
     compiled one only where its share covers compiling again and six pairs after it); an
     fp16 one whose pair would be accepted then runs alone to ``horizon`` steps, in the time
     kept for it, so a refusal for speed or parity never pays for it."""
-    opening = ctx.found.opening
-    if opening is not None and opened(ctx, trial):
+    if (opening := ctx.found.opening) is not None and opened(ctx, trial):
         # Its pair was the search's opening: measured before any trial, so not chosen for its
-        # figures; the first rerun of its candidate is that pair.
+        # figures; the first rerun of its candidate is that pair, paid already (``share`` is
+        # for fp16's run alone, where the pair fell short of its horizon).
         ctx.found.opening = None
-        if opening.ok:
-            wall = opening.candidate.wall_seconds
-            rerun = with_gap(Rerun(trial, opening, share=wall, horizon=horizon), reference)
-            return _endure(ctx, reference, rerun, trial, share=max(0.0, share - wall))
+        wall = opening.candidate.wall_seconds
+        rerun = with_gap(Rerun(trial, opening, share=wall, horizon=horizon), reference)
+        return _endure(ctx, reference, rerun, trial, share=share)
     started = ctx.budget.elapsed()
     seconds = compiling(trial)
     least = seconds + six_pairs(ctx, trial)

@@ -133,7 +133,10 @@ def _search(
         # From what the search measured so far: a new leader's pair may need more.
         reserve = validation_reserve(ctx, store, step.refs.record)
         left = end_at - reserve - ctx.budget.elapsed()
-        if left < max(1.0, 0.25 * ctx.typical_probe(), ctx.least_probe()) and not step.opened:
+        if (
+            left < max(1.0, 0.25 * ctx.typical_probe(), ctx.least_probe())
+            and not step.opening_waits
+        ):
             logger.info("search phase over: {:.0f}s left for it", max(0.0, left))
             return False
         if step.twins_in_row >= EXHAUSTED:
@@ -383,7 +386,7 @@ def _run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> _Outcome:
     ctx = replace(ctx, space=_space(ctx.spec, choices, ctx.facts, rule))
     refs = ReferenceKeeper(ctx, store)
     opening = safe_pick(ctx, [m for m in choices if m in modes]) if short else None
-    reference = establish(ctx, refs, opening if refs.record is None else None)
+    reference = establish(ctx, refs, opening)
     enqueue_base_trials(ctx, store, [m for m in choices if m in modes])
     enqueue_diagnosed_islands(ctx, store, modes)
     end_at = hard_end = ctx.budget.total - WRITE_RESERVE

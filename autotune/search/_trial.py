@@ -79,7 +79,7 @@ class TrialStep:
         self._opening = ctx.found.opening.candidate if ctx.found.opening is not None else None
 
     @property
-    def opened(self) -> bool:
+    def opening_waits(self) -> bool:
         """Does the opening pair's arm still wait for its trial (which costs no time)?"""
         return self._opening is not None
 

@@ -60,9 +60,10 @@ def opened(ctx: SearchContext, trial: FrozenTrial) -> bool:
 def rerun_need(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
     """Seconds a trial's validation needs: its pair (by its weight, and at least what six
     pairs take at its measured step times), fp16's run alone to ``horizon`` steps, and a
-    compiled candidate's compiling again; none for the opening pair's candidate."""
+    compiled candidate's compiling again; for the opening pair's candidate (its pair paid
+    already), fp16's run alone only."""
     if opened(ctx, trial):
-        return 0.0
+        return proof_seconds(ctx, trial, horizon)
     pair = max(per_pair(ctx), six_pairs(ctx, trial)) * weight(trial)
     seconds = compiling(trial)
     # A compiled one also needs a second to spare: its pair is measured only where its share
