@@ -105,7 +105,7 @@ STRATEGIES = {
 }
 
 # What the strategies replace, as the product has it (restored for ``tpe``).
-_RUN = importlib.import_module("autotune.search._run_search")
+_RUN = importlib.import_module("autotune.search._phases")
 _TPE_SAMPLER = optuna.samplers.TPESampler
 _FIRST_WAVES = (_RUN.enqueue_base_trials, _RUN.enqueue_larger_batches)
 
@@ -128,8 +128,8 @@ def use_strategy(name: str) -> None:
     ``random`` replaces ``optuna.samplers.TPESampler``, the name
     ``autotune.study.storage.open_study`` builds its sampler by, which patches optuna globally in
     this process (the TPE peer builds its sampler before the search runs, so it keeps TPE);
-    ``no-informed`` replaces ``autotune.search._run_search.enqueue_base_trials`` and
-    ``enqueue_larger_batches`` (looked up at call time by ``run_search``). ``no-early-stop`` is a spec setting, nothing patched. One
+    ``no-informed`` replaces ``autotune.search._phases.enqueue_base_trials`` and
+    ``enqueue_larger_batches`` (looked up at call time by ``run_phases``). ``no-early-stop`` is a spec setting, nothing patched. One
     search runs at a time in a process, so each run sets its own strategy up before it starts.
     """
     if name not in STRATEGIES:

@@ -350,6 +350,10 @@ def walk(entry: str = ENTRY, package: Path = PACKAGE, *, faces: bool = False) ->
     index = _Index(package)
     carriers = _carriers(index)
     order: list[str] = []
+    if entry not in index.functions:
+        # A face that re-exports the function: the walk starts where it is defined.
+        module, _, name = entry.rpartition(".")
+        entry = index.modules[module].names.get(name, entry) if module in index.modules else entry
 
     def followed(fn: str, call: ast.Call, types: _Types) -> str | None:
         target, receiver = types.callee(call)

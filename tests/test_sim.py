@@ -25,7 +25,7 @@ from autotune.infra import clock
 from autotune.schema.spec import Candidate, EarlyStop, ProbeSettings, parse_spec
 from autotune.search import Budget, SearchStopped, TrialFinished, run_search
 from autotune.search._budget import WRITE_RESERVE
-from autotune.search._run_search import EXHAUSTED
+from autotune.search._phases import EXHAUSTED
 from autotune.sim import Landscape, SimulatedRunner, load_landscape, shipped_landscapes, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
