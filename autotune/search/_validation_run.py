@@ -44,6 +44,7 @@ from autotune.search._validation_time import (
 )
 from autotune.study.reference import ReferenceRecord
 from autotune.study.store import StudyStore
+from autotune.study.trials import is_feasible
 
 __all__ = ["validate"]
 
@@ -142,7 +143,16 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         # At least what it needs to be measured at all, where that is left: a share short of
         # it skips it for certain, and a better candidate goes unmeasured for a worse one.
         least = least_seconds(ctx, trial) + proof_seconds(ctx, trial, horizon)
-        room = max(left - keep, min(left, least))
+        floor = left
+        if not accepted and not is_feasible(trial):
+            # One the search found off parity takes its least only from what the feasible
+            # ones after it do not need: it is the likelier to be refused.
+            floor -= sum(
+                1.5 * least_seconds(ctx, t) + proof_seconds(ctx, t, horizon)
+                for t in rest[1:]
+                if is_feasible(t)
+            )
+        room = max(left - keep, min(floor, least))
         # At most twice its need: what it leaves goes to the next round, should it fail.
         share = min(max(left * needs[0] / max(sum(needs), 1e-9), needs[0]), room, 2 * needs[0])
         rerun = paired_rerun(ctx, trial, reference, share=share, horizon=horizon)
