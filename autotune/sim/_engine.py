@@ -148,37 +148,70 @@ class SimEngine:
                 f"{self.landscape.memory_total_bytes / 2**30:.1f} GiB"
             )
 
-    def _step_time(self) -> float:
+    def _block_time(self, first: int, n: int) -> float:
+        """Steps ``first .. first + n - 1``'s noise-free time, summed in step order: the steady
+        step's with the warm-up's extra, the first step's costs (and compiling) on step 0."""
         t = self.landscape.timing
-        factor = 1 + t.warmup_extra * math.exp(-self.steps / t.warmup_steps)
-        seconds = self.step_seconds * factor
-        if self.steps == 0:
-            seconds += t.first_step_seconds
-            seconds += self.landscape.compile_seconds(self.candidate)
-        return seconds
+        step_seconds, extra, warmup_steps = self.step_seconds, t.warmup_extra, t.warmup_steps
+        exp = math.exp
+        block = 0.0
+        for step in range(first, first + n):
+            seconds = step_seconds * (1 + extra * exp(-step / warmup_steps))
+            if step == 0:
+                seconds += t.first_step_seconds
+                seconds += self.landscape.compile_seconds(self.candidate)
+            block += seconds
+        return block
 
-    def _loss(self, step: int) -> float:
-        if self.diverge_step is not None and step >= self.diverge_step:
-            return math.inf
-        m = self.landscape.loss
-        samples = (step + 1) * self.candidate.batch_size
-        # Log-normal step noise: a loss stays positive however noisy the curve. The measured
-        # noise is the floor's (a recorded curve near its floor moves by tens of percent from
-        # step to step: most of a recording's steps are there); the falling part moves by at
-        # most EARLY_NOISE (a fresh model's cross-entropy is near log(classes) on every batch:
-        # an H200's recorded resnet18 starts at 2.5 on both seeds, its floor's noise 0.73).
-        floor_noise = self.curve.gauss(0.0, m.step_noise)
-        early_noise = floor_noise * min(1.0, EARLY_NOISE / m.step_noise) if m.step_noise else 0.0
-        decay = (m.initial - m.final) * math.exp(-samples / m.samples_scale)
-        level = m.final * math.exp(floor_noise) + decay * math.exp(early_noise)
-        ramp = 1 - math.exp(-samples / (0.25 * m.samples_scale))
-        p = self.landscape.parity
-        lag = self.lag * (1 - math.exp(-samples / p.lag_ramp_samples))
-        lag *= max(0.0, 1 - (step + 1) / p.lag_steps)
-        gap = self.gap
-        if p.gap_onset_samples:
-            gap = self.lasting * self.landscape.gap_shown(samples) + self.offset
-        return level * (1 + gap * ramp + lag)
+    def _losses(self, first: int, n: int) -> list[float]:
+        """The losses of steps ``first .. first + n - 1``: one draw of the curve's step noise
+        each (none once diverged, whose loss is inf).
+
+        Log-normal step noise: a loss stays positive however noisy the curve. The measured
+        noise is the floor's (a recorded curve near its floor moves by tens of percent from
+        step to step: most of a recording's steps are there); the falling part moves by at
+        most EARLY_NOISE (a fresh model's cross-entropy is near log(classes) on every batch:
+        an H200's recorded resnet18 starts at 2.5 on both seeds, its floor's noise 0.73)."""
+        m, p, bs = self.landscape.loss, self.landscape.parity, self.candidate.batch_size
+        gauss, exp, step_noise, final = self.curve.gauss, math.exp, m.step_noise, m.final
+        early = min(1.0, EARLY_NOISE / step_noise) if step_noise else 0.0
+        span, scale, quarter = m.initial - m.final, m.samples_scale, 0.25 * m.samples_scale
+        lag0, lag_ramp, lag_steps = self.lag, p.lag_ramp_samples, p.lag_steps
+        lasting, offset, onset = self.lasting, self.offset, p.gap_onset_samples
+        gap, diverge = self.gap, self.diverge_step
+        out = []
+        for step in range(first, first + n):
+            if diverge is not None and step >= diverge:
+                out.append(math.inf)
+                continue
+            samples = (step + 1) * bs
+            floor_noise = gauss(0.0, step_noise)
+            early_noise = floor_noise * early if step_noise else 0.0
+            decay = span * exp(-samples / scale)
+            level = final * exp(floor_noise) + decay * exp(early_noise)
+            ramp = 1 - exp(-samples / quarter)
+            # No lag at all (the base batch), or faded out: a term of 0 (the same sum).
+            lag = 0.0
+            if lag0 and step + 1 < lag_steps:
+                lag = lag0 * (1 - exp(-samples / lag_ramp))
+                lag *= max(0.0, 1 - (step + 1) / lag_steps)
+            if onset:
+                gap = lasting * self.landscape.gap_shown(samples) + offset
+            out.append(level * (1 + gap * ramp + lag))
+        return out
+
+    def _skips(self, n: int) -> int:
+        """``n`` GradScaler updates (see :meth:`_applied`): how many of them skipped."""
+        if not self.mode.scales_loss:
+            self.applied += n
+            return 0
+        skipped = 0
+        for _ in range(n):
+            if self._applied():
+                self.applied += 1
+            else:
+                skipped += 1
+        return skipped
 
     def _applied(self) -> bool:
         """One GradScaler update: whether this step's gradients were finite and applied."""
@@ -199,16 +232,11 @@ class SimEngine:
     def run_steps(self, n: int) -> Block:
         """``n`` steps: their time (with the block's noise) advances the clock."""
         noise = self.landscape.noise
-        block = 0.0
-        skipped = 0
-        for _ in range(n):
-            block += self._step_time()
-            self.pending.append(self._loss(self.steps))
-            if self._applied():
-                self.applied += 1
-            else:
-                skipped += 1
-            self.steps += 1
+        first = self.steps
+        block = self._block_time(first, n)
+        self.pending += self._losses(first, n)
+        skipped = self._skips(n)
+        self.steps += n
         factor = self.slowdown * math.exp(self.noise.gauss(0.0, noise.block_cv))
         if noise.drift_amplitude:
             phase = 2 * math.pi * self.clock.monotonic() / noise.drift_period_s
@@ -218,7 +246,7 @@ class SimEngine:
             factor *= noise.burst_slowdown
         seconds = block * factor
         self._spend(seconds)
-        return Block(self.steps - n, n, seconds, skipped)
+        return Block(first, n, seconds, skipped)
 
     def read_losses(self) -> list[float]:
         values, self.pending = self.pending, []
