@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -40,7 +41,14 @@ def _window(losses: Sequence[float], batch_size: int, samples: float) -> list[fl
     """The losses of the steps whose samples-seen fall in ``[samples / 2, samples]``; with fewer
     steps than that, the step closest to ``samples``."""
     lo = (1 - _WINDOW) * samples
-    window = [v for i, v in enumerate(losses) if lo <= (i + 1) * batch_size <= samples]
+    if batch_size >= 0 and not math.isnan(lo) and not math.isnan(samples):
+        # Samples-seen grow with the step: the window's ends by the same comparisons, bisected.
+        steps = range(1, len(losses) + 1)
+        first = bisect.bisect_left(steps, lo, key=lambda k: k * batch_size)
+        last = bisect.bisect_right(steps, samples, key=lambda k: k * batch_size)
+        window = list(losses[first:last])
+    else:
+        window = [v for i, v in enumerate(losses) if lo <= (i + 1) * batch_size <= samples]
     if not window:
         i = min(len(losses), max(1, round(samples / batch_size))) - 1
         window = [losses[i]] if 0 <= i < len(losses) else []
@@ -53,9 +61,13 @@ def smoothed_loss_at(losses: Sequence[float], batch_size: int, samples: float) -
     Returns None when no step falls in the window or a loss there is not finite.
     """
     window = _window(losses, batch_size, samples)
-    if not window or not all(math.isfinite(v) for v in window):
+    if not window:
         return None
-    return sum(window) / len(window)
+    total = sum(window)
+    # A non-finite loss makes the sum non-finite; a finite sum's losses are all finite.
+    if not math.isfinite(total) and not all(math.isfinite(v) for v in window):
+        return None
+    return total / len(window)
 
 
 def _window_error(losses: Sequence[float], batch_size: int, samples: float) -> float:
@@ -63,9 +75,12 @@ def _window_error(losses: Sequence[float], batch_size: int, samples: float) -> f
     step-to-step noise: successive differences, so a falling curve's trend is not read as noise
     (0 with fewer than three finite steps)."""
     w = _window(losses, batch_size, samples)
-    if len(w) < 3 or not all(math.isfinite(v) for v in w):
+    if len(w) < 3:
         return 0.0
-    mean = sum(w) / len(w)
+    total = sum(w)
+    if not math.isfinite(total) and not all(math.isfinite(v) for v in w):
+        return 0.0
+    mean = total / len(w)
     if mean == 0:
         return 0.0
     step_var = sum((b - a) ** 2 for a, b in zip(w, w[1:], strict=False)) / (2 * (len(w) - 1))
