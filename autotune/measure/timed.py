@@ -126,6 +126,11 @@ class TimedRun:
         self.parity_samples: int | None = None
         self.min_time = min_time_for(settings, engine.device)
         self.blocks: list[Block] = []
+        # The blocks' sums and rates as of the first ``_summed[0]`` / ``_rated`` of them (blocks
+        # are only appended: read after every block, they are summed again only after a new one).
+        self._summed: tuple[int, int, float] = (0, 0, 0.0)
+        self._rates: list[float] = []
+        self._rated = 0
         self.scales: list[tuple[int, float]] = []
         self.first_step: float | None = None
         self.warm_seconds = 0.0
@@ -386,18 +391,29 @@ class TimedRun:
                 return True
         return False
 
+    def _sums(self) -> tuple[int, int, float]:
+        """``(blocks, their steps, their seconds)``, summed again only after a new block."""
+        if self._summed[0] != len(self.blocks):
+            steps = sum(b.steps for b in self.blocks)
+            self._summed = (len(self.blocks), steps, sum(b.seconds for b in self.blocks))
+        return self._summed
+
     @property
     def timed_steps(self) -> int:
-        return sum(b.steps for b in self.blocks)
+        return self._sums()[1]
 
     @property
     def timed_seconds(self) -> float:
-        return sum(b.seconds for b in self.blocks)
+        return self._sums()[2]
 
     def rates(self) -> list[float]:
         """Each block's throughput, samples/s."""
         bs = self.engine.candidate.batch_size
-        return [b.steps * bs / b.seconds for b in self.blocks if b.seconds > 0]
+        for b in self.blocks[self._rated :]:
+            if b.seconds > 0:
+                self._rates.append(b.steps * bs / b.seconds)
+        self._rated = len(self.blocks)
+        return list(self._rates)
 
     def enough(self) -> bool:
         """Whether the timed phase has measured what it must (see the class docstring)."""
