@@ -126,11 +126,13 @@ class TimedRun:
         self.parity_samples: int | None = None
         self.min_time = min_time_for(settings, engine.device)
         self.blocks: list[Block] = []
-        # The blocks' sums and rates as of the first ``_summed[0]`` / ``_rated`` of them (blocks
-        # are only appended: read after every block, they are summed again only after a new one).
-        self._summed: tuple[int, int, float] = (0, 0, 0.0)
+        # The first ``_counted`` blocks' steps, seconds and rates (blocks are only appended: read
+        # after every block, each is counted once), and the seconds' sum.
+        self._counted = 0
+        self._steps = 0
+        self._seconds: list[float] = []
+        self._seconds_sum = 0.0
         self._rates: list[float] = []
-        self._rated = 0
         self.scales: list[tuple[int, float]] = []
         self.first_step: float | None = None
         self.warm_seconds = 0.0
@@ -178,6 +180,13 @@ class TimedRun:
         """Why the losses just read show a diverging run (non-finite, or far above the first
         loss), or None."""
         losses, factor = self.engine.losses, self.settings.loss_blowup_factor
+        # Most reads: all finite (a finite sum says so), none above the limit.
+        if (
+            values
+            and math.isfinite(sum(values))
+            and (not losses[0] > 0 or max(values) <= factor * losses[0])
+        ):
+            return None
         first = len(losses) - len(values)
         for at, value in enumerate(values, start=first):
             if not math.isfinite(value):
@@ -391,28 +400,33 @@ class TimedRun:
                 return True
         return False
 
-    def _sums(self) -> tuple[int, int, float]:
-        """``(blocks, their steps, their seconds)``, summed again only after a new block."""
-        if self._summed[0] != len(self.blocks):
-            steps = sum(b.steps for b in self.blocks)
-            self._summed = (len(self.blocks), steps, sum(b.seconds for b in self.blocks))
-        return self._summed
+    def _count(self) -> None:
+        """Count the blocks appended since the last call: their steps, seconds and rates; the
+        seconds summed again, by ``sum`` over all of them in order (as summing the blocks)."""
+        if self._counted == len(self.blocks):
+            return
+        bs = self.engine.candidate.batch_size
+        for b in self.blocks[self._counted :]:
+            self._steps += b.steps
+            self._seconds.append(b.seconds)
+            if b.seconds > 0:
+                self._rates.append(b.steps * bs / b.seconds)
+        self._counted = len(self.blocks)
+        self._seconds_sum = sum(self._seconds)
 
     @property
     def timed_steps(self) -> int:
-        return self._sums()[1]
+        self._count()
+        return self._steps
 
     @property
     def timed_seconds(self) -> float:
-        return self._sums()[2]
+        self._count()
+        return self._seconds_sum
 
     def rates(self) -> list[float]:
         """Each block's throughput, samples/s."""
-        bs = self.engine.candidate.batch_size
-        for b in self.blocks[self._rated :]:
-            if b.seconds > 0:
-                self._rates.append(b.steps * bs / b.seconds)
-        self._rated = len(self.blocks)
+        self._count()
         return list(self._rates)
 
     def enough(self) -> bool:
