@@ -3,6 +3,7 @@ record; nothing else touches user attributes."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,10 @@ class StudyStore:
         return self.study.tell(trial, values, state=state)
 
     def _get(self, key: str) -> Any:
-        return self.study.user_attrs.get(key)
+        """One attribute as stored now, a copy of its own (``study.user_attrs`` would copy
+        them all)."""
+        attrs = self.storage.get_study_user_attrs(self.study._study_id)
+        return copy.deepcopy(attrs.get(key))
 
     def _set(self, key: str, value: Any) -> None:
         self.study.set_user_attr(key, value)
