@@ -138,4 +138,4 @@ def tpe_throughput(
                 best = (result.throughput, cand)
         seconds = runner.clock.monotonic()
     pick = best[1] if best else space.candidate("fp32", space.base_batch)
-    return {"pick": pick, "trials": len(study.trials), "seconds": seconds}
+    return {"pick": pick, "trials": len(study.get_trials(deepcopy=False)), "seconds": seconds}
