@@ -289,8 +289,12 @@ def is_feasible(trial: FrozenTrial) -> bool:
 
 def feasible_trials(trials: Iterable[FrozenTrial], *, measured: bool = True) -> list[FrozenTrial]:
     """Feasible search trials (not the config's own); with ``measured``, none copied a twin's."""
-    search = [t for t in trials if is_feasible(t) and not record(t).tuned_config]
-    return [t for t in search if not (measured and record(t).duplicate_of is not None)]
+    feasible = [(t, record(t)) for t in trials if is_feasible(t)]
+    return [
+        t
+        for t, rec in feasible
+        if not rec.tuned_config and not (measured and rec.duplicate_of is not None)
+    ]
 
 
 def display_outcome(trial: FrozenTrial) -> str | None:
