@@ -57,6 +57,7 @@ first strategy's; the JSON keeps every strategy's figures under ``"strategies"``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import multiprocessing
@@ -64,6 +65,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -522,14 +524,20 @@ def _landscapes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
     return lands
 
 
-def _pool_map(fn: Any, items: list, jobs: int, init: tuple) -> list:
+@contextlib.contextmanager
+def _mapper(jobs: int, init: tuple) -> Iterator[Callable[[Any, list], list]]:
+    """``map(fn, items)`` over ``jobs`` processes, started once for every phase of the run (a
+    start imports torch and optuna: seconds), the results in the items' order."""
     if jobs <= 1:
-        return [fn(x) for x in items]
+        yield lambda fn, items: [fn(x) for x in items]
+        return
     ctx = multiprocessing.get_context("spawn")
-    # Tasks come grouped by landscape; chunks of a few keep the two processes busy to the end.
-    chunk = max(1, min(16, len(items) // (jobs * 8)))
     with ctx.Pool(jobs, initializer=_init, initargs=init) as pool:
-        return list(pool.imap_unordered(fn, items, chunksize=chunk))
+        # Tasks come grouped by landscape, and one landscape's searches may take a second each:
+        # chunks of a few keep the processes busy to the end.
+        yield lambda fn, items: list(
+            pool.imap(fn, items, chunksize=max(1, min(4, len(items) // (jobs * 8))))
+        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:  # long: one run's phases in order
@@ -555,23 +563,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:  # long: one run's ph
     init = (lands, {"knobs": knobs, "horizon": horizon, "grid": args.grid})
     _init(*init)
     try:
-        preps = {p["key"]: p for p in _pool_map(prepare, names, args.jobs, init)}
-        tasks = [
-            (
-                n,
-                share,
-                seed,
-                share * preps[n]["seconds"],
-                preps[n]["optimum"],
-                st,
-                st == primary and not args.no_peers,
-            )
-            for st in strategies
-            for n in names
-            for share in shares
-            for seed in seeds
-        ]
-        rows = _pool_map(one_run, tasks, args.jobs, init)
+        with _mapper(args.jobs, init) as pool_map:
+            preps = {p["key"]: p for p in pool_map(prepare, names)}
+            tasks = [
+                (
+                    n,
+                    share,
+                    seed,
+                    share * preps[n]["seconds"],
+                    preps[n]["optimum"],
+                    st,
+                    st == primary and not args.no_peers,
+                )
+                for st in strategies
+                for n in names
+                for share in shares
+                for seed in seeds
+            ]
+            rows = pool_map(one_run, tasks)
     finally:
         use_strategy("tpe")  # this process as shipped again (jobs 1 ran the searches here)
         logger.remove()
