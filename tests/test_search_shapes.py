@@ -694,3 +694,20 @@ def test_a_budget_too_short_for_a_reference_a_trial_and_a_pair_validates_the_saf
         assert cfg.evidence.paired_blocks >= 6
         first = run.study.trials[0]
         assert first.params["precision"] == safe and first.state == TrialState.COMPLETE
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_opening_pair_cut_by_a_short_budget_ends_in_an_fp32_config_not_an_error(
+    seed: int,
+) -> None:
+    """Runs that each pay 3.1 s of set-up, a worker that starts in 4 s, 11 s in all: the opening
+    pair's two set-ups do not fit in the 6 s it gets, and it is stopped at its hard limit. That
+    is the budget's doing, not a hang: the reference runs alone and the search ends with fp32
+    at the base batch (before, a DeviceError told the user to check that the workload runs in
+    fp32)."""
+    changes = {"timing.build_seconds": 1.3, "timing.first_step_seconds": 1.8}
+    run = simulate(spec("11s"), slow_builds(start=4.0, **changes), seed=seed)
+    cfg = run.config
+    assert (cfg.precision, cfg.batch_size) == ("fp32", 64)
+    assert not cfg.evidence.validated
+    assert cfg.evidence.throughput > 0  # the fp32 reference, measured alone

@@ -231,8 +231,13 @@ class ReferenceKeeper:
         logger.info("opening pair, the reference beside the safe pick: {}", paired.summary())
         ctx.found.opening, arm = paired, paired.reference
         if not arm.ok and arm.timed_out:
-            # Stopped at its hard limit (a build or a step that hangs): alone it would again.
-            raise ReferenceUnavailable(arm)
+            # Stopped at its hard limit: two arms' set-up did not fit in what a short budget
+            # left, or a build or a step hangs. The reference alone tells which (a hang raises
+            # there); neither arm stands for a trial.
+            logger.info("the opening pair did not finish within its {:.0f}s: measuring the "
+                        "reference alone", timeout)  # fmt: skip
+            ctx.found.opening = None
+            return None
         short = len(arm.losses) < probe.warmup_steps + probe.steps
         if not arm.ok or arm.throughput <= 0 or (short and ctx.budget.left() > _ALONE):
             # Stopped early (its candidate diverged or ran out of memory): too short a curve,
