@@ -12,7 +12,7 @@ from autotune.infra import clock
 from autotune.measure.parity import parity_gap
 from autotune.measure.result import ProbeResult
 from autotune.schema.enums import Outcome, Phase
-from autotune.schema.spec import Candidate
+from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.search._budget import REFERENCE_FLOOR, SAFE_PLAN, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._events import PhaseStarted
@@ -154,21 +154,12 @@ class ReferenceKeeper:
             return self.record
         if opening is not None and (result := self._open(cand, opening)) is not None:
             return self._first(cand, result)
-        # Parity compares at equal samples seen: the reference must have seen as many samples as
-        # a probe of the largest batch size does.
-        factor = reference_factor(max(ctx.space.ladder), cand.batch_size)
-        probe = ctx.spec.probe
-        # Without the reference nothing can be compared: it gets its floor even when the
-        # budget is nearly spent (the search then ends with it as the config).
-        floor = min(probe.time_limit, REFERENCE_FLOOR)
-        limit = max(
-            floor,
-            min(probe.time_limit * factor, _CURVE_SHARE * ctx.budget.total, ctx.budget.left()),
-        )
-        settings = probe.model_copy(update={"steps": probe.steps * factor, "time_limit": limit})
+        settings = self._alone(cand)
         result = ctx.run_probe(cand, settings, floor=True)
         cold = result.ok and result.truncated and not result.blocks
-        if cold or (result.outcome == Outcome.CRASHED and not ctx.should_stop()):
+        # A pair stopped at its hard limit (its record dropped) was the first try already.
+        retry = opening is None or ctx.found.opening is not None
+        if retry and (cold or (result.outcome == Outcome.CRASHED and not ctx.should_stop())):
             # Cut inside its warm-up, or stopped at its hard limit: on a busy machine a fresh
             # worker's first-use costs (or a neighbour's burst) can outlast the limit. Once more,
             # warm; a retry that fails keeps the first run where that one completed.
@@ -179,6 +170,20 @@ class ReferenceKeeper:
         if not result.ok:
             raise ReferenceUnavailable(result)
         return self._first(cand, result)
+
+    def _alone(self, cand: Candidate) -> ProbeSettings:
+        """The reference's run alone: long enough that its curve has seen as many samples as a
+        probe of the largest batch does (parity compares at equal samples seen), and given its
+        floor even when the budget is nearly spent (without it nothing compares; the search then
+        ends with it as the config)."""
+        ctx, probe = self.ctx, self.ctx.spec.probe
+        factor = reference_factor(max(ctx.space.ladder), cand.batch_size)
+        floor = min(probe.time_limit, REFERENCE_FLOOR)
+        limit = max(
+            floor,
+            min(probe.time_limit * factor, _CURVE_SHARE * ctx.budget.total, ctx.budget.left()),
+        )
+        return probe.model_copy(update={"steps": probe.steps * factor, "time_limit": limit})
 
     def _first(self, cand: Candidate, result: ProbeResult) -> ReferenceRecord:
         """Keep the first run's measurement and curve as the reference, confirmed where a
