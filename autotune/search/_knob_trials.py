@@ -93,8 +93,11 @@ def diagnose_failures(
         return None
     left = ctx.budget.left() - WRITE_RESERVE if spare is None else spare
     cost = max(1.0, 2 * (record(trial).probe_seconds or ctx.typical_probe(default=5.0)))
-    # A diagnosis stopped at its limit costs the worker's restart too: half is kept for it.
-    if left < 2 * cost + then:
+    # A diagnosis stopped at its limit costs the worker's restart too, about what its start
+    # took: half of what is spare is kept for it, or that much where the start took more.
+    keep = max((left - then) / 2, ctx.found.spent.get(Phase.START, 0.0))
+    room = left - then - keep
+    if room < cost:
         return None
     # The numerics of the precision itself: uncompiled, no islands.
     cand = candidate(trial).model_copy(update={"compile": False, "fp32_modules": []})
@@ -102,9 +105,8 @@ def diagnose_failures(
         with ctx.budget.paused():
             ctx.gate(cand)
     with ctx.clock(Phase.DIAGNOSIS):
-        # Twice its cost or up to a minute, never past half what the budget can spare.
-        spare_half = (left - then) / 2
-        timeout = min(spare_half, max(2.0 * cost, min(60.0, spare_half)))
+        # Twice its cost or up to a minute, never past the room the restart leaves.
+        timeout = min(room, max(2.0 * cost, min(60.0, room)))
         found = ctx.runner.diagnose(ctx.workload, cand, steps=3, timeout=timeout)
     if found is None:
         return None
