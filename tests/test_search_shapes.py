@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 import pytest
 from _sim import WORKLOAD, landscape
+from loguru import logger
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
@@ -749,3 +750,18 @@ def test_a_diagnosis_stopped_at_its_limit_keeps_what_the_workers_restart_takes()
     for seed in range(3):
         run = simulate(study_spec, land, seed=seed)
         assert run.seconds <= study_spec.budget, (seed, run.seconds, run.spent)
+
+
+def test_a_budget_the_workers_start_nearly_spends_says_the_search_may_run_past_it() -> None:
+    """A worker that starts in 6 s and an 8 s budget: the reference is given its floor all the
+    same (nothing compares without it), and the user is told the search may end past its
+    budget, and which budget leaves room for a trial and its validation."""
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="WARNING")
+    try:
+        run = simulate(spec("8s"), slow_builds(start=6.0), seed=0)
+    finally:
+        logger.remove(sink)
+    assert run.config.precision == "fp32"
+    warned = [line for line in lines if "may end past its budget" in line]
+    assert warned and "--budget 26s or more" in warned[0], lines

@@ -3,6 +3,7 @@ search goes, so every trial's speedup divides by a reference measured close to i
 
 from __future__ import annotations
 
+import math
 import socket
 
 from loguru import logger
@@ -13,7 +14,7 @@ from autotune.measure.parity import parity_gap
 from autotune.measure.result import ProbeResult
 from autotune.schema.enums import Outcome, Phase
 from autotune.schema.spec import Candidate, ProbeSettings
-from autotune.search._budget import REFERENCE_FLOOR, SAFE_PLAN, WRITE_RESERVE
+from autotune.search._budget import OPENING_PLAN, REFERENCE_FLOOR, SAFE_PLAN, WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._events import PhaseStarted
 from autotune.search._space import reference_factor
@@ -179,6 +180,16 @@ class ReferenceKeeper:
         ctx, probe = self.ctx, self.ctx.spec.probe
         factor = reference_factor(max(ctx.space.ladder), cand.batch_size)
         floor = min(probe.time_limit, REFERENCE_FLOOR)
+        if ctx.budget.left() < floor + WRITE_RESERVE:
+            start = ctx.found.spent.get(Phase.START, 0.0)
+            logger.warning(
+                "{:.1f}s of the {:.0f}s budget is left after the worker's start ({:.1f}s): the fp32 "
+                "reference is given {:.0f}s all the same, so the search may end past its budget, "
+                "with the reference as the config; --budget {:.0f}s or more leaves room for a trial "
+                "and its validation",
+                max(0.0, ctx.budget.left()), ctx.budget.total, start, floor,
+                math.ceil(start + OPENING_PLAN),
+            )  # fmt: skip
         limit = max(
             floor,
             min(probe.time_limit * factor, _CURVE_SHARE * ctx.budget.total, ctx.budget.left()),
