@@ -88,6 +88,9 @@ class TrialStep:
     def run(self, trial: optuna.Trial, modes: list[str], left: float) -> None:
         """Probe one trial and tell the study how it went."""
         ctx = self.ctx
+        # The opening arm stands for the first trial asked (the safe pick, queued first) or for
+        # none: the search waits for no other.
+        opening, self._opening = self._opening, None
         cand = ctx.space.suggest(trial)
         role = record(trial).role
         TrialRecord(
@@ -118,7 +121,7 @@ class TrialStep:
         # A re-measurement of the reference just now took its time from this trial's (a trial
         # sized before it ran past the budget's end).
         left -= ctx.budget.elapsed() - before
-        result = self._probe(cand, left, reference, role)
+        result = self._probe(cand, left, reference, role, opening)
         logger.info("trial {}: {}", trial.number, result.summary())
         self._record_result(trial, result)
         self._tell(trial, cand, result, reference)
@@ -146,18 +149,19 @@ class TrialStep:
         left: float,
         reference: ReferenceMeasurement,
         role: str | None = None,
+        opening: ProbeResult | None = None,
     ) -> ProbeResult:
-        """Probe the candidate within what is left of the budget.
+        """Probe the candidate within what is left of the budget (``opening``: the opening
+        pair's arm, the probe where it measured this candidate).
 
         Raises:
             SearchStopped: the probe crashed because the search was asked to stop.
         """
         ctx = self.ctx
-        if self._opening is not None and self._opening.candidate == cand:
+        if opening is not None and opening.candidate == cand:
             # Measured in the opening pair, beside the reference: its arm is the probe (its
             # wall time the pair's: what a run of it costs, at most).
-            arm, self._opening = self._opening, None
-            return arm
+            return opening
         ref = self.refs.record
         step = ref.batch_size / reference.throughput if ref and reference.throughput else 0.0
         trials = self.store.trials()
