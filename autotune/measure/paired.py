@@ -16,7 +16,7 @@ from autotune.measure.memory import PeakMemory, memory_cap
 from autotune.measure.precision import PrecisionMode, apply_backend_flags, get_mode, resolve_device
 from autotune.measure.probe import leave_no_trace, unsupported_reason
 from autotune.measure.result import PairedResult, ProbeResult
-from autotune.measure.stats import claimed, paired_ratios, ratio_estimate, serial_interval
+from autotune.measure.stats import claimed, ratio_estimate
 from autotune.measure.step import StepEngine
 from autotune.measure.timed import TimedRun
 from autotune.schema.enums import Outcome
@@ -159,9 +159,6 @@ class _Pair:
         self.modes = {name: get_mode(engines[name].candidate.precision) for name in engines}
         self.ended: dict[str, tuple[Outcome, str]] = {}
         self.peaks: dict[str, Any] = {}
-        # The pairs' ratios so far, extended as pairs come (see :meth:`enough`).
-        self.ratios: list[float] = []
-        self.rated = 0
 
     def arm(self, name: str, action: Any) -> bool:
         """Run one arm's action under its own flags; an OOM or a failed compile ends the pair."""
@@ -208,7 +205,7 @@ class _Pair:
                 return False
             if not self.arm("reference", ref.block):
                 return False
-            if self.enough(settings, min_time):
+            if _enough(self.runs, settings, min_time):
                 return True
 
     def catch_up(self, settings: ProbeSettings) -> None:
@@ -219,25 +216,6 @@ class _Pair:
         while r.steps * r.candidate.batch_size < horizon:
             if not self.arm("reference", self.runs["reference"].block):
                 return
-
-    def enough(self, settings: ProbeSettings, min_time: float) -> bool:
-        """The candidate measured what it must and the pairs' ratio is tight (or time is up)."""
-        c, r = self.runs["candidate"], self.runs["reference"]
-        if c.timed_steps < settings.steps:
-            return False
-        pairs = min(len(c.blocks), len(r.blocks))
-        if min_time <= 0:
-            return pairs >= 1
-        if c.timed_seconds < min_time or pairs < _MIN_PAIRS:
-            return False
-        if c.timed_seconds >= _MAX_TIME_FACTOR * min_time:
-            return True
-        # ratio_estimate(c.rates()[:pairs], r.rates()[:pairs]), its ratios computed once each.
-        a, b = c.rates()[:pairs], r.rates()[:pairs]
-        self.ratios += paired_ratios(a, b, first=self.rated)
-        self.rated = min(len(a), len(b))
-        est = serial_interval(self.ratios) if self.ratios else None
-        return est is not None and est.half_width <= settings.precision
 
     def result(
         self, bases: dict[str, dict[str, Any]], fields: dict[str, dict[str, Any]]
@@ -257,3 +235,19 @@ class _Pair:
             out.speedup, out.speedup_low, out.speedup_high = est.value, est.low, est.high
             out.pairs = est.n
         return out
+
+
+def _enough(runs: dict[str, TimedRun], settings: ProbeSettings, min_time: float) -> bool:
+    """The candidate measured what it must and the pairs' ratio is tight (or time is up)."""
+    c, r = runs["candidate"], runs["reference"]
+    if c.timed_steps < settings.steps:
+        return False
+    pairs = min(len(c.blocks), len(r.blocks))
+    if min_time <= 0:
+        return pairs >= 1
+    if c.timed_seconds < min_time or pairs < _MIN_PAIRS:
+        return False
+    if c.timed_seconds >= _MAX_TIME_FACTOR * min_time:
+        return True
+    est = ratio_estimate(c.rates()[:pairs], r.rates()[:pairs])
+    return est is not None and est.half_width <= settings.precision

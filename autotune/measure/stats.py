@@ -162,23 +162,20 @@ def spread(values: Sequence[float]) -> float:
     return (q3 - q1) / median if median else 0.0
 
 
-def paired_ratios(a: Sequence[float], b: Sequence[float], first: int = 0) -> list[float]:
+def paired_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
     """Per-pair ratios of interleaved measurements ``a1 b1 a2 b2 …`` (rates: higher is faster).
 
     Each ``a_i`` is divided by the geometric mean of the ``b`` blocks on either side of it
     (``b_{i-1}`` and ``b_i``), so a slow drift of the machine cancels out instead of favouring
-    whichever arm ran later. From pair ``first`` on only: a pair's ratio reads nothing after
-    it, so the ratios of more pairs extend those of fewer.
+    whichever arm ran later.
 
     Example:
         >>> [round(r, 3) for r in paired_ratios([2, 2, 2], [1, 1, 1])]
         [2.0, 2.0, 2.0]
-        >>> paired_ratios([2, 2, 4], [1, 1, 1], first=2)
-        [4.0]
     """
     n = min(len(a), len(b))
     out = []
-    for i in range(first, n):
+    for i in range(n):
         ref = b[0] if i == 0 else math.sqrt(b[i - 1] * b[i])
         if ref > 0 and a[i] > 0:
             out.append(a[i] / ref)

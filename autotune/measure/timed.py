@@ -126,11 +126,10 @@ class TimedRun:
         self.parity_samples: int | None = None
         self.min_time = min_time_for(settings, engine.device)
         self.blocks: list[Block] = []
-        # The first ``_counted`` blocks' steps, seconds and rates (blocks are only appended: read
-        # after every block, each is counted once), and the seconds' sum.
+        # The first ``_counted`` blocks' steps and rates (blocks are only appended: read after
+        # every block, each is counted once), and the blocks' seconds summed.
         self._counted = 0
         self._steps = 0
-        self._seconds: list[float] = []
         self._seconds_sum = 0.0
         self._rates: list[float] = []
         self.scales: list[tuple[int, float]] = []
@@ -401,18 +400,17 @@ class TimedRun:
         return False
 
     def _count(self) -> None:
-        """Count the blocks appended since the last call: their steps, seconds and rates; the
-        seconds summed again, by ``sum`` over all of them in order (as summing the blocks)."""
+        """Count the blocks appended since the last call: their steps and rates; the seconds
+        summed again over all of them, in order (a running float total would round apart)."""
         if self._counted == len(self.blocks):
             return
         bs = self.engine.candidate.batch_size
         for b in self.blocks[self._counted :]:
             self._steps += b.steps
-            self._seconds.append(b.seconds)
             if b.seconds > 0:
                 self._rates.append(b.steps * bs / b.seconds)
         self._counted = len(self.blocks)
-        self._seconds_sum = sum(self._seconds)
+        self._seconds_sum = sum(b.seconds for b in self.blocks)
 
     @property
     def timed_steps(self) -> int:

@@ -95,15 +95,12 @@ def enqueue_between(ctx: SearchContext, store: StudyStore) -> None:
     mode, batch = leader.params.get("precision"), leader.params.get("batch_size")
     if not isinstance(mode, str) or not isinstance(batch, int):
         return
-    at_mode = [
-        (t, record(t))
-        for t in store.trials()
-        if t.params.get("precision") == mode and "batch_size" in t.params
-    ]
     tried = {
         int(t.params["batch_size"]): rec.throughput or 0.0
-        for t, rec in at_mode
-        if rec.outcome != Outcome.ABOVE_CEILING
+        for t in store.trials()
+        if t.params.get("precision") == mode
+        and "batch_size" in t.params
+        and (rec := record(t)).outcome != Outcome.ABOVE_CEILING
     }
     lower = max((b for b in tried if b < batch), default=ctx.space.base_batch)
     between = [b for b in ctx.space.ladder if lower < b < batch]

@@ -109,9 +109,9 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
 ) -> list[Rerun]:
     """One round: each leader of ``queue`` measured in its share of what is left (one judged
     off parity at the probe's horizon, more shares, but none of what the feasible ones after it
-    need); then the standby, its share kept for it,
-    only while nothing measured so far was accepted. What each refusal rules out (into
-    ``ruled``) is skipped in the rest of the round too."""
+    need); then the standby, its share kept for it, only while nothing measured so far was
+    accepted. What each refusal rules out (into ``ruled``) is skipped in the rest of the round
+    too."""
     tol, min_speedup = ctx.spec.parity_tolerance, ctx.spec.validation.min_speedup
     horizon = fp16_horizon(ctx.spec.validation.fp16_steps, store.trials())
     leaders, standby = queue
