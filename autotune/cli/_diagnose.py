@@ -148,9 +148,7 @@ def _resolve(target: str, storage: str, precision: str) -> tuple[str, Any, str]:
 
 
 def _load_study(name: str, storage: str) -> Any:
-    import optuna
-
-    from autotune.study.storage import mask_url, open_storage
+    from autotune.study.storage import mask_url, open_storage, stored_study, study_names
     from autotune.workloads import BUILTINS
 
     what = (
@@ -161,11 +159,12 @@ def _load_study(name: str, storage: str) -> Any:
     if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///") :]).is_file():
         raise SpecError(f"{what} (no such database file); check the name, or pass --storage")
     opened = open_storage(storage)
-    names = optuna.get_all_study_names(opened)
-    if name not in names:
-        known = f"studies there: {', '.join(sorted(names)[:8])}" if names else "it holds no study"
+    study = stored_study(opened, name)
+    if study is None:
+        names = study_names(opened)
+        known = f"studies there: {', '.join(names[:8])}" if names else "it holds no study"
         raise SpecError(f"{what} ({known}); check the name, or pass --storage")
-    return optuna.load_study(study_name=name, storage=opened)
+    return study
 
 
 def _fmt(x: float | None) -> str:

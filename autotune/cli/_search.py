@@ -263,10 +263,9 @@ def _simulated(spec: Any, landscape: str, *, storage_given: bool) -> tuple[Any, 
     Raises:
         SpecError: no such landscape, or the spec's workload is not the landscape's.
     """
-    import optuna
 
     from autotune.sim import SimulatedRunner, load_landscape
-    from autotune.study.storage import delete_study, open_storage
+    from autotune.study.storage import delete_study, open_storage, study_names
     from autotune.workloads import normalize_reference
 
     land = load_landscape(landscape)
@@ -283,7 +282,7 @@ def _simulated(spec: Any, landscape: str, *, storage_given: bool) -> tuple[Any, 
         }
     )
     opened = open_storage(spec.storage)
-    if spec.name in {s.study_name for s in optuna.get_all_study_summaries(opened)}:
+    if spec.name in study_names(opened):
         delete_study(opened, spec.name)
     return spec, SimulatedRunner(land, seed=spec.seed)
 

@@ -93,23 +93,21 @@ def _stored_spec(study: str, storage: str | None, device: str | None) -> StudySp
     Raises:
         SpecError: no --storage, no such study there, or a study autotune did not make.
     """
-    import optuna
 
     from autotune.schema.spec import parse_spec
-    from autotune.study.storage import mask_url, open_storage
+    from autotune.study.storage import mask_url, open_storage, stored_study, study_names
     from autotune.study.store import StudyStore
 
     if storage is None:
         raise SpecError("--study needs --storage URL: the storage the study lives in")
     opened = open_storage(storage)
-    try:
-        stored = optuna.load_study(study_name=study, storage=opened)
-    except KeyError:
-        names = ", ".join(sorted(s.study_name for s in optuna.get_all_study_summaries(opened)))
+    stored = stored_study(opened, study)
+    if stored is None:
+        names = ", ".join(study_names(opened))
         raise SpecError(
             f"study {study!r} does not exist in {mask_url(storage)!r} (studies there: "
             f"{names or 'none'}); start it with `autotune search` or a worker given its spec"
-        ) from None
+        )
     data = StudyStore(stored).spec()
     if data is None:
         raise SpecError(f"study {study!r} was not made by autotune: it has no stored spec")

@@ -18,7 +18,7 @@ from autotune.schema.config import TunedConfig, read_config
 from autotune.schema.enums import Role
 from autotune.schema.spec import StudySpec
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
-from autotune.study.storage import mask_url, open_storage
+from autotune.study.storage import mask_url, open_storage, stored_study, study_names
 from autotune.study.store import StudyStore
 from autotune.study.trials import (
     DEFAULT_INIT_SCALE,
@@ -174,17 +174,16 @@ def load_study(name: str, storage: str = DEFAULT_STORAGE) -> optuna.Study:
                 "there; run `autotune search` first, or pass --storage with the URL the search used"
             )
     backend = open_storage(storage)
-    names = sorted(s.study_name for s in optuna.get_all_study_summaries(backend))
+    names = study_names(backend)
     if name not in names:
         known = ", ".join(repr(n) for n in names) if names else "none"
         raise StorageError(
             f"study {name!r} is not in storage {mask_url(storage)!r}; known studies: {known}. "
             "Pass one of those names, or --storage with the URL the search used"
         )
-    # A plain sampler: reading a study needs none, and TPE's start-up would only cost time.
-    return optuna.load_study(
-        study_name=name, storage=backend, sampler=optuna.samplers.RandomSampler()
-    )
+    study = stored_study(backend, name)
+    assert study is not None  # listed just above
+    return study
 
 
 def _pick(where: list[tuple[str, str]], device: str) -> tuple[str, str] | None:

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import optuna
 from loguru import logger
 
 from autotune.errors import AutotuneError, StorageIOError
@@ -34,7 +33,7 @@ from autotune.service._device_monitor import DeviceMonitor
 from autotune.service._queue import QueueRow, StudyQueue
 from autotune.service._study_run import DeviceRunner, StudyRun, accepts, preemptor
 from autotune.study.crown import stored_config
-from autotune.study.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, Storage
+from autotune.study.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, Storage, stored_study
 from autotune.study.store import StudyStore
 
 __all__ = ["DRAIN_GRACE", "Scheduler"]
@@ -430,7 +429,9 @@ class Scheduler:
             )
 
         try:
-            study = optuna.load_study(study_name=run.name, storage=self.storage)
+            study = stored_study(self.storage, run.name)
+            if study is None:  # never started a search: nothing in flight
+                return
             running = settle(
                 StudyStore(study),
                 wait=_STALE_WAIT,
@@ -438,8 +439,6 @@ class Scheduler:
                 on_wait=waiting,
                 poll=self.poll,
             )
-        except KeyError:  # never started a search: nothing in flight
-            return
         except Exception as exc:  # the search's own stale check runs before each trial anyway
             logger.warning("study {!r}: stale-trial check failed: {}", run.name, exc)
             return

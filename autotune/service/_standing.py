@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.schema.enums import Outcome
 from autotune.service._models import TrialInfo
 from autotune.study.reference import ReferenceMeasurement
-from autotune.study.storage import Storage
+from autotune.study.storage import Storage, stored_study
 from autotune.study.store import StudyStore
 from autotune.study.trials import (
     display_outcome,
@@ -150,9 +150,8 @@ class StandingCache:
         # reads only the trials that changed, however long the study grows.
         study = self._studies.get(name)
         if study is None:
-            try:
-                study = optuna.load_study(study_name=name, storage=self.storage)
-            except KeyError:
+            study = stored_study(self.storage, name)
+            if study is None:
                 return None
             self._studies[name] = study
         return read_standing(study)

@@ -21,7 +21,7 @@ from autotune.schema.enums import StudyState
 from autotune.schema.spec import Candidate, StudySpec
 from autotune.search import Budget
 from autotune.service._queue import QueueRow
-from autotune.study.storage import Storage
+from autotune.study.storage import Storage, stored_study
 from autotune.study.trials import record
 
 __all__ = ["DeviceRunner", "StudyRun", "accepts", "preemptor"]
@@ -104,9 +104,9 @@ class StudyRun:
         """
         measured = list(self.peaks)
         try:
-            if self.study is None:
-                self.study = optuna.load_study(study_name=self.name, storage=storage)
-            for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            self.study = self.study or stored_study(storage, self.name)
+            done = (TrialState.COMPLETE,)
+            for t in self.study.get_trials(deepcopy=False, states=done) if self.study else ():
                 peak = record(t).peak_memory_bytes
                 if peak and peak > 0 and "batch_size" in t.params:
                     measured.append(

@@ -8,8 +8,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import optuna
-
 import autotune
 from autotune.errors import AutotuneError, SpecError, WorkloadError
 from autotune.infra.inputs import Format, load_text
@@ -34,7 +32,7 @@ from autotune.service._queue import FINISHED, QueueRow, StudyQueue, service_owne
 from autotune.service._scheduler import Scheduler
 from autotune.service._standing import StandingCache, StudyStanding
 from autotune.service._study_run import accepts
-from autotune.study.storage import mask_url, open_storage, owner_alive
+from autotune.study.storage import mask_url, open_storage, owner_alive, stored_study
 from autotune.study.store import StudyStore
 
 __all__ = ["MAX_BUDGET", "RequestError", "TuningService"]
@@ -274,9 +272,8 @@ class TuningService:
 
     def _check_stored(self, spec: StudySpec) -> int:
         """Trials a stored study of this name holds (it resumes); 409 if its space differs."""
-        try:
-            study = optuna.load_study(study_name=spec.name, storage=self.storage)
-        except KeyError:
+        study = stored_study(self.storage, spec.name)
+        if study is None:
             return 0
         store = StudyStore(study)
         if store.space_fingerprint() != spec.space_fingerprint():

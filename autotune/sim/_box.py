@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import optuna
 from optuna.trial import TrialState
 
 from autotune.infra import clock
@@ -20,6 +19,7 @@ from autotune.search import Event, TrialStarted
 from autotune.service import DeviceReading, SimulatedHardware, TuningService
 from autotune.sim._landscape import Landscape, load_landscape
 from autotune.sim._simulated_runner import SimulatedRunner
+from autotune.study.storage import stored_study
 
 __all__ = ["Arrival", "BoxReport", "StudyOutcome", "run_box"]
 
@@ -338,9 +338,8 @@ class _Box:
         )
 
     def _trials(self, name: str) -> dict[int, TrialState]:
-        try:
-            study = optuna.load_study(study_name=name, storage=self.service.storage)
-        except KeyError:
+        study = stored_study(self.service.storage, name)
+        if study is None:
             return {}
         return {t.number: t.state for t in study.get_trials(deepcopy=False)}
 

@@ -365,6 +365,22 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
         thread.join(5)
 
 
+def study_names(storage: Storage) -> list[str]:
+    """The names of the studies a storage holds, sorted."""
+    return sorted(optuna.get_all_study_names(storage))
+
+
+def stored_study(storage: Storage, name: str) -> optuna.Study | None:
+    """The stored study of this name, to read and to record trials in (never to ask a sampler
+    for one: it gets a plain sampler, which costs nothing to start); None when there is none."""
+    try:
+        return optuna.load_study(
+            study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler()
+        )
+    except KeyError:
+        return None
+
+
 def delete_study(storage: optuna.storages.BaseStorage, name: str) -> None:
     """Delete the study ``name`` and its claims: a study created again under the name starts
     with no job claimed (a claim names the study, not one creation of it).
