@@ -765,3 +765,16 @@ def test_a_budget_the_workers_start_nearly_spends_says_the_search_may_run_past_i
     assert run.config.precision == "fp32"
     warned = [line for line in lines if "may end past its budget" in line]
     assert warned and "--budget 26s or more" in warned[0], lines
+
+
+def test_a_candidate_after_an_accepted_one_gets_no_pair_too_short_to_measure() -> None:
+    """The generated family's member 448, 42 s: fp16 at 2x the base batch is accepted (2.25x)
+    with 8 s left, and fp16 at the base batch follows, whose set-ups and six pairs need 8.6 s.
+    Its pair measured nothing and ended 0.1 s past the budget. With one accepted, a pair too
+    short for an interval is not started: the search ends within its budget, same config."""
+    land, study_spec = _generated(448, 41.9)
+    run = simulate(study_spec, land, seed=1)
+    cfg = run.config
+    assert cfg.evidence.validated, cfg.evidence.validation_note
+    assert (cfg.precision, cfg.batch_size) == ("fp16", 256)
+    assert run.seconds <= study_spec.budget

@@ -156,6 +156,11 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         room = max(left - keep, min(floor, least))
         # At most twice its need: what it leaves goes to the next round, should it fail.
         share = min(max(left * needs[0] / max(sum(needs), 1e-9), needs[0]), room, 2 * needs[0])
+        if accepted and share < least:
+            # One is accepted already: a pair too short for an interval would change nothing,
+            # and its set-up could only run past the budget.
+            out.append(Rerun(trial, None, share=share))
+            continue
         rerun = paired_rerun(ctx, trial, reference, share=share, horizon=horizon)
         out.append(rerun)
         if rerun.paired is not None or rerun.endurance is not None:
