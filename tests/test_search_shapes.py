@@ -12,7 +12,7 @@ from typing import Any
 
 import optuna
 import pytest
-from _sim import WORKLOAD, landscape
+from _sim import WORKLOAD, GiB, landscape
 from loguru import logger
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
@@ -201,10 +201,13 @@ def test_a_budget_too_short_for_ceilings_still_validates_the_safe_rule(budget: s
 
 
 def test_a_ceiling_not_measured_for_lack_of_time_is_not_shown_as_a_limit() -> None:
-    """A 22-second bf16 search measures no ceiling: the sampler's larger batches are pruned
-    above the base batch, and the reason says the ceiling was not measured (a user reading
-    "above the bf16 ceiling 64" alone would take bs=128 for too large to run)."""
-    run = simulate(spec("22s", space={"precisions": ["bf16"]}), landscape(), seed=0)
+    """A 22-second bf16 search on a 4 GiB device measures no ceiling (and the opening pair's
+    peak, 1 GiB at bs=64, vouches for no larger batch within half the memory): the sampler's
+    larger batches are pruned above the base batch, and the reason says the ceiling was not
+    measured (a user reading "above the bf16 ceiling 64" alone would take bs=128 for too large
+    to run)."""
+    small = landscape(memory_total_bytes=4 * GiB)
+    run = simulate(spec("22s", space={"precisions": ["bf16"]}), small, seed=0)
     above = [t for t in run.study.trials if t.user_attrs.get("outcome") == "above_ceiling"]
     assert above
     assert all("not measured" in t.user_attrs["reason"] for t in above)
@@ -764,7 +767,7 @@ def test_a_budget_the_workers_start_nearly_spends_says_the_search_may_run_past_i
         logger.remove(sink)
     assert run.config.precision == "fp32"
     warned = [line for line in lines if "may end past its budget" in line]
-    assert warned and "--budget 26s or more" in warned[0], lines
+    assert warned and "--budget 31s or more" in warned[0], lines
 
 
 def test_a_candidate_after_an_accepted_one_gets_no_pair_too_short_to_measure() -> None:
@@ -777,4 +780,39 @@ def test_a_candidate_after_an_accepted_one_gets_no_pair_too_short_to_measure() -
     cfg = run.config
     assert cfg.evidence.validated, cfg.evidence.validation_note
     assert (cfg.precision, cfg.batch_size) == ("fp16", 256)
+    assert run.seconds <= study_spec.budget
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_budget_that_leaves_too_little_for_a_reference_a_trial_and_a_pair_opens_with_one(
+    seed: int,
+) -> None:
+    """The generated family's member 61 (fp32 and fp16), 25.7 s: the worker starts in 5 s,
+    and the 20.6 s left went to the ceilings (3 s), the reference (4 s), the AMP recipe's trial
+    (5 s) and its pair, which ran 5 pairs where 6 are needed: an fp32 fallback where the recipe
+    runs 3.2x. Below 25 s left, the search opens with the pair instead (no ceilings, the
+    reference as its fp32 arm): the recipe is validated."""
+    land, study_spec = _generated(61, 25.7)
+    run = simulate(study_spec, land, seed=seed)
+    cfg = run.config
+    assert cfg.evidence.validated, cfg.evidence.validation_note
+    assert (cfg.precision, cfg.batch_size) == ("fp16", 128)
+    assert land.truth(cfg.candidate()).parity_gap <= 0.05
+    assert run.seconds <= study_spec.budget
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_an_opening_pair_vouches_for_its_modes_larger_batches(seed: int) -> None:
+    """The generated family's member 175 (fp32 and fp16), 26 s: the search opens with the AMP
+    recipe's pair (1.06x, 1.02-1.09), and no ceiling was measured, so every larger batch was
+    above the ceiling; the search then tried bs=16 and 64 and ended with 8 s unspent on fp32,
+    where fp16 at 2x the batch runs 2.0x. The pair's peak memory, scaled with the batch,
+    vouches for larger batches as a ceiling's first try does: fp16 at 2x is tried and
+    validated."""
+    land, study_spec = _generated(175, 26.0)
+    run = simulate(study_spec, land, seed=seed)
+    cfg = run.config
+    assert cfg.evidence.validated, cfg.evidence.validation_note
+    assert cfg.precision == "fp16" and cfg.batch_size >= 256
+    assert land.truth(cfg.candidate()).parity_gap <= 0.05
     assert run.seconds <= study_spec.budget

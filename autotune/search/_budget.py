@@ -42,7 +42,7 @@ SAFE_PLAN = 4 * REFERENCE_FLOOR
 # Seconds left after the worker's start below which the search opens with one pair: the safe
 # rule's candidate beside the fp32 reference, whose arm is the reference and whose pair is that
 # candidate's validation (a reference, a trial and a pair, each with its own set-up, do not fit).
-OPENING_PLAN = 20.0
+OPENING_PLAN = 25.0
 # ... and at or above which one fits (two arms' set-up and six pairs; below it, the reference
 # runs alone).
 OPENING_LEAST = 2 * REFERENCE_FLOOR

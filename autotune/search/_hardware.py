@@ -25,6 +25,7 @@ __all__ = [
     "find_ceilings",
     "jump_size",
     "lower_ceiling",
+    "ceiling_from_opening",
     "raise_ceiling",
     "vouched_size",
 ]
@@ -444,3 +445,26 @@ def raise_ceiling(ctx: SearchContext, store: StudyStore, trial: FrozenTrial) -> 
         (peaks[bs] + per_sample * (new - bs)) / 2**20, room / 2**20,
     )  # fmt: skip
     return new
+
+
+def ceiling_from_opening(ctx: SearchContext, store: StudyStore, arm: ProbeResult) -> None:
+    """A short budget's ceiling phase tried nothing: the opening pair's candidate arm, its peak
+    scaled with the batch, vouches for its mode's larger batches as a ceiling's first try does
+    (within half the memory budget), and the search may try them."""
+    mode, start = arm.candidate.precision, arm.candidate.batch_size
+    budget = ctx.facts.memory_budget(ctx.spec.memory_margin)
+    if ctx.found.ceilings.get(mode) != start or not _fits(arm, budget):
+        return
+    reach = jump_size(arm, start, max(ctx.space.ladder), budget, math.inf)
+    if reach <= start:
+        return
+    ctx.found.ceilings[mode] = reach
+    ctx.found.cut.pop(f"{mode} batch>{start}", None)
+    if reach < ctx.spec.space.batch_size.max:
+        ctx.found.cut[f"{mode} batch>{reach}"] = (
+            f"{mode} ceiling is {reach} (limited by time; the opening pair's peak, scaled)"
+        )
+    where = _where(ctx)
+    store.set_ceilings(*where, ctx.found.ceilings)
+    store.set_ceiling_limits(*where, {**store.ceiling_limits(*where), mode: "time"})
+    logger.info("ceiling {} = {} (the opening pair's peak at bs={}, scaled)", mode, reach, start)

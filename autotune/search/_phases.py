@@ -42,7 +42,7 @@ from autotune.search._first_trials import (
     enqueue_larger_batches,
     safe_pick,
 )
-from autotune.search._hardware import check_hardware, find_ceilings
+from autotune.search._hardware import ceiling_from_opening, check_hardware, find_ceilings
 from autotune.search._knob_trials import (
     after_trial,
     diagnose_failures,
@@ -199,6 +199,8 @@ def run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> PhasesDone:
     refs = ReferenceKeeper(ctx, store)
     opening = safe_pick(ctx, [m for m in choices if m in modes]) if short else None
     reference = establish(ctx, refs, opening)
+    if ctx.found.opening is not None:
+        ceiling_from_opening(ctx, store, ctx.found.opening.candidate)
     enqueue_base_trials(ctx, store, [m for m in choices if m in modes])
     enqueue_diagnosed_islands(ctx, store, modes)
     end_at = hard_end = ctx.budget.total - WRITE_RESERVE
