@@ -709,6 +709,18 @@ def _generated(number: int, budget: float) -> tuple[Landscape, Any]:
     return land, study_spec
 
 
+def _validated_safe(number: int, budget: float, seed: int) -> Any:
+    """The config a search of the family's member ``number`` emits in ``budget`` seconds,
+    checked validated, within the tolerance by the truth and inside its budget."""
+    land, study_spec = _generated(number, budget)
+    run = simulate(study_spec, land, seed=seed)
+    cfg = run.config
+    assert cfg.evidence.validated, cfg.evidence.validation_note
+    assert land.truth(cfg.candidate()).parity_gap <= 0.05
+    assert run.seconds <= study_spec.budget
+    return cfg
+
+
 @pytest.mark.parametrize("seed", [2, 3])
 def test_a_leader_the_search_found_off_parity_leaves_a_feasible_one_its_time(seed: int) -> None:
     """The generated family's member 36, 86 s: bf16 at 8x and 4x the base batch lead (4.4x and
@@ -717,13 +729,8 @@ def test_a_leader_the_search_found_off_parity_leaves_a_feasible_one_its_time(see
     (the one clear of parity) 5 s, short of its pairs: an fp32 fallback. A leader the search
     found off parity takes only what the feasible ones after it do not need: a safe bf16 win
     is validated."""
-    land, study_spec = _generated(36, 86.0)
-    run = simulate(study_spec, land, seed=seed)
-    cfg = run.config
-    assert cfg.evidence.validated, cfg.evidence.validation_note
+    cfg = _validated_safe(36, 86.0, seed)
     assert cfg.precision == "bf16" and cfg.batch_size >= 256
-    assert land.truth(cfg.candidate()).parity_gap <= 0.05
-    assert run.seconds <= study_spec.budget
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -775,12 +782,8 @@ def test_a_candidate_after_an_accepted_one_gets_no_pair_too_short_to_measure() -
     with 8 s left, and fp16 at the base batch follows, whose set-ups and six pairs need 8.6 s.
     Its pair measured nothing and ended 0.1 s past the budget. With one accepted, a pair too
     short for an interval is not started: the search ends within its budget, same config."""
-    land, study_spec = _generated(448, 41.9)
-    run = simulate(study_spec, land, seed=1)
-    cfg = run.config
-    assert cfg.evidence.validated, cfg.evidence.validation_note
+    cfg = _validated_safe(448, 41.9, seed=1)
     assert (cfg.precision, cfg.batch_size) == ("fp16", 256)
-    assert run.seconds <= study_spec.budget
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -792,13 +795,8 @@ def test_a_budget_that_leaves_too_little_for_a_reference_a_trial_and_a_pair_open
     (5 s) and its pair, which ran 5 pairs where 6 are needed: an fp32 fallback where the recipe
     runs 3.2x. Below 25 s left, the search opens with the pair instead (no ceilings, the
     reference as its fp32 arm): the recipe is validated."""
-    land, study_spec = _generated(61, 25.7)
-    run = simulate(study_spec, land, seed=seed)
-    cfg = run.config
-    assert cfg.evidence.validated, cfg.evidence.validation_note
+    cfg = _validated_safe(61, 25.7, seed)
     assert (cfg.precision, cfg.batch_size) == ("fp16", 128)
-    assert land.truth(cfg.candidate()).parity_gap <= 0.05
-    assert run.seconds <= study_spec.budget
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -809,10 +807,5 @@ def test_an_opening_pair_vouches_for_its_modes_larger_batches(seed: int) -> None
     where fp16 at 2x the batch runs 2.0x. The pair's peak memory, scaled with the batch,
     vouches for larger batches as a ceiling's first try does: fp16 at 2x is tried and
     validated."""
-    land, study_spec = _generated(175, 26.0)
-    run = simulate(study_spec, land, seed=seed)
-    cfg = run.config
-    assert cfg.evidence.validated, cfg.evidence.validation_note
+    cfg = _validated_safe(175, 26.0, seed)
     assert cfg.precision == "fp16" and cfg.batch_size >= 256
-    assert land.truth(cfg.candidate()).parity_gap <= 0.05
-    assert run.seconds <= study_spec.budget
