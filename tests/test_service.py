@@ -37,6 +37,7 @@ from autotune.service import (  # noqa: E402
 )
 from autotune.service._access import WorkloadRefused, check_bind  # noqa: E402
 from autotune.service._device_monitor import parse_devices  # noqa: E402
+from autotune.study.store import StudyStore  # noqa: E402
 from autotune.testing.busy import FAKE_BUSY_ENV  # noqa: E402
 
 
@@ -529,7 +530,7 @@ def test_standing_reads_trials_through_their_record(tmp_path: Path) -> None:
     ):
         study.add_trial(t)
 
-    standing = read_standing(study)
+    standing = read_standing(StudyStore(study))
     assert standing.reference_throughput == 950.0  # the latest measurement
     assert standing.by_outcome == {"completed": 2, "infeasible": 1, "oom": 1, "stale": 1}
     assert standing.trials == {"complete": 3, "pruned": 1, "fail": 1, "running": 1}
@@ -550,7 +551,7 @@ def test_standing_without_a_reference(tmp_path: Path) -> None:
     from autotune.service._standing import read_standing
 
     study = optuna.create_study(study_name="e", storage=f"sqlite:///{tmp_path / 'e.db'}")
-    standing = read_standing(study)
+    standing = read_standing(StudyStore(study))
     assert standing.reference_throughput is None and standing.best is None
 
 
@@ -594,7 +595,7 @@ def test_a_done_studys_status_names_the_config_not_the_searchs_best(tmp_path: Pa
                 system_attrs={"constraints:parity": 0.0} if rec is search else {},
             )
         )
-    standing = read_standing(study)
+    standing = read_standing(StudyStore(study))
     assert standing.best is not None and standing.best.number == 2
     # The config's own trial is no trial of the search's: counted as the report counts.
     assert standing.trials == {"complete": 1, "not_run": 1}

@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.schema.enums import Outcome
@@ -76,9 +75,9 @@ def latest_reference(store: StudyStore) -> ReferenceMeasurement | None:
     return max(latest, key=lambda m: m.at) if latest else None
 
 
-def read_standing(study: optuna.Study) -> StudyStanding:
-    """The standing of a study, from its trials and user attributes."""
-    trials = study.get_trials(deepcopy=False)
+def read_standing(store: StudyStore) -> StudyStanding:
+    """The standing of a study, from its trials and what it stores."""
+    trials = store.trials()
     out = StudyStanding()
     # The config's own trial is not one the search ran: left out of the counts, as in the report.
     crowned = [t for t in trials if record(t).tuned_config]
@@ -93,7 +92,6 @@ def read_standing(study: optuna.Study) -> StudyStanding:
         outcome = display_outcome(t)
         if outcome is not None:
             out.by_outcome[outcome] = out.by_outcome.get(outcome, 0) + 1
-    store = StudyStore(study)
     ref = latest_reference(store)
     out.reference_throughput = ref.throughput if ref is not None else None
     # The config, once there is one (the trial that carries validation's figure); before,
@@ -102,7 +100,7 @@ def read_standing(study: optuna.Study) -> StudyStanding:
     if crowned:
         out.best = trial_info(crowned[-1])
     elif feasible:
-        pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
+        pick = max if store.maximize else min
         out.best = trial_info(pick(feasible, key=lambda t: cast(float, t.value)))
     out.latest = [trial_info(t) for t in trials[-_LATEST:]][::-1]
     stored = store.config()
@@ -118,7 +116,7 @@ class StandingCache:
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[float, Any, StudyStanding | None]] = {}
         self._refreshing: set[str] = set()
-        self._studies: dict[str, optuna.Study] = {}
+        self._studies: dict[str, StudyStore] = {}
 
     def get(self, name: str, version: Any, *, final: bool) -> StudyStanding | None:
         """The standing of ``name``; ``version`` changes whenever the queue row does, and a
@@ -148,10 +146,10 @@ class StandingCache:
     def _read(self, name: str) -> StudyStanding | None:
         # One Study object per name: its storage cache keeps finished trials, so a refresh
         # reads only the trials that changed, however long the study grows.
-        study = self._studies.get(name)
-        if study is None:
+        store = self._studies.get(name)
+        if store is None:
             study = stored_study(self.storage, name)
             if study is None:
                 return None
-            self._studies[name] = study
-        return read_standing(study)
+            store = self._studies[name] = StudyStore(study)
+        return read_standing(store)
