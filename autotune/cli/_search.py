@@ -263,7 +263,6 @@ def _simulated(spec: Any, landscape: str, *, storage_given: bool) -> tuple[Any, 
     Raises:
         SpecError: no such landscape, or the spec's workload is not the landscape's.
     """
-
     from autotune.sim import SimulatedRunner, load_landscape
     from autotune.study.storage import delete_study, open_storage, study_names
     from autotune.workloads import normalize_reference

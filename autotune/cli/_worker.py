@@ -93,7 +93,6 @@ def _stored_spec(study: str, storage: str | None, device: str | None) -> StudySp
     Raises:
         SpecError: no --storage, no such study there, or a study autotune did not make.
     """
-
     from autotune.schema.spec import parse_spec
     from autotune.study.storage import mask_url, open_storage, stored_study, study_names
     from autotune.study.store import StudyStore

@@ -174,15 +174,14 @@ def load_study(name: str, storage: str = DEFAULT_STORAGE) -> optuna.Study:
                 "there; run `autotune search` first, or pass --storage with the URL the search used"
             )
     backend = open_storage(storage)
-    names = study_names(backend)
-    if name not in names:
+    study = stored_study(backend, name)
+    if study is None:
+        names = study_names(backend)
         known = ", ".join(repr(n) for n in names) if names else "none"
         raise StorageError(
             f"study {name!r} is not in storage {mask_url(storage)!r}; known studies: {known}. "
             "Pass one of those names, or --storage with the URL the search used"
         )
-    study = stored_study(backend, name)
-    assert study is not None  # listed just above
     return study
 
 

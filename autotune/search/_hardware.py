@@ -21,11 +21,11 @@ from autotune.study.study_keys import ceilings_key
 from autotune.study.trials import record
 
 __all__ = [
+    "ceiling_from_opening",
     "check_hardware",
     "find_ceilings",
     "jump_size",
     "lower_ceiling",
-    "ceiling_from_opening",
     "raise_ceiling",
     "vouched_size",
 ]
@@ -429,15 +429,7 @@ def raise_ceiling(ctx: SearchContext, store: StudyStore, trial: FrozenTrial) -> 
     if not fits:
         return None
     new = max(fits)
-    ctx.found.ceilings[mode] = new
-    cap = max(ctx.space.ladder)
-    ctx.found.cut.pop(f"{mode} batch>{bs}", None)
-    if new < ctx.spec.space.batch_size.max:
-        ctx.found.cut[f"{mode} batch>{new}"] = (
-            f"{mode} ceiling is {new} (limited by time; raised from {bs} by the search's peaks)"
-        )
-    store.set_ceilings(*where, ctx.found.ceilings)
-    store.set_ceiling_limits(*where, {**limits, mode: "cap" if new >= cap else "time"})
+    _raise(ctx, store, mode, bs, new, f"raised from {bs} by the search's peaks")
     logger.info(
         "{} ceiling {} → {}: trials at bs={} and {} peaked at {:.0f} and {:.0f} MiB, {:.2f} MiB "
         "more a sample; bs={} takes about {:.0f} MiB of the {:.0f} MiB kept for it",
@@ -458,13 +450,20 @@ def ceiling_from_opening(ctx: SearchContext, store: StudyStore, arm: ProbeResult
     reach = jump_size(arm, start, max(ctx.space.ladder), budget, math.inf)
     if reach <= start:
         return
-    ctx.found.ceilings[mode] = reach
-    ctx.found.cut.pop(f"{mode} batch>{start}", None)
-    if reach < ctx.spec.space.batch_size.max:
-        ctx.found.cut[f"{mode} batch>{reach}"] = (
-            f"{mode} ceiling is {reach} (limited by time; the opening pair's peak, scaled)"
-        )
-    where = _where(ctx)
-    store.set_ceilings(*where, ctx.found.ceilings)
-    store.set_ceiling_limits(*where, {**store.ceiling_limits(*where), mode: "time"})
+    _raise(ctx, store, mode, start, reach, "the opening pair's peak, scaled")
     logger.info("ceiling {} = {} (the opening pair's peak at bs={}, scaled)", mode, reach, start)
+
+
+def _raise(  # noqa: PLR0913 - one raise, from raise_ceiling and ceiling_from_opening
+    ctx: SearchContext, store: StudyStore, mode: str, old: int, new: int, why: str
+) -> None:
+    """A ceiling the ceiling phase left at ``old`` for lack of time rises to ``new``: in the
+    search's context (what it cuts) and in the study (a resumed search reads it back)."""
+    ctx.found.ceilings[mode] = new
+    ctx.found.cut.pop(f"{mode} batch>{old}", None)
+    if new < ctx.spec.space.batch_size.max:
+        ctx.found.cut[f"{mode} batch>{new}"] = f"{mode} ceiling is {new} (limited by time; {why})"
+    where = _where(ctx)
+    limit = "cap" if new >= max(ctx.space.ladder) else "time"
+    store.set_ceilings(*where, ctx.found.ceilings)
+    store.set_ceiling_limits(*where, {**store.ceiling_limits(*where), mode: limit})

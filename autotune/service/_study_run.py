@@ -104,9 +104,11 @@ class StudyRun:
         """
         measured = list(self.peaks)
         try:
-            self.study = self.study or stored_study(storage, self.name)
-            done = (TrialState.COMPLETE,)
-            for t in self.study.get_trials(deepcopy=False, states=done) if self.study else ():
+            if self.study is None:
+                self.study = stored_study(storage, self.name)
+            study = self.study  # None: no study yet (the first ceiling try)
+            complete = (TrialState.COMPLETE,)
+            for t in study.get_trials(deepcopy=False, states=complete) if study else []:
                 peak = record(t).peak_memory_bytes
                 if peak and peak > 0 and "batch_size" in t.params:
                     measured.append(
