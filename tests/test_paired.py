@@ -65,6 +65,21 @@ def test_a_drifting_machine_does_not_move_the_paired_speedup(clock: VirtualClock
     assert first.throughput / second.throughput > 2.0 * 1.2
 
 
+def test_the_candidate_runs_on_alone_to_its_horizon_once_the_pairs_are_measured(
+    clock: VirtualClock,
+) -> None:
+    """fp16's verdict needs its loss over hundreds of steps, parity and the speedup far fewer:
+    the pairs stop when they are enough and the candidate alone takes the rest of its steps."""
+    settings = SETTINGS.model_copy(update={"alone_steps": 120})
+    result = run_paired(drifting(0.004, 1.0, clock=clock, sleep=clock.sleep), fp32(32), fp32(16),
+                        "cpu", settings)  # fmt: skip
+    assert result.ok and result.pairs >= 6
+    assert result.speedup_low <= 2.0 <= result.speedup_high
+    assert len(result.candidate.losses) >= 120
+    assert len(result.reference.losses) * 16 < 120 * 32  # the reference did not run along
+    assert not result.candidate.truncated
+
+
 def test_an_arm_that_diverges_ends_the_pair_with_its_reason() -> None:
     wl = load_workload("autotune.testing.workloads:fp16_overflow")
     cand = Candidate(precision="fp16", batch_size=32, learning_rate=0.001)

@@ -20,6 +20,7 @@ from autotune.search import run_search
 from autotune.search._budget import Budget
 from autotune.search._context import Findings, SearchContext
 from autotune.search._rejections import rejection_summary
+from autotune.search._risk import fp16_horizon
 from autotune.search._space import Space
 from autotune.search._validate import (
     Rerun,
@@ -584,3 +585,26 @@ def test_a_fallback_names_each_reason_once_though_two_rounds_noted_it() -> None:
     ev = _fallback_evidence(spec, selection, reference, None, {}, {"parity_tolerance": 0.05})
     assert ev.validation_note.count("not validated: 10s left") == 1
     assert "bf16 bs=64 lr×1: 4 pairs" in ev.validation_note
+
+
+def test_an_fp16_verdict_at_a_smaller_lr_runs_past_where_an_overflow_seen_would_come() -> None:
+    """fp16 overflowed at step 204 with lr 0.2 and at step 264 with lr 0.1: at lr 0.1 the first
+    one's overflow comes about twice as late (the weights grow at half the rate), so a verdict
+    at 500 steps, twice the earliest seen, would pass a run that overflows at 524."""
+
+    def overflowed(number: int, lr: float, at: int) -> FrozenTrial:
+        rec = TrialRecord(outcome="diverged", learning_rate=lr, losses=[1.0] * at + [None] * 9)
+        t = create_trial(
+            state=TrialState.PRUNED,
+            params={"precision": "fp16", "batch_size": 256, "lr_multiplier": 1.0},
+            distributions=_DISTS,
+            user_attrs=rec.to_attrs(),
+        )
+        t.number = number
+        return t
+
+    seen = [overflowed(0, 0.2, 204), overflowed(1, 0.1, 264)]
+    assert fp16_horizon(500, seen) == 500  # no candidate's lr: twice the earliest, 408
+    assert fp16_horizon(500, seen, 0.1) >= 2 * 204 * 2 > 524
+    assert fp16_horizon(500, seen, 0.2) == 528  # at the lr that overflowed first: 2 x 264
+    assert fp16_horizon(500, [], 0.1) == 500

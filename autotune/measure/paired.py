@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -116,7 +117,7 @@ def interleave(  # noqa: PLR0913 - a simulated device's seams (set_flags, seed, 
     timer: Callable[[], float] | None = None,
     peak: PeakMemory | None = None,
 ) -> PairedResult:
-    """The paired policy over two engines (``candidate``, ``reference``): steps 1–3 above.
+    """The paired policy over two engines (``candidate``, ``reference``): steps 1–4 above.
 
     A simulated device passes its own engines, a no-op ``set_flags`` and ``seed``, and its
     virtual clock as ``timer``: the same policy decides when a pair is enough. ``peak``,
@@ -131,7 +132,7 @@ def interleave(  # noqa: PLR0913 - a simulated device's seams (set_flags, seed, 
     }
     pair = _Pair(engines, runs, set_flags=set_flags, seed=seed)
     try:
-        if pair.warm_up(settings, peak) and pair.alternate(settings):
+        if pair.warm_up(settings, peak) and pair.alternate(settings) and pair.endure(settings):
             pair.catch_up(settings)
         # Before closing; and not while an error propagates (a CUDA error that ended the run
         # would fail the skip count's read too, and hide itself).
@@ -209,13 +210,27 @@ class _Pair:
                 return True
 
     def catch_up(self, settings: ProbeSettings) -> None:
-        """3. The reference runs on until it has seen the samples of the candidate's horizon
+        """4. The reference runs on until it has seen the samples of the candidate's horizon
         (``steps`` steps, or all it ran if fewer): parity compares at equal samples seen."""
         c, r = self.runs["candidate"].engine, self.runs["reference"].engine
         horizon = min(c.steps, settings.warmup_steps + settings.steps) * c.candidate.batch_size
         while r.steps * r.candidate.batch_size < horizon:
             if not self.arm("reference", self.runs["reference"].block):
                 return
+
+    def endure(self, settings: ProbeSettings) -> bool:
+        """3. The candidate runs on alone until it has taken ``alone_steps`` steps, within the
+        time limit: fp16's overflow may start late, and its loss must stay finite that far.
+        False once its loss did not."""
+        run = self.runs["candidate"]
+        truncated = run.truncated
+        while run.engine.steps < settings.alone_steps and not run.over_time():
+            steps = min(run.block_steps, settings.alone_steps - run.engine.steps)
+            if not self.arm("candidate", partial(run.block, steps)):
+                break
+        # Its time limit reached while alone cuts the run short, not the pairs' measurement.
+        run.truncated = truncated
+        return run.outcome == Outcome.COMPLETED and "candidate" not in self.ended
 
     def result(
         self, bases: dict[str, dict[str, Any]], fields: dict[str, dict[str, Any]]
@@ -237,12 +252,24 @@ class _Pair:
         return out
 
 
+def _alone_is_due(c: TimedRun, settings: ProbeSettings) -> bool:
+    """Whether what is left of the time limit is what the candidate's steps alone to
+    ``alone_steps`` take (at its timed step time, with a fifth to spare): the pairs stop there."""
+    left = settings.alone_steps - c.engine.steps
+    if left <= 0 or not c.timed_steps:
+        return False
+    step = c.timed_seconds / c.timed_steps
+    return settings.time_limit - (c.timer() - c.started) <= 1.2 * left * step
+
+
 def _enough(runs: dict[str, TimedRun], settings: ProbeSettings, min_time: float) -> bool:
     """The candidate measured what it must and the pairs' ratio is tight (or time is up)."""
     c, r = runs["candidate"], runs["reference"]
+    pairs = min(len(c.blocks), len(r.blocks))
+    if pairs >= _MIN_PAIRS and _alone_is_due(c, settings):
+        return True  # the rest of the time is the candidate's steps alone
     if c.timed_steps < settings.steps:
         return False
-    pairs = min(len(c.blocks), len(r.blocks))
     if min_time <= 0:
         return pairs >= 1
     if c.timed_seconds < min_time or pairs < _MIN_PAIRS:

@@ -202,13 +202,10 @@ DEFAULT_MIN_TIME = {"cuda": 1.0, "cpu": 2.0}
 
 
 class ProbeSettings(_Model):
-    """How long one probe runs and what it calls divergence.
-
-    The timed phase is measured in blocks of steps between two device syncs, and lasts until
-    it has run ``min_time`` *and* ``steps`` steps *and* the throughput's 95% interval is within
-    ``precision`` of its median (or until 4x ``min_time``, or ``time_limit``): long enough to
-    be measured, the way ``timeit`` sizes its runs by time, not by count.
-    """
+    """How long one probe runs and what it calls divergence: its timed phase (blocks of steps
+    between two device syncs) lasts until it has run ``min_time`` *and* ``steps`` steps *and*
+    the throughput's 95% interval is within ``precision`` of its median (or 4x ``min_time``,
+    or ``time_limit``), the way ``timeit`` sizes its runs by time, not by count."""
 
     # Untimed steps first: cudnn autotune, allocator growth and scaler calibration happen here.
     warmup_steps: Annotated[int, bounded("probe.warmup_steps")] = 3
@@ -235,9 +232,14 @@ class ProbeSettings(_Model):
     # Soft limit: the probe stops and is scored on the steps it finished.
     time_limit: Annotated[Duration, bounded("probe.time_limit")] = 120.0
     seed: Seed = 0
-    # Share of a GPU's memory kept free while the probe runs (its allocator runs out there);
-    # the search sets it from the spec's memory_margin. None: no cap.
+    # Set by the search from the spec's memory_margin: a GPU's share kept free. None: no cap.
     memory_margin: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False)
+    # Set by the search for fp16: a pair's candidate runs on alone after its pairs to this step.
+    alone_steps: int = Field(default=0, ge=0)
+
+
+# Set per run by the search (how long a probe measures), they do not shape its space.
+_PER_RUN = {"time_limit", "min_time", "precision", "early_stop", "memory_margin", "alone_steps"}
 
 
 class EarlyStop(_Model):
@@ -448,10 +450,7 @@ class StudySpec(_Model):
             "workload": self.workload,
             "space": space,
             # How long a probe measures does not change the space; its step counts do.
-            "probe": self.probe.model_dump(
-                mode="json",
-                exclude={"time_limit", "min_time", "precision", "early_stop", "memory_margin"},
-            ),
+            "probe": self.probe.model_dump(mode="json", exclude=_PER_RUN),
             "objective": self.objective,
         }
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]

@@ -228,14 +228,15 @@ class ReferenceKeeper:
         past fp16's overflow horizon where it is fp16, kept in ``ctx.found.opening``; its reference
         arm, or None where that arm did not complete (the reference then runs alone)."""
         ctx, probe = self.ctx, self.ctx.spec.probe
-        steps = ctx.spec.validation.steps
-        if opening.precision == "fp16":
-            steps = max(steps, ctx.spec.validation.fp16_steps)
+        # fp16's arms run past its overflow horizon, the candidate's last steps alone where the
+        # time left is what they need.
+        alone = ctx.spec.validation.fp16_steps if opening.precision == "fp16" else 0
         left = ctx.budget.left() - WRITE_RESERVE
         share = _OPENING_SHARE * left
         settings = probe.model_copy(
             update={
-                "steps": steps,
+                "steps": max(ctx.spec.validation.steps, alone),
+                "alone_steps": alone,
                 "time_limit": max(1.0, share - 1.0),
                 "min_time": ctx.default_min_time,
                 "precision": 0.01,

@@ -15,6 +15,7 @@ from autotune.search._risk import steps_run
 from autotune.search._validate import Rerun, covered, judge, with_gap
 from autotune.search._validation_time import (
     ENDURANCE_SHARE,
+    alone_seconds,
     compiling,
     endurance_seconds,
     in_pair_seconds,
@@ -119,11 +120,13 @@ def paired_rerun(
     *,
     share: float,
     horizon: int = 0,
+    ran: int = 0,
 ) -> Rerun:
     """One candidate measured again, paired with the reference, inside ``share`` seconds (a
     compiled one only where its share covers compiling again and six pairs after it); an
-    fp16 one whose pair would be accepted then runs alone to ``horizon`` steps, in the time
-    kept for it, so a refusal for speed or parity never pays for it."""
+    fp16 one's candidate runs on alone after its pairs to ``horizon`` steps (where it has not
+    run ``ran`` steps already), and one still short of it whose pair would be accepted then
+    runs alone to it in what is left of its share."""
     if (opening := ctx.found.opening) is not None and opened(ctx, trial):
         # Its pair was the search's opening: measured before any trial, so not chosen for its
         # figures; the first rerun of its candidate is that pair, paid already (``share`` is
@@ -135,29 +138,34 @@ def paired_rerun(
     started = ctx.budget.elapsed()
     seconds = compiling(trial)
     least = seconds + six_pairs(ctx, trial)
-    kept = endurance_seconds(ctx, trial, horizon, capped=False) if horizon else 0.0
+    kept = endurance_seconds(ctx, trial, horizon, capped=False, ran=ran) if horizon else 0.0
     along = in_pair_seconds(ctx, trial, horizon) if kept else 0.0
-    steps = 0
+    steps, alone = 0, 0.0
     if along and along <= kept and least + along <= share:
         # Cheaper than a run alone (its build and first step): the pair's arms run to the
         # horizon, and fp16's verdict comes from the pair itself.
         kept, steps = 0.0, horizon
-    if kept and kept > min(ENDURANCE_SHARE * ctx.budget.total, share - least):
+    cap = min(ENDURANCE_SHARE * ctx.budget.total, share - least)
+    if kept > cap:
+        # No room for a run alone beside the pair: the pair's candidate runs on alone after
+        # its pairs instead (no build of its own), paid whether or not the pair passes.
+        kept, alone = 0.0, alone_seconds(ctx, trial, horizon, ran)
+    if alone > cap:
         # fp16 cannot be run to its horizon beside its pair in this share: a verdict short of
         # it would be refused, so the time goes to the next candidate.
-        cap = ENDURANCE_SHARE * ctx.budget.total
         limit = (
-            f"the {cap:.0f}s ({ENDURANCE_SHARE:.0%} of the budget) an fp16 run alone may take"
-            if cap < share - least
+            f"the {ENDURANCE_SHARE * ctx.budget.total:.0f}s ({ENDURANCE_SHARE:.0%} of the "
+            "budget) an fp16 run alone may take"
+            if ENDURANCE_SHARE * ctx.budget.total < share - least
             else f"its {share:.0f}s share leaves beside its pairs"
         )
         why = (
-            f"not validated: running fp16 to {horizon} steps takes about {kept:.0f}s, more "
+            f"not validated: running fp16 to {horizon} steps takes about {alone:.0f}s, more "
             f"than {limit}; give the search more time"
         )
         return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
     pair_share = share - kept
-    if pair_share < least:
+    if pair_share - alone < least:
         # Too short for the pairs an interval needs: measuring would only overrun the budget.
         again = f"compiling it again ({seconds:.0f}s), " if seconds else ""
         why = (
@@ -165,7 +173,8 @@ def paired_rerun(
             f"{MIN_VALUES} pairs where {MIN_VALUES} are needed; give the search more time"
         )
         return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
-    paired = run_pair(ctx, trial, reference, pair_share, seconds, steps=steps)
+    pace = (horizon if alone else 0, alone)
+    paired = run_pair(ctx, trial, reference, pair_share, seconds, steps=steps, alone=pace)
     rerun = with_gap(Rerun(trial, paired, share=share, horizon=horizon), reference)
     return _endure(ctx, reference, rerun, trial, share=share - (ctx.budget.elapsed() - started))
 
@@ -204,20 +213,26 @@ def would_pass(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) -> 
 
 def run_pair(  # noqa: PLR0913 - one pair's settings, from validation alone
     ctx: SearchContext, trial: FrozenTrial, reference: ReferenceRecord, share: float,
-    seconds: float, seed: int = 1, steps: int = 0,
+    seconds: float, seed: int = 1, steps: int = 0, alone: tuple[int, float] = (0, 0.0),
 ) -> PairedResult:  # fmt: skip
     """The paired run itself, in ``share`` seconds, ``seconds`` of them compiling, at the
-    probe's seed plus ``seed``, its arms running ``steps`` steps at least."""
+    probe's seed plus ``seed``, its arms running ``steps`` steps at least; ``alone``: the
+    steps its candidate takes at least, the last ones alone after the pairs where its time
+    is short, and the seconds kept for them."""
     probe = ctx.spec.probe
     settings = probe.model_copy(
-        update={"steps": max(ctx.spec.validation.steps, steps), "seed": probe.seed + seed}
+        update={
+            "steps": max(ctx.spec.validation.steps, steps),
+            "seed": probe.seed + seed,
+            "alone_steps": alone[0],
+        }
     )
     # The pair measures for most of its share (each arm about a third of it; warm-ups and
     # the reference's catch-up to the horizon fit in the rest): the budget kept for
     # validation buys a tighter interval instead of going unused. Compiling counts apart.
     timed = share - seconds
     min_time = max(ctx.default_min_time if settings.min_time is None else settings.min_time,
-                   _PAIR_SHARE * timed)  # fmt: skip
+                   _PAIR_SHARE * (timed - alone[1]))  # fmt: skip
     paired = ctx.run_compare(
         candidate(trial),
         reference.candidate(),

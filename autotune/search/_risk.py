@@ -27,6 +27,7 @@ __all__ = [
     "settings_key",
     "steps_run",
     "unproven",
+    "verdict_horizon",
 ]
 
 
@@ -59,11 +60,34 @@ def overflow_step(trials: Iterable[FrozenTrial]) -> int | None:
     return min(steps, default=None)
 
 
-def fp16_horizon(min_steps: int, trials: Iterable[FrozenTrial]) -> int:
+def fp16_horizon(min_steps: int, trials: Iterable[FrozenTrial], lr: float | None = None) -> int:
     """Steps an fp16 candidate's validation run lasts at least: ``min_steps``, or twice the
-    earliest overflow seen (an overflow at step 50 in one run comes at 60 in the next)."""
-    at = overflow_step(trials)
-    return max(min_steps, 2 * at) if at is not None else min_steps
+    earliest overflow seen (an overflow at step 50 in one run comes at 60 in the next); for a
+    candidate at ``lr``, twice the latest step any overflow seen would come at in it: the
+    weights, and the activations they make, grow with the updates taken, so at a smaller lr
+    the same overflow comes at least as much later (one at step 204 with lr 0.2 came at step
+    524 with lr 0.1)."""
+    seen = [
+        (at, record(t).learning_rate)
+        for t in trials
+        if t.params.get("precision") == "fp16"
+        and record(t).outcome == Outcome.DIVERGED
+        and (at := _first_nonfinite(t)) is not None
+    ]
+    if not seen:
+        return min_steps
+    if not lr:
+        return max(min_steps, 2 * min(at for at, _ in seen))
+    later = [
+        at * max(1.0, seen_lr / lr) if isinstance(seen_lr, (int, float)) else at
+        for at, seen_lr in seen
+    ]
+    return max(min_steps, round(2 * max(later)))
+
+
+def verdict_horizon(ctx: SearchContext, trials: list[FrozenTrial], trial: FrozenTrial) -> int:
+    """:func:`fp16_horizon` for ``trial``: the spec's least, and its lr."""
+    return fp16_horizon(ctx.spec.validation.fp16_steps, trials, record(trial).learning_rate)
 
 
 def unproven(trial: FrozenTrial, overflow: int | None) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -21,7 +22,7 @@ from autotune.measure.stats import (
 )
 from autotune.search._budget import VALIDATION_SHARE
 from autotune.search._context import SearchContext
-from autotune.search._risk import fp16_horizon, overflow_step, steps_run
+from autotune.search._risk import overflow_step, steps_run, verdict_horizon
 from autotune.search._shortlist import eligible, safe_standby, shortlist
 from autotune.search._validation_time import (
     endurance_seconds,
@@ -345,15 +346,18 @@ def validation_reserve(
     picked = leaders + ([standby] if standby is not None else [])
     if not ctx.typical_probe(default=0.0):
         return VALIDATION_SHARE * ctx.budget.total
-    horizon = fp16_horizon(ctx.spec.validation.fp16_steps, store.trials())
+    horizon = partial(verdict_horizon, ctx, store.trials())
     # Nothing worth validating yet: keep room for the least pair a late winner needs (two
     # arms' set-up and six short pairs), and give the rest to the search: without a trial,
     # validation has nothing to measure.
-    need = sum(rerun_need(ctx, t, horizon) for t in picked) if picked else least_pair(ctx)
+    need = sum(rerun_need(ctx, t, horizon(t)) for t in picked) if picked else least_pair(ctx)
     # An fp16 leader's run to its overflow horizon comes on top of validation's share (its
     # own share at most): pairs alone, without it, would prove nothing.
     proof = max(
-        (min(endurance_seconds(ctx, t, horizon), proof_seconds(ctx, t, horizon)) for t in leaders),
+        (
+            min(endurance_seconds(ctx, t, horizon(t)), proof_seconds(ctx, t, horizon(t)))
+            for t in leaders
+        ),
         default=0.0,
     )
     return min(VALIDATION_SHARE * ctx.budget.total + proof, need + 1.0)

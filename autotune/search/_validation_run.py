@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import partial
 
 from loguru import logger
 from optuna.trial import FrozenTrial
@@ -23,13 +24,14 @@ from autotune.search._rerun import (
     shared_samples,
     would_pass,
 )
-from autotune.search._risk import RuledOut, fp16_horizon
+from autotune.search._risk import RuledOut, verdict_horizon
 from autotune.search._validate import (
     UPPER,
     Rerun,
     Selection,
     candidates,
     charged,
+    covered,
     gap_bound,
     parity_bar,
     select,
@@ -113,7 +115,7 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
     accepted. What each refusal rules out (into ``ruled``) is skipped in the rest of the round
     too."""
     tol, min_speedup = ctx.spec.parity_tolerance, ctx.spec.validation.min_speedup
-    horizon = fp16_horizon(ctx.spec.validation.fp16_steps, store.trials())
+    horizon_of = partial(verdict_horizon, ctx, store.trials())
     leaders, standby = queue
     order = leaders + ([standby] if standby is not None else [])
     out: list[Rerun] = []
@@ -138,18 +140,21 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         rest = [trial] + [
             t for t in order[i + 1 :] if t not in ruled and not (accepted and t is standby)
         ]
-        needs = [rerun_need(ctx, t, horizon) for t in rest]
+        needs = [rerun_need(ctx, t, horizon_of(t)) for t in rest]
         # What the ones after it must keep: each its least, fp16's horizon included.
-        keep = sum(1.5 * least_seconds(ctx, t) + proof_seconds(ctx, t, horizon) for t in rest[1:])
+        keep = sum(
+            1.5 * least_seconds(ctx, t) + proof_seconds(ctx, t, horizon_of(t)) for t in rest[1:]
+        )
         # At least what it needs to be measured at all, where that is left: a share short of
         # it skips it for certain, and a better candidate goes unmeasured for a worse one.
+        horizon = horizon_of(trial)
         least = least_seconds(ctx, trial) + proof_seconds(ctx, trial, horizon)
         floor = left
         if not accepted and not is_feasible(trial):
             # One the search found off parity takes its least only from what the feasible
             # ones after it do not need: it is the likelier to be refused.
             floor -= sum(
-                1.5 * least_seconds(ctx, t) + proof_seconds(ctx, t, horizon)
+                1.5 * least_seconds(ctx, t) + proof_seconds(ctx, t, horizon_of(t))
                 for t in rest[1:]
                 if is_feasible(t)
             )
@@ -268,7 +273,13 @@ def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise
         shared_samples(rerun.paired),
         "within a larger batch's early lag" if lagging else "and still growing",
     )
-    again = paired_rerun(ctx, rerun.trial, reference, share=share, horizon=rerun.horizon)
+    ran = covered(rerun)
+    again = paired_rerun(ctx, rerun.trial, reference, share=share, horizon=rerun.horizon, ran=ran)
+    # fp16's verdict to its horizon stands from the first look (its run alone, or its pair's
+    # candidate run on alone) where this one did not go that far.
+    first = rerun.paired.candidate if rerun.paired is not None else None
+    if first is not None and first.ok and len(first.losses) == ran and covered(again) < ran:
+        again.endurance = again.endurance or first
     again.endurance = again.endurance or rerun.endurance
     again.first_gap = gap[0]
     return again
@@ -319,7 +330,12 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
     # batch whose true gap was 5.25%).
     error = max(math.hypot(rerun.gap_error, other.gap_error), abs(rerun.gap[0] - other.gap[0])) / 2
     merged = replace(rerun, gap=gap, gap_error=error, seeds=2)
-    if merged.horizon and merged.endurance is None and would_pass(ctx, reference, merged):
+    if (
+        merged.horizon
+        and covered(merged) < merged.horizon
+        and merged.endurance is None
+        and would_pass(ctx, reference, merged)
+    ):
         # fp16's run alone was kept for a pair that would pass: this one now would.
         left = ctx.budget.total - WRITE_RESERVE - ctx.budget.elapsed()
         ran = len(paired.candidate.losses)

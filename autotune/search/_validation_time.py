@@ -13,6 +13,7 @@ from autotune.study.trials import candidate, is_feasible, record
 __all__ = [
     "ENDURANCE_SHARE",
     "LONGER",
+    "alone_seconds",
     "compiling",
     "endurance_seconds",
     "in_pair_seconds",
@@ -83,13 +84,14 @@ ENDURANCE_SHARE = 0.2
 
 
 def endurance_seconds(
-    ctx: SearchContext, trial: FrozenTrial, horizon: int, *, capped: bool = True
+    ctx: SearchContext, trial: FrozenTrial, horizon: int, *, capped: bool = True, ran: int = 0
 ) -> float:
     """Seconds an fp16 trial's run alone to ``horizon`` steps takes, from its measured
     throughput, at most :data:`ENDURANCE_SHARE` of the budget unless not ``capped`` (0 for
-    another mode, or one that ran that long already)."""
+    another mode, or one that ran that long already: in the search, or ``ran`` steps in
+    validation)."""
     rec = record(trial)
-    if trial.params.get("precision") != "fp16" or steps_run(trial) >= horizon:
+    if trial.params.get("precision") != "fp16" or max(ran, steps_run(trial)) >= horizon:
         return 0.0
     if not rec.throughput:
         return 0.0
@@ -111,11 +113,26 @@ def in_pair_seconds(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> flo
 
 
 def proof_seconds(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
-    """Seconds fp16's verdict to ``horizon`` steps adds to a trial's pair: its arms run that far,
-    or a run alone after it, whichever is shorter (0 for another mode)."""
+    """Seconds fp16's verdict to ``horizon`` steps adds to a trial's pair, as validation's
+    shares count it: its arms run that far, or a run alone after it, whichever is shorter (0
+    for another mode). Its pair needs no more than :func:`alone_seconds` at the least."""
     alone = endurance_seconds(ctx, trial, horizon, capped=False)
     along = in_pair_seconds(ctx, trial, horizon)
     return min(alone, along) if along else alone
+
+
+def alone_seconds(ctx: SearchContext, trial: FrozenTrial, horizon: int, ran: int = 0) -> float:
+    """The least fp16's verdict to ``horizon`` steps adds to a trial's pair: its candidate's
+    steps run on alone after the pairs, at its measured step time, with a fifth to spare (0
+    for another mode, or one that ran that far already: in the search, or ``ran`` steps in
+    validation)."""
+    rec = record(trial)
+    if trial.params.get("precision") != "fp16" or max(ran, steps_run(trial)) >= horizon:
+        return 0.0
+    if not rec.throughput:
+        return 0.0
+    step = trial.params.get("batch_size", 1) / rec.throughput
+    return 1.2 * horizon * step + 0.5
 
 
 def setup_seconds(trial: FrozenTrial) -> float:
