@@ -90,13 +90,11 @@ def endurance_seconds(
     throughput, at most :data:`ENDURANCE_SHARE` of the budget unless not ``capped`` (0 for
     another mode, or one that ran that long already: in the search, or ``ran`` steps in
     validation)."""
-    rec = record(trial)
-    if trial.params.get("precision") != "fp16" or max(ran, steps_run(trial)) >= horizon:
+    steps = alone_seconds(ctx, trial, horizon, ran)
+    if not steps:
         return 0.0
-    if not rec.throughput:
-        return 0.0
-    step = trial.params.get("batch_size", 1) / rec.throughput
-    seconds = 1.2 * horizon * step + setup_seconds(trial) + 1.0
+    # Its own build and first step come on top of its steps (and their half second to spare).
+    seconds = steps + setup_seconds(trial) + 0.5
     return min(seconds, ENDURANCE_SHARE * ctx.budget.total) if capped else seconds
 
 
