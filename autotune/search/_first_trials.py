@@ -1,5 +1,5 @@
 """The informed first trials, before the sampler's own: each mode at the reference's settings,
-then the fastest mode's larger batches first, then the batch between."""
+then the fastest mode's larger batches first, then the batches between."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def enqueue_larger_batches(
 def enqueue_between(ctx: SearchContext, store: StudyStore) -> None:
     """While nothing waits: the leader's mode at the ladder's batch halfway between the
     leader's batch and the largest one below it that the mode was tried at (the base batch
-    where none was), lr by the rule; nothing where the two are neighbours on the ladder.
+    where none was), and halfway to the smallest larger one it was tried at (which did not
+    lead), lr by the rule; nothing where the two are neighbours on the ladder.
 
     Wave two jumps from the base batch's neighbour to the ceiling: throughput that peaks and
     falls (launches, then memory traffic) can put the fastest batch between them, and a
@@ -110,6 +111,20 @@ def enqueue_between(ctx: SearchContext, store: StudyStore) -> None:
     if between and not flat:
         middle = between[len(between) // 2]
         store.enqueue(ctx.space.params(mode, middle), skip_if_exists=True)
+    # A larger batch measured and not leading (slower, or off parity): throughput that peaks
+    # and falls, or a gap that grows with the batch, may put the best between the two (not
+    # past one that diverged: the batch between carries its risk).
+    measured = {
+        int(t.params["batch_size"])
+        for t in store.trials()
+        if t.params.get("precision") == mode
+        and record(t).outcome
+        in (Outcome.COMPLETED, Outcome.INFEASIBLE, Outcome.SLOWER, Outcome.OFF_PARITY)
+    }
+    upper = min((b for b in tried if b > batch and b in measured), default=None)
+    above = [b for b in ctx.space.ladder if upper is not None and batch < b < upper]
+    if above:
+        store.enqueue(ctx.space.params(mode, above[len(above) // 2]), skip_if_exists=True)
 
 
 def _stopped_warming_up(trial: FrozenTrial) -> bool:
