@@ -36,7 +36,8 @@ def trial_settings(
         need = math.ceil(1.25 * overflow) + 1 - probe.warmup_steps
         probe = probe.model_copy(update={"steps": max(probe.steps, need)})
     if role == Role.AMP_RECIPE:
-        need = fp16_horizon(ctx.spec.validation.fp16_steps, trials) - probe.warmup_steps
+        need = fp16_horizon(ctx.spec.validation.fp16_steps, trials, cand.learning_rate)
+        need -= probe.warmup_steps
         probe = probe.model_copy(update={"steps": max(probe.steps, need)})
         # fp16 far slower than fp32 (most CPUs) is cut where it would be twice as slow.
         horizon = ctx.least_probe() + 2 * (need + probe.warmup_steps) * reference_step

@@ -145,7 +145,8 @@ def paired_rerun(
         # Cheaper than a run alone (its build and first step): the pair's arms run to the
         # horizon, and fp16's verdict comes from the pair itself.
         kept, steps = 0.0, horizon
-    cap = min(ENDURANCE_SHARE * ctx.budget.total, share - least)
+    most = ENDURANCE_SHARE * ctx.budget.total
+    cap = min(most, share - least)
     if kept > cap:
         # No room for a run alone beside the pair: the pair's candidate runs on alone after
         # its pairs instead (no build of its own), paid whether or not the pair passes.
@@ -154,9 +155,8 @@ def paired_rerun(
         # fp16 cannot be run to its horizon beside its pair in this share: a verdict short of
         # it would be refused, so the time goes to the next candidate.
         limit = (
-            f"the {ENDURANCE_SHARE * ctx.budget.total:.0f}s ({ENDURANCE_SHARE:.0%} of the "
-            "budget) an fp16 run alone may take"
-            if ENDURANCE_SHARE * ctx.budget.total < share - least
+            f"the {most:.0f}s ({ENDURANCE_SHARE:.0%} of the budget) an fp16 run alone may take"
+            if most < share - least
             else f"its {share:.0f}s share leaves beside its pairs"
         )
         why = (

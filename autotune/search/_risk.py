@@ -47,42 +47,32 @@ def _first_nonfinite(trial: FrozenTrial | optuna.Trial) -> int | None:
     return next((i for i, v in enumerate(losses) if v is None), None)
 
 
-def overflow_step(trials: Iterable[FrozenTrial]) -> int | None:
-    """The earliest step at which an fp16 run's loss turned non-finite (its range ran out),
-    among ``trials``; None when none did."""
-    steps = [
-        at
-        for t in trials
-        if t.params.get("precision") == "fp16"
-        and record(t).outcome == Outcome.DIVERGED
-        and (at := _first_nonfinite(t)) is not None
-    ]
-    return min(steps, default=None)
-
-
-def fp16_horizon(min_steps: int, trials: Iterable[FrozenTrial], lr: float | None = None) -> int:
-    """Steps an fp16 candidate's validation run lasts at least: ``min_steps``, or twice the
-    earliest overflow seen (an overflow at step 50 in one run comes at 60 in the next); for a
-    candidate at ``lr``, twice the latest step any overflow seen would come at in it: the
-    weights, and the activations they make, grow with the updates taken, so at a smaller lr
-    the same overflow comes at least as much later (one at step 204 with lr 0.2 came at step
-    524 with lr 0.1)."""
-    seen = [
+def _overflows(trials: Iterable[FrozenTrial]) -> list[tuple[int, float | None]]:
+    """Each fp16 run whose loss turned non-finite (its range ran out) among ``trials``: the
+    step it did, and the run's learning rate."""
+    return [
         (at, record(t).learning_rate)
         for t in trials
         if t.params.get("precision") == "fp16"
         and record(t).outcome == Outcome.DIVERGED
         and (at := _first_nonfinite(t)) is not None
     ]
-    if not seen:
-        return min_steps
-    if not lr:
-        return max(min_steps, 2 * min(at for at, _ in seen))
-    later = [
-        at * max(1.0, seen_lr / lr) if isinstance(seen_lr, (int, float)) else at
-        for at, seen_lr in seen
-    ]
-    return max(min_steps, round(2 * max(later)))
+
+
+def overflow_step(trials: Iterable[FrozenTrial]) -> int | None:
+    """The earliest step at which an fp16 run's loss turned non-finite (its range ran out),
+    among ``trials``; None when none did."""
+    return min((at for at, _ in _overflows(trials)), default=None)
+
+
+def fp16_horizon(min_steps: int, trials: Iterable[FrozenTrial], lr: float | None) -> int:
+    """Steps an fp16 candidate at ``lr`` must run for its verdict: ``min_steps``, or twice the
+    latest step any overflow seen would come at in it (an overflow at step 50 in one run comes
+    at 60 in the next; the weights, and the activations they make, grow with the updates
+    taken, so at a smaller lr the same overflow comes at least as much later: one at step 204
+    with lr 0.2 came at step 524 with lr 0.1)."""
+    later = [at * max(1.0, seen / lr if seen and lr else 1.0) for at, seen in _overflows(trials)]
+    return max(min_steps, round(2 * max(later, default=0.0)))
 
 
 def verdict_horizon(ctx: SearchContext, trials: list[FrozenTrial], trial: FrozenTrial) -> int:
