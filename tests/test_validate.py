@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -607,3 +608,33 @@ def test_an_fp16_verdict_at_a_smaller_lr_runs_past_where_an_overflow_seen_would_
     assert fp16_horizon(500, seen, 0.1) >= 2 * 204 * 2 > 524
     assert fp16_horizon(500, seen, 0.2) == 528  # at the lr that overflowed first: 2 x 264
     assert fp16_horizon(500, [], 0.1) == 500
+
+
+def test_a_pair_whose_set_ups_take_most_of_its_share_still_measures_six_pairs() -> None:
+    """Each arm takes 3 s to build and a step of bs=256 takes 15 ms: validation gives the pair
+    the least that six pairs need (both set-ups, warm-ups, six short blocks). Its blocks are
+    sized by the time left after the set-ups, so it measures the pairs an interval needs; sized
+    by the whole share, they came out so long that four fit (refused: "4 pairs where 6 are
+    needed", a better candidate lost to a smaller batch)."""
+    from autotune.search._rerun import run_pair
+    from autotune.search._validation_time import six_pairs
+
+    spec = parse_spec({"name": "setup", "workload": WORKLOAD, "budget": "1h"})
+    ctx, _ = _hour_long(spec)
+    ctx = replace(ctx, runner=SimulatedRunner(landscape(**{"timing.build_seconds": 3.0}), seed=1))
+    step = 256 / 17640  # bf16 bs=256 on the test GPU
+    t = trial(
+        0,
+        17.64,  # throughput 17,640 samples/s
+        batch_size=256,
+        reference_throughput=6000.0,
+        losses=[1.0] * 40,
+        probe_seconds=3.3 + 40 * step,  # its build, first step and warm-up, then 40 steps
+    )
+    measured = ReferenceMeasurement(at=0, throughput=6000.0, low=5900.0, high=6100.0, blocks=9)
+    reference = ReferenceRecord(batch_size=64, learning_rate=0.1, measurements=[measured])
+    share = six_pairs(ctx, t) + 1.0
+    with clock.use(ctx.runner.clock):
+        result = run_pair(ctx, t, reference, share, 0.0)
+    assert result.ok
+    assert result.pairs >= 6

@@ -151,7 +151,7 @@ def paired_rerun(
         # No room for a run alone beside the pair: the pair's candidate runs on alone after
         # its pairs instead (no build of its own), paid whether or not the pair passes.
         kept, alone = 0.0, alone_seconds(ctx, trial, horizon, ran)
-    if alone > cap:
+    if alone and alone > cap and share >= least:
         # fp16 cannot be run to its horizon beside its pair in this share: a verdict short of
         # it would be refused, so the time goes to the next candidate.
         limit = (
@@ -169,8 +169,8 @@ def paired_rerun(
         # Too short for the pairs an interval needs: measuring would only overrun the budget.
         again = f"compiling it again ({seconds:.0f}s), " if seconds else ""
         why = (
-            f"not validated: {share:.0f}s left, too short for {again}its set-up and the "
-            f"{MIN_VALUES} pairs where {MIN_VALUES} are needed; give the search more time"
+            f"not validated: {max(0.0, share):.0f}s left for it, too short for {again}its "
+            f"set-up and the {MIN_VALUES} pairs an interval needs; give the search more time"
         )
         return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
     pace = (horizon if alone else 0, alone)
@@ -227,12 +227,15 @@ def run_pair(  # noqa: PLR0913 - one pair's settings, from validation alone
             "alone_steps": alone[0],
         }
     )
-    # The pair measures for most of its share (each arm about a third of it; warm-ups and
-    # the reference's catch-up to the horizon fit in the rest): the budget kept for
-    # validation buys a tighter interval instead of going unused. Compiling counts apart.
+    # The pair measures for most of its share (each arm about a third of what is left after
+    # both arms' set-up; warm-ups and the reference's catch-up to the horizon fit in the
+    # rest): the budget kept for validation buys a tighter interval instead of going unused.
+    # Compiling counts apart. (Blocks are sized by this time: counted with the set-ups, a
+    # short share's blocks came out too long for six pairs in the time after them.)
     timed = share - seconds
+    measured = timed - alone[1] - 2 * setup_seconds(trial)
     min_time = max(ctx.default_min_time if settings.min_time is None else settings.min_time,
-                   _PAIR_SHARE * (timed - alone[1]))  # fmt: skip
+                   _PAIR_SHARE * measured)  # fmt: skip
     paired = ctx.run_compare(
         candidate(trial),
         reference.candidate(),
