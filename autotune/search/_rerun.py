@@ -163,7 +163,14 @@ def paired_rerun(
             f"not validated: running fp16 to {horizon} steps takes about {alone:.0f}s, more "
             f"than {limit}; give the search more time"
         )
-        return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
+        return Rerun(
+            trial,
+            None,
+            share=share,
+            skipped=why,
+            horizon=horizon,
+            beyond_budget=most < share - least,
+        )
     pair_share = share - kept
     if pair_share - alone < least:
         # Too short for the pairs an interval needs: measuring would only overrun the budget.

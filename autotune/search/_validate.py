@@ -70,6 +70,9 @@ class Rerun:
     # The gap at its first, shorter horizon, where it was measured again over a longer one (a
     # lag, or a gap still growing, there); None where it was not.
     first_gap: float | None = None
+    # Not measured because its verdict cannot fit in this budget at all (fp16's run alone past
+    # the share of the budget one may take): a later round measures the next candidates.
+    beyond_budget: bool = False
 
 
 @dataclass

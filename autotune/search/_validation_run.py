@@ -24,7 +24,7 @@ from autotune.search._rerun import (
     shared_samples,
     would_pass,
 )
-from autotune.search._risk import RuledOut, verdict_horizon
+from autotune.search._risk import RuledOut, settings_key, verdict_horizon
 from autotune.search._validate import (
     UPPER,
     Rerun,
@@ -84,7 +84,14 @@ def validate(
         reruns = _reseed_all(ctx, reference, reruns, [r.trial for r in fresh], noise)
         selection = select(reruns, min_speedup=min_speedup, parity_tolerance=tol, seed_noise=noise)
         measured = [r for r in fresh if r.paired is not None or r.endurance is not None]
-        if selection.winner is not None or not measured:
+        # One whose verdict no share of this budget holds is passed over for good: the next
+        # round measures the candidates after it (a standby fp16 cannot be, for its late
+        # overflow risk: with both leaders past the cap, nothing was measured and 24 s of 45 s
+        # went unspent).
+        beyond = [r for r in fresh if r.beyond_budget]
+        for r in beyond:
+            ruled.settings.add(settings_key(r.trial))
+        if selection.winner is not None or not (measured or beyond):
             break
         end = max(end, hard_end or end_at)
         if end - ctx.budget.elapsed() < 1.0:
