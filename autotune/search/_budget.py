@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 # Share of the budget the ceiling phase may use at most.
-CEILING_SHARE = 0.25
+CEILING_SHARE = 0.15
 # Share of the budget held back for validation until the search's own figures size it.
 VALIDATION_SHARE = 0.3
 # Seconds held back for writing the artifact.
