@@ -573,8 +573,7 @@ def test_the_batch_between_a_leader_that_validation_refuses_and_the_one_below_is
     """fp16 runs 4.4x at bs=128 (twice the base), 6.7x at 1024 and 6x at 512; the lasting gap
     grows with the batch (0.4% a base batch: +6% at 1024, +2.8% at 512). Wave two measures 128
     and the ceiling, 1024, whose gap validation's longer look refuses; the batch between them
-    is measured too, not stopped as slower than the refused one, and is the config (at 512 its
-    gap lies a seed's draw from the bar: at seed 0 the second seed's pair refuses it too)."""
+    is measured too, not stopped as slower than the refused one, and is the config."""
     land = landscape(
         **{
             "modes.fp16.throughput": {16: 3000, 64: 9000, 256: 27000, 512: 36000, 1024: 40000},
@@ -590,7 +589,7 @@ def test_the_batch_between_a_leader_that_validation_refuses_and_the_one_below_is
             "space": {"precisions": ["fp32", "fp16", "bf16"]},
         }
     )
-    run = simulate(spec, land, seed=1)
+    run = simulate(spec, land, seed=0)
     tried = {(t.params.get("precision"), t.params.get("batch_size")) for t in run.study.trials}
     assert ("fp16", 512) in tried
     cfg = run.config

@@ -36,8 +36,10 @@ __all__ = [
     "would_pass",
 ]
 
-# Each arm of a validation pair measures for about this share of the pair's slice.
+# Each arm of a validation pair measures for about this share of the pair's slice ...
 _PAIR_SHARE = 0.3
+# ... and at most this share of what is left of it after both arms' set-up.
+_AFTER_SETUPS = 0.4
 
 
 def least_seconds(ctx: SearchContext, trial: FrozenTrial) -> float:
@@ -234,15 +236,17 @@ def run_pair(  # noqa: PLR0913 - one pair's settings, from validation alone
             "alone_steps": alone[0],
         }
     )
-    # The pair measures for most of its share (each arm about a third of what is left after
-    # both arms' set-up; warm-ups and the reference's catch-up to the horizon fit in the
-    # rest): the budget kept for validation buys a tighter interval instead of going unused.
-    # Compiling counts apart. (Blocks are sized by this time: counted with the set-ups, a
-    # short share's blocks came out too long for six pairs in the time after them.)
+    # The pair measures for most of its share (each arm about a third of it; warm-ups and
+    # the reference's catch-up to the horizon fit in the rest): the budget kept for
+    # validation buys a tighter interval instead of going unused. Compiling counts apart.
+    # Blocks are sized by this time, so it is at most 40% of what both arms' set-ups leave:
+    # where they take most of a short share, six pairs still fit after them (sized by the
+    # whole share, four did, and a better candidate was refused for it); elsewhere the pair
+    # is as long as before, and its parity horizon with it.
     timed = share - seconds
     measured = timed - alone[1] - 2 * setup_seconds(trial)
     min_time = max(ctx.default_min_time if settings.min_time is None else settings.min_time,
-                   _PAIR_SHARE * measured)  # fmt: skip
+                   min(_PAIR_SHARE * (timed - alone[1]), _AFTER_SETUPS * measured))  # fmt: skip
     paired = ctx.run_compare(
         candidate(trial),
         reference.candidate(),
