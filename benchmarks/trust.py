@@ -28,7 +28,13 @@ fallback only where no candidate beats fp32 by 5%; repeated searches agree.
 
     python benchmarks/trust.py [--studies tiny,tiny-gpt] [--seeds 1,2,3] [--epochs 2]
         [--budget-scale 1.0] [--device auto] [--neighbour] [--unpaired] [--json out.json]
-        [--markdown out.md]
+        [--markdown out.md] [--peers all|hf-bf16,pl-scale,...]
+
+``--peers`` also trains, in full beside fp32 and paired as the search's config is, what users
+pick instead (``_trust_peers.py``: the AMP recipe, bf16 at the workload's batch, Lightning's
+batch scaling with the lr kept and with the lr rule, the search's fastest probe with parity
+ignored), and counts the runs where the search's full-run figure is at least the best peer
+that kept parity, less 2%.
 
 ``--budget-scale`` multiplies each study's search budget (tiny 60 s, tiny-gpt 120 s).
 """
@@ -39,6 +45,7 @@ import argparse
 import json
 import multiprocessing
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +58,10 @@ from autotune.search import run_search
 from autotune.study.trials import candidate, record
 from autotune.train import TrainSettings, baseline_candidate, compare, train
 from autotune.workloads import load_workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the _trust_peers helper beside it
+
+import _trust_peers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # Per study: the budget a user would give a first search of it on a CPU.
@@ -111,7 +122,7 @@ def one_run(study: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[
         row.update(
             _passed_over(result.study, reference, workload, settings, args, spec.parity_tolerance)
         )
-        return row
+        return _with_peers(row, cfg, result.study.trials, workload, settings, args)
     full = compare(workload, cfg, args.device, settings, against="fp32")
     band = _seed_band(workload, settings, args, full.baseline)
     row.update(
@@ -137,6 +148,46 @@ def one_run(study: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[
     )
     if args.unpaired and lo is not None and hi is not None and row["unpaired"]:
         row["unpaired_in_claimed_interval"] = lo <= row["unpaired"] <= hi
+    return _with_peers(row, cfg, result.study.trials, workload, settings, args)
+
+
+def _with_peers(  # noqa: PLR0913 - one run's parts, from one_run alone
+    row: dict[str, Any],
+    cfg: Any,
+    trials: list[FrozenTrial],
+    workload: Any,
+    settings: TrainSettings,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """With ``--peers``: each peer's pick trained in full beside fp32, as the search's config
+    is, its parity judged the same way (the same seed band); and the search's own full-run
+    figure beside the best peer that kept parity (the search's: its measured speedup where it
+    kept parity, 0 where it did not, 1.0 where it fell back to fp32)."""
+    if not args.peers:
+        return row
+    tolerance = row["parity_tolerance"]
+    band = row.get("seed_band", row.get("passed_over_seed_band"))
+    peers: dict[str, Any] = {}
+    for name, cand in _trust_peers.picks(
+        _trust_peers.parse(args.peers), workload, cfg, trials, args.device
+    ).items():
+        full = compare(workload, cand, args.device, settings, against="fp32")
+        if band is None:
+            band = _seed_band(workload, settings, args, full.baseline)
+        peers[name] = {
+            "pick": _trust_peers.describe(cand),
+            "measured": full.speedup,
+            "measured_low": full.speedup_low,
+            "measured_high": full.speedup_high,
+            "loss_ratio": full.loss_ratio,
+            "accuracy_delta": full.accuracy_delta,
+            "held": _held(full.loss_ratio, tolerance, band),
+        }
+    mine = (row["measured"] or 0.0) if row["validated"] and row["parity_held"] else 0.0
+    row["search_full"] = mine if row["validated"] else 1.0
+    safe = [p["measured"] for p in peers.values() if p["held"] and p["measured"]]
+    row["peers"] = peers
+    row["best_safe_peer"] = max(safe, default=None)
     return row
 
 
@@ -219,7 +270,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "winner": f"{top[0]} bs={top[1]}",
             "agree": winners.count(top) / len(runs),
         }
-    return {
+    out = {
         "runs": len(rows),
         "median_error": statistics.median(errors) if errors else None,
         "false_claims": sum(r["false_claim"] for r in rows),
@@ -236,6 +287,36 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             bool(r.get("unpaired_in_claimed_interval")) for r in rows
         ),
     }
+    with_peers = [r for r in rows if "peers" in r]
+    if with_peers:
+        out["peers"] = _peer_totals(with_peers)
+    return out
+
+
+# The search's full-run speedup may trail the best peer that kept parity by at most this share.
+BEHIND_BEST_PEER = 0.02
+
+
+def _peer_totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per peer: the median full-run speedup and the runs that kept parity; and the runs where
+    the search's full-run figure is at least the best safe peer's, less 2%."""
+    names = sorted({n for r in rows for n in r["peers"]})
+    per = {}
+    for n in names:
+        runs = [r["peers"][n] for r in rows if n in r["peers"]]
+        speeds = [p["measured"] for p in runs if p["measured"]]
+        per[n] = {
+            "median_measured": statistics.median(speeds) if speeds else None,
+            "held": sum(bool(p["held"]) for p in runs),
+            "runs": len(runs),
+        }
+    level = [
+        r
+        for r in rows
+        if r["best_safe_peer"] is None
+        or r["search_full"] >= (1 - BEHIND_BEST_PEER) * r["best_safe_peer"]
+    ]
+    return {"per_peer": per, "search_at_best_safe_peer": len(level), "runs": len(rows)}
 
 
 def _fmt(v: float | None, lo: float | None = None, hi: float | None = None) -> str:
@@ -311,12 +392,47 @@ def markdown(rows: list[dict[str, Any]], total: dict[str, Any], note: str) -> st
         f"full-run speedup inside the claimed interval: {total['measured_in_claimed_interval']} of "
         f"{total['runs']}",
     ]
+    if "peers" in total:
+        lines += ["", *_peer_lines(rows, total["peers"])]
     if any("unpaired" in r for r in rows):
         lines.append(
             f"unpaired (sequential) speedup inside the claimed interval: "
             f"{total['unpaired_in_claimed_interval']} of {total['runs']}"
         )
     return "\n".join(lines)
+
+
+def _peer_lines(rows: list[dict[str, Any]], peers: dict[str, Any]) -> list[str]:
+    """The peers' table: per run, the search's full-run figure beside each peer's pick, its
+    full-run speedup and whether it kept parity; then the totals."""
+    names = list(peers["per_peer"])
+    lines = [
+        "| study | seed | search (full run) | " + " | ".join(names) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in names) + " |",
+    ]
+    for r in (r for r in rows if "peers" in r):
+        cells = []
+        for n in names:
+            p = r["peers"].get(n)
+            cells.append(
+                "—"
+                if p is None
+                else f"{p['pick']}: {_fmt(p['measured'])}, {'held' if p['held'] else 'broken'}"
+            )
+        lines.append(
+            f"| {r['study']} | {r['seed']} | {_fmt(r['search_full'])} | " + " | ".join(cells) + " |"
+        )
+    lines.append("")
+    for n, p in peers["per_peer"].items():
+        lines.append(
+            f"{n} ({_trust_peers.PEERS[n]}): median {_fmt(p['median_measured'])} in full, parity "
+            f"kept in {p['held']} of {p['runs']}"
+        )
+    lines.append(
+        f"the search at least the best peer that kept parity, less {BEHIND_BEST_PEER:.0%}: "
+        f"{peers['search_at_best_safe_peer']} of {peers['runs']}"
+    )
+    return lines
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -328,6 +444,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-scale", type=float, default=1.0)
     parser.add_argument("--neighbour", action="store_true", help="a bursty CPU-bound neighbour")
     parser.add_argument("--unpaired", action="store_true", help="also time the runs one by one")
+    parser.add_argument(
+        "--peers",
+        default="",
+        help="also train what users pick instead, each in full beside fp32: "
+        f"{', '.join(_trust_peers.PEERS)}, or all",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     return parser.parse_args(argv)

@@ -520,3 +520,70 @@ def test_search_sim_without_informed_trials_a_short_budget_ends_inside_it() -> N
     finally:
         search_sim.use_strategy("tpe")
         search_sim._WORLD.clear()
+
+
+def _peer(pick: str, measured: float, held: bool) -> dict[str, object]:
+    return {"pick": pick, "measured": measured, "held": held, "loss_ratio": 1.0}
+
+
+def test_trust_sets_the_search_beside_the_peers_that_kept_parity() -> None:
+    """With --peers each run carries the peers' full runs: the search is level with the best
+    peer that kept parity (less 2%) or behind it; a peer off parity in full does not count,
+    however fast, and a search that fell back counts as fp32 itself (1.0x)."""
+    trust = load("trust")
+    level = _trust_row(True, search_full=1.55, best_safe_peer=1.5, peers={
+        "hf-bf16": _peer("bf16 bs=32 lr=0.2", 1.5, True),
+        "pl-scale": _peer("bf16 bs=256 lr=0.2", 2.4, False),
+    })  # fmt: skip
+    behind = _trust_row(False, search_full=1.0, best_safe_peer=1.3, peers={
+        "hf-bf16": _peer("bf16 bs=32 lr=0.2", 1.3, True),
+        "pl-scale": _peer("bf16 bs=256 lr=0.2", 2.2, False),
+    })  # fmt: skip
+    total = trust.summarize([level, behind])
+    peers = total["peers"]
+    assert peers["search_at_best_safe_peer"] == 1 and peers["runs"] == 2
+    assert peers["per_peer"]["hf-bf16"] == {"median_measured": 1.4, "held": 2, "runs": 2}
+    text = trust.markdown([level, behind], total, "note")
+    assert (
+        "| tiny | 1 | 1.00x | bf16 bs=32 lr=0.2: 1.30x, held | bf16 bs=256 lr=0.2: 2.20x, broken |"
+        in text
+    )
+    assert "the search at least the best peer that kept parity, less 2%: 1 of 2" in text
+
+
+def test_trust_peers_picks_follow_the_workload_and_the_searchs_ceiling() -> None:
+    """On this CPU (bf16 runs): the AMP recipe and bf16 at the workload's batch; Lightning's
+    scaling doubles the batch as far as the search's bf16 ceiling (lr kept, or by the rule);
+    the fastest probe is the search's fastest completed trial."""
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import create_trial
+
+    from autotune.schema.config import Evidence
+    from autotune.study.trials import TrialRecord
+    from autotune.workloads import tiny_mlp
+
+    load("trust")  # puts benchmarks/ on the path
+    import _trust_peers
+
+    wl = tiny_mlp()
+    base, lr = wl.base_batch_size, wl.base_lr
+    cfg = type("Cfg", (), {"evidence": Evidence.model_construct(ceilings={"bf16": base * 5})})()
+    trials = [
+        create_trial(
+            value=v,
+            params={"precision": "bf16", "batch_size": bs, "lr_multiplier": 1.0},
+            distributions={
+                "precision": CategoricalDistribution(["bf16"]),
+                "batch_size": CategoricalDistribution([base, 2 * base]),
+                "lr_multiplier": CategoricalDistribution([1.0]),
+            },
+            user_attrs=TrialRecord(throughput=t, learning_rate=lr * bs / base).to_attrs(),
+        )
+        for v, bs, t in ((1.2, base, 1200.0), (1.9, 2 * base, 1900.0))
+    ]
+    got = _trust_peers.picks(list(_trust_peers.PEERS), wl, cfg, trials, "cpu")
+    assert (got["amp"].precision, got["amp"].batch_size) == ("fp16", base)
+    assert (got["hf-bf16"].precision, got["hf-bf16"].batch_size) == ("bf16", base)
+    assert got["pl-scale"].batch_size == 4 * base and got["pl-scale"].learning_rate == lr
+    assert got["pl-scale-lr"].learning_rate == pytest.approx(4 * lr)  # tiny_mlp: linear rule
+    assert got["fastest-probe"].batch_size == 2 * base
