@@ -1085,3 +1085,24 @@ def test_a_fallback_says_why_in_the_text_report_as_in_best_json(handmade: Simple
     write_config(out / "best.json", cfg.model_copy(update={"evidence": fell}))
     text = render_text(collect(handmade.study, out_dir=out, storage=handmade.storage))
     assert "NOT validated: fp32 fallback" in text and f"why: {why}" in text
+
+
+def test_a_validated_configs_parity_names_the_samples_it_was_read_at(
+    searched: SimpleNamespace, cli: CliRunner
+) -> None:
+    """Parity holds for the horizon it was measured over, not for any run: best.json keeps the
+    samples seen at which validation read the winner's gap (where the shorter of the two
+    curves ends: whole steps of the candidate's batch or of the reference's), and the
+    summary's note, the page and the text report say so."""
+    cfg = searched.result.config
+    ev = cfg.evidence
+    assert ev.validated, ev.validation_note
+    seen = ev.parity_samples
+    assert seen and ev.base_batch_size
+    assert seen % cfg.batch_size == 0 or seen % ev.base_batch_size == 0
+    phrase = f"over {seen:,} samples seen"
+    assert phrase in ev.validation_note
+    assert phrase in searched.html
+    res = cli.invoke(app, ["report", "tiny", "--storage", searched.spec.storage, "--text"])
+    assert res.exit_code == 0, res.output
+    assert f"loss parity {ev.parity_gap:+.1%} {phrase}" in res.output

@@ -178,6 +178,11 @@ def _winner_card(data: ReportData, cfg: TunedConfig) -> str:
     )
 
 
+def _seen(ev: Any) -> str:
+    """ " over N samples seen": the horizon a validated parity verdict holds for."""
+    return f" over {ev.parity_samples:,} samples seen" if ev.parity_samples else ""
+
+
 def _winner_facts(data: ReportData, cfg: TunedConfig) -> list[str]:
     """The winner's evidence beyond its speed: the search's figure, parity, memory, noise."""
     ev = cfg.evidence
@@ -189,7 +194,7 @@ def _winner_facts(data: ReportData, cfg: TunedConfig) -> list[str]:
         )
     if ev.parity_gap is not None:
         facts.append(
-            f"loss parity {ev.parity_gap:+.1%} vs the fp32 reference "
+            f"loss parity {ev.parity_gap:+.1%} vs the fp32 reference{_seen(ev)} "
             f"(tolerance {ev.parity_tolerance:.0%})"
         )
     if ev.peak_memory_bytes is not None:

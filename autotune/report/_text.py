@@ -125,7 +125,10 @@ def _winner_lines(data: ReportData) -> list[str]:
             f"{optimism_text(ev.search_optimism)}"
         )
     if ev.parity_gap is not None:
-        lines.append(f"  loss parity {ev.parity_gap:+.1%} (tolerance {ev.parity_tolerance:.0%})")
+        seen = f" over {ev.parity_samples:,} samples seen" if ev.parity_samples else ""
+        lines.append(
+            f"  loss parity {ev.parity_gap:+.1%}{seen} (tolerance {ev.parity_tolerance:.0%})"
+        )
     return lines
 
 

@@ -165,6 +165,9 @@ class Evidence(_Model):
     loss: float | None = None
     baseline_loss: float | None = None
     parity_gap: float | None = None
+    # The samples seen at which the validated gap was read: the horizon its parity holds for (a
+    # longer run may show a lasting gap this one did not, or erase a larger batch's early lag).
+    parity_samples: int | None = Field(default=None, ge=0)
     parity_tolerance: float = Field(ge=0)
     skipped_steps: int = Field(default=0, ge=0)
     trials: TrialCounts = Field(default_factory=TrialCounts)

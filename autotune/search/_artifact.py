@@ -140,7 +140,7 @@ def build_config(  # noqa: PLR0913 - what the phases found, each named at the on
                 )
             )
         notes = selection.notes if selection is not None else []
-        note = "; ".join(dict.fromkeys(notes)) or _winner_note(spec, winner.paired, seed_noise)
+        note = "; ".join(dict.fromkeys(notes)) or _winner_note(spec, winner, seed_noise)
         evidence = _winner_evidence(winner, reference, amp, common, note=note)
     else:
         cand = reference.candidate()
@@ -168,12 +168,15 @@ def build_config(  # noqa: PLR0913 - what the phases found, each named at the on
     )
 
 
-def _winner_note(spec: StudySpec, paired: PairedResult, seed_noise: float) -> str:
+def _winner_note(spec: StudySpec, winner: Rerun, seed_noise: float) -> str:
     """How the winner was validated, when validation left no notes of its own."""
+    paired = winner.paired
+    assert paired is not None
     c = paired.candidate
+    seen = f" over {winner.gap_samples:,} samples seen" if winner.gap_samples else ""
     return (
         f"{paired.pairs} timed blocks interleaved with the fp32 reference's, seed "
-        f"{c.seed}, {c.timed_steps} steps (parity: "
+        f"{c.seed}, {c.timed_steps} steps (parity{seen}: "
         f"{parity_terms(spec.parity_tolerance, seed_noise)}); the winner has the best lower "
         "bound of those "
         f"that cleared {spec.validation.min_speedup:.2f}x"
@@ -214,6 +217,7 @@ def _winner_evidence(
         loss=gap[1] if gap else None,
         baseline_loss=gap[2] if gap else None,
         parity_gap=gap[0] if gap else None,
+        parity_samples=winner.gap_samples if gap else None,
         skipped_steps=c.skipped_steps,
         validated=True,
         validation_note=note,

@@ -70,6 +70,8 @@ class Rerun:
     # The gap at its first, shorter horizon, where it was measured again over a longer one (a
     # lag, or a gap still growing, there); None where it was not.
     first_gap: float | None = None
+    # The samples seen at which ``gap`` compares the curves: the horizon its verdict holds for.
+    gap_samples: int = 0
     # Not measured because its verdict cannot fit in this budget at all (fp16's run alone past
     # the share of the budget one may take): a later round measures the next candidates.
     beyond_budget: bool = False
@@ -334,6 +336,7 @@ def with_gap(rerun: Rerun, reference: ReferenceRecord | None = None) -> Rerun:
         if reference is not None and len(first) * reference.batch_size > len(r.losses) * ref_batch:
             ref_losses, ref_batch = first, reference.batch_size
         rerun.gap = parity_gap(c.losses, c.batch_size, ref_losses, ref_batch)
+        rerun.gap_samples = min(len(c.losses) * c.batch_size, len(ref_losses) * ref_batch)
         rerun.gap_error = parity_gap_error(c.losses, c.batch_size, ref_losses, ref_batch)
         rerun.growth = parity_growth(c.losses, c.batch_size, ref_losses, ref_batch)
     return rerun
