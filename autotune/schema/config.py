@@ -1,13 +1,6 @@
-"""TunedConfig: the artifact a search emits and training loads.
-
-It records the winning settings, the evidence behind them and the environment they hold for,
-so every config knows how it was made. Loading one validates it and warns (once) when this
-machine differs from the one it was tuned on.
-
-The config is a record: it knows no session and no export. ``autotune.session(cfg, device)``
-(:mod:`autotune.amp_session`) turns it into what a training loop uses, ``autotune.export(cfg,
-"lightning")`` (:mod:`autotune.exports`) into a trainer's arguments.
-"""
+"""TunedConfig: the artifact a search emits and training loads: the winning settings, the
+evidence behind them and the environment they hold for. A record: sessions and exports read
+it (:mod:`autotune.amp_session`, :mod:`autotune.exports`)."""
 
 from __future__ import annotations
 
@@ -165,8 +158,7 @@ class Evidence(_Model):
     loss: float | None = None
     baseline_loss: float | None = None
     parity_gap: float | None = None
-    # The samples seen at which the validated gap was read: the horizon its parity holds for (a
-    # longer run may show a lasting gap this one did not, or erase a larger batch's early lag).
+    # The samples seen at which the validated gap was read: the horizon its parity holds for.
     parity_samples: int | None = Field(default=None, ge=0)
     parity_tolerance: float = Field(ge=0)
     skipped_steps: int = Field(default=0, ge=0)
