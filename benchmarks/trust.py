@@ -53,6 +53,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.infra.devices import resolve_device
 from autotune.schema.spec import Candidate, load_spec
 from autotune.search import run_search
 from autotune.study.trials import candidate, record
@@ -168,9 +169,9 @@ def _with_peers(  # noqa: PLR0913 - one run's parts, from one_run alone
     tolerance = row["parity_tolerance"]
     band = row.get("seed_band", row.get("passed_over_seed_band"))
     peers: dict[str, Any] = {}
-    for name, cand in _trust_peers.picks(
-        _trust_peers.parse(args.peers), workload, cfg, trials, args.device
-    ).items():
+    cpu = resolve_device(args.device).type == "cpu"
+    names = _trust_peers.parse(args.peers, cpu=cpu)
+    for name, cand in _trust_peers.picks(names, workload, cfg, trials, args.device).items():
         full = compare(workload, cand, args.device, settings, against="fp32")
         if band is None:
             band = _seed_band(workload, settings, args, full.baseline)

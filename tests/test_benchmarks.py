@@ -587,3 +587,7 @@ def test_trust_peers_picks_follow_the_workload_and_the_searchs_ceiling() -> None
     assert got["pl-scale"].batch_size == 4 * base and got["pl-scale"].learning_rate == lr
     assert got["pl-scale-lr"].learning_rate == pytest.approx(4 * lr)  # tiny_mlp: linear rule
     assert got["fastest-probe"].batch_size == 2 * base
+    assert "amp" not in _trust_peers.parse("all", cpu=True)
+    assert _trust_peers.parse("amp, hf-bf16", cpu=True) == ["amp", "hf-bf16"]
+    with pytest.raises(SystemExit, match="unknown peer"):
+        _trust_peers.parse("amp,tpe")
