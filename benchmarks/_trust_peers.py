@@ -63,12 +63,20 @@ def picks(
         doubled *= 2
     ratio = doubled / base
     rule = ratio if workload.lr_scaling == "linear" else ratio**0.5
-    channels = workload.channels_last
+
+    def at(precision: str, batch: int, rate: float) -> Candidate:
+        return Candidate(
+            precision=precision,
+            batch_size=batch,
+            learning_rate=rate,
+            channels_last=workload.channels_last,
+        )
+
     out = {
-        "amp": Candidate(precision="fp16", batch_size=base, learning_rate=lr),
-        "hf-bf16": Candidate(precision=half, batch_size=base, learning_rate=lr),
-        "pl-scale": Candidate(precision=half, batch_size=doubled, learning_rate=lr),
-        "pl-scale-lr": Candidate(precision=half, batch_size=doubled, learning_rate=lr * rule),
+        "amp": at("fp16", base, lr),
+        "hf-bf16": at(half, base, lr),
+        "pl-scale": at(half, doubled, lr),
+        "pl-scale-lr": at(half, doubled, lr * rule),
     }
     fastest = max(
         (t for t in trials if t.state == TrialState.COMPLETE and record(t).throughput),
@@ -77,11 +85,7 @@ def picks(
     )
     if fastest is not None:
         out["fastest-probe"] = candidate(fastest)
-    return {
-        n: c.model_copy(update={"channels_last": channels}) if n != "fastest-probe" else c
-        for n, c in out.items()
-        if n in names
-    }
+    return {n: c for n, c in out.items() if n in names}
 
 
 def describe(cand: Candidate) -> str:

@@ -37,6 +37,16 @@ def clearly_off(tolerance: float, batch_ratio: float = 1.0) -> float:
     return max(3.0 * tolerance, tolerance + 0.10) * max(1.0, math.log2(max(batch_ratio, 1.0)))
 
 
+def samples_seen(samples: int | None) -> str:
+    """The horizon a parity verdict holds for, as the surfaces print it ("" where unknown).
+
+    Example:
+        >>> samples_seen(33280)
+        ' over 33,280 samples seen'
+    """
+    return f" over {samples:,} samples seen" if samples else ""
+
+
 def _window(losses: Sequence[float], batch_size: int, samples: float) -> list[float]:
     """The losses of the steps whose samples-seen fall in ``[samples / 2, samples]``; with fewer
     steps than that, the step closest to ``samples``."""

@@ -6,6 +6,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.measure.parity import samples_seen
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._evidence import reference_figure, speed_line, validation_figure
 from autotune.report._format import (
@@ -178,11 +179,6 @@ def _winner_card(data: ReportData, cfg: TunedConfig) -> str:
     )
 
 
-def _seen(ev: Any) -> str:
-    """ " over N samples seen": the horizon a validated parity verdict holds for."""
-    return f" over {ev.parity_samples:,} samples seen" if ev.parity_samples else ""
-
-
 def _winner_facts(data: ReportData, cfg: TunedConfig) -> list[str]:
     """The winner's evidence beyond its speed: the search's figure, parity, memory, noise."""
     ev = cfg.evidence
@@ -194,7 +190,7 @@ def _winner_facts(data: ReportData, cfg: TunedConfig) -> list[str]:
         )
     if ev.parity_gap is not None:
         facts.append(
-            f"loss parity {ev.parity_gap:+.1%} vs the fp32 reference{_seen(ev)} "
+            f"loss parity {ev.parity_gap:+.1%} vs the fp32 reference{samples_seen(ev.parity_samples)} "
             f"(tolerance {ev.parity_tolerance:.0%})"
         )
     if ev.peak_memory_bytes is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from optuna.trial import TrialState
 
+from autotune.measure.parity import samples_seen
 from autotune.report._data import ReportData, measured_interval
 from autotune.report._format import (
     busy_text,
@@ -125,7 +126,7 @@ def _winner_lines(data: ReportData) -> list[str]:
             f"{optimism_text(ev.search_optimism)}"
         )
     if ev.parity_gap is not None:
-        seen = f" over {ev.parity_samples:,} samples seen" if ev.parity_samples else ""
+        seen = samples_seen(ev.parity_samples)
         lines.append(
             f"  loss parity {ev.parity_gap:+.1%}{seen} (tolerance {ev.parity_tolerance:.0%})"
         )

@@ -10,6 +10,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.knobs import break_even_steps
+from autotune.measure.parity import samples_seen
 from autotune.measure.result import PairedResult
 from autotune.schema.config import Evidence, GradScalerSettings, TrialCounts, TunedConfig
 from autotune.schema.spec import Candidate, StudySpec
@@ -173,7 +174,7 @@ def _winner_note(spec: StudySpec, winner: Rerun, seed_noise: float) -> str:
     paired = winner.paired
     assert paired is not None
     c = paired.candidate
-    seen = f" over {winner.gap_samples:,} samples seen" if winner.gap_samples else ""
+    seen = samples_seen(winner.gap_samples)
     return (
         f"{paired.pairs} timed blocks interleaved with the fp32 reference's, seed "
         f"{c.seed}, {c.timed_steps} steps (parity{seen}: "

@@ -155,10 +155,12 @@ def paired_rerun(
         kept, alone = 0.0, alone_seconds(ctx, trial, horizon, ran)
     if alone and alone > cap and share >= least:
         # fp16 cannot be run to its horizon beside its pair in this share: a verdict short of
-        # it would be refused, so the time goes to the next candidate.
+        # it would be refused, so the time goes to the next candidate (for good, where the
+        # budget's cap, not this share, is what it is past).
+        beyond_budget = most < share - least
         limit = (
             f"the {most:.0f}s ({ENDURANCE_SHARE:.0%} of the budget) an fp16 run alone may take"
-            if most < share - least
+            if beyond_budget
             else f"its {share:.0f}s share leaves beside its pairs"
         )
         why = (
@@ -171,7 +173,7 @@ def paired_rerun(
             share=share,
             skipped=why,
             horizon=horizon,
-            beyond_budget=most < share - least,
+            beyond_budget=beyond_budget,
         )
     pair_share = share - kept
     if pair_share - alone < least:
