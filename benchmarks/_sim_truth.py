@@ -40,10 +40,16 @@ def precisions_of(land: Landscape) -> list[str]:
 
 
 def spec_for(
-    land: Landscape, budget: float, *, early_stop: bool = True, knobs: tuple[str, ...] = ()
+    land: Landscape,
+    budget: float,
+    *,
+    early_stop: bool = True,
+    knobs: tuple[str, ...] = (),
+    run_seconds: float = 0.0,
 ) -> StudySpec:
-    """The benchmark's spec: the defaults but the landscape's precisions, the budget, and each
-    knob of ``knobs`` searched on and off."""
+    """The benchmark's spec: the defaults but the landscape's precisions, the budget, each
+    knob of ``knobs`` searched on and off, and the real run's length: ``run_seconds`` of fp32
+    at the base batch, in samples (none where 0)."""
     space: dict[str, Any] = {"precisions": precisions_of(land)}
     for knob in knobs:
         space[knob] = [False, True]
@@ -55,6 +61,10 @@ def spec_for(
     }
     if not early_stop:
         raw["probe"] = {"early_stop": False}
+    if run_seconds:
+        f = land.facts
+        base = Candidate(precision="fp32", batch_size=f.base_batch_size, learning_rate=f.base_lr)
+        raw["run"] = {"samples": max(1, round(run_seconds * land.throughput(base)))}
     return parse_spec(raw)
 
 

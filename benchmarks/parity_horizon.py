@@ -9,7 +9,9 @@ one full run per setting gives, side by side:
 - ``probe``: the gap at equal samples over a search probe's horizon;
 - ``valid``: the same over validation's minimum horizon (its steps; a validation pair measures
   for most of its time share, and sees more);
-- ``at``: the same after each of ``--at``'s sample counts;
+- ``at``: the same after each of ``--at``'s sample counts, and ``proj``: the gap those samples'
+  curves project to the full run's end where it fades as an early lag does (the least fall
+  their noise allows, as validation reads it with a spec's ``run``; ``—``: not projected);
 - ``trend``: the candidate's loss decrease over the second half of the validation horizon
   against the reference's over the same samples (negative: it is still improving more slowly);
 - ``time``: the gap at equal *time*, from each run's samples/s (what a user pays for);
@@ -28,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from autotune.measure.parity import parity_gap, smoothed_loss_at
+from autotune.measure.parity import parity_gap, projected_gap, smoothed_loss_at
 from autotune.schema.spec import Candidate, load_spec
 from autotune.search import lr_for
 from autotune.train import TrainSettings, train
@@ -44,6 +46,14 @@ def _prefix_gap(
     n, m = max(1, samples // bs), max(1, samples // ref_bs)
     found = parity_gap(losses[:n], bs, ref[:m], ref_bs)
     return None if found is None else found[0]
+
+
+def _prefix_projection(
+    losses: list[float], bs: int, ref: list[float], ref_bs: int, samples: int, run: int
+) -> float | None:
+    n, m = max(1, samples // bs), max(1, samples // ref_bs)
+    found = projected_gap(losses[:n], bs, ref[:m], ref_bs, run)
+    return None if found is None else found[1]
 
 
 def _slope(losses: list[float], bs: int, lo: float, hi: float) -> float | None:
@@ -109,6 +119,12 @@ def _workload(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, 
                     "probe": gap(probe_steps * bs),
                     "valid": gap(horizon),
                     "at": {str(n): gap(n) for n in at},
+                    "proj": {
+                        str(n): _prefix_projection(
+                            run.losses, bs, ref.losses, ref.batch_size, n, ref.samples
+                        )
+                        for n in at
+                    },
                     "trend": None if slope_c is None or slope_r is None else slope_c - slope_r,
                     "time": _time_gap(run.losses, bs, ref.losses, ref.batch_size, horizon, ratio),
                     "final": run.final_loss / ref.final_loss if ref.final_loss else None,
@@ -136,7 +152,7 @@ def _fmt(v: float | None) -> str:
 
 def _line(r: dict[str, Any]) -> str:
     final = r["final"]
-    at = "".join(f" @{n} {_fmt(v)}" for n, v in r["at"].items())
+    at = "".join(f" @{n} {_fmt(v)} proj {_fmt(r['proj'].get(n))}" for n, v in r["at"].items())
     return (
         f"  {r['precision']} bs={r['batch_size']:<5} lr×{r['lr_multiplier']:<4g} "
         f"probe {_fmt(r['probe'])} valid {_fmt(r['valid'])}{at} trend {_fmt(r['trend'])} "
@@ -159,6 +175,10 @@ def _judge(rows: list[dict[str, Any]], tol: float = 0.05) -> None:
             r["time"] is not None and r["time"] <= tol and (r["trend"] or 0) >= -tol
         ),
     }
+    for n in rows[0]["at"] if rows else []:
+        rules[f"gap at {n} <= tol, or its projection"] = lambda r, n=n: any(
+            v is not None and v <= tol for v in (r["at"][n], r["proj"][n])
+        )
     for name, rule in rules.items():
         said = [rule(r) for r in rows]
         false_pass = sum(s and not t for s, t in zip(said, truth, strict=True))

@@ -163,7 +163,11 @@ def _quiet() -> None:
 
 def _spec(land: Landscape, budget: float, strategy: str = "tpe"):
     return truth.spec_for(
-        land, budget, early_stop=strategy != "no-early-stop", knobs=_WORLD["knobs"]
+        land,
+        budget,
+        early_stop=strategy != "no-early-stop",
+        knobs=_WORLD["knobs"],
+        run_seconds=_WORLD["horizon"],
     )
 
 

@@ -279,3 +279,24 @@ def test_the_knobs_are_optional_and_leave_a_stored_studys_fingerprint_alone() ->
 def test_a_bad_knob_is_named_with_its_field(field: str, value: Any) -> None:
     with pytest.raises(SpecError, match=rf"space\.{field}"):
         parse_spec({**MINIMAL, "space": {field: value}})
+
+
+def test_a_run_length_gives_one_measure_and_epochs_their_size() -> None:
+    """The real run's length: one of steps, samples or epochs; epochs with the samples in one;
+    each mistake named with the fix."""
+    spec = parse_spec(
+        {"name": "a", "workload": "tiny", "run": {"epochs": 10, "samples_per_epoch": 8192}}
+    )
+    assert spec.run is not None and spec.run.samples_at(32) == 81_920
+    assert (
+        parse_spec({"name": "a", "workload": "tiny", "run": {"steps": 100}}).run.samples_at(32)
+        == 3_200
+    )
+    for run, words in (
+        ({"epochs": 10}, "epochs needs samples_per_epoch"),
+        ({"steps": 10, "samples": 100}, "give exactly one of steps, samples or epochs"),
+        ({"steps": 0}, "run.steps"),
+        ({"sample": 100}, "run.sample"),
+    ):
+        with pytest.raises(SpecError, match=words):
+            parse_spec({"name": "a", "workload": "tiny", "run": run})

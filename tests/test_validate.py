@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.execution.facts import WorkerFacts
 from autotune.infra import clock
+from autotune.measure.parity import projected_gap, samples_seen
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.measure.stats import claimed, ratio_estimate
 from autotune.schema.spec import Candidate, parse_spec
@@ -638,3 +639,50 @@ def test_a_pair_whose_set_ups_take_most_of_its_share_still_measures_six_pairs() 
         result = run_pair(ctx, t, reference, share, 0.0)
     assert result.ok
     assert result.pairs >= 6
+
+
+def _lagging(lasting: float, run_samples: int) -> Rerun:
+    """bf16 at 4x the reference's batch over 25,600 samples: an early lag of 80% halving
+    every 50 of its steps, over a lasting gap of ``lasting``; the real run ``run_samples``."""
+    cand = Candidate(precision="bf16", batch_size=128, learning_rate=0.4)
+    losses = [1.0 + lasting + 0.8 * 0.5 ** (i / 50) for i in range(200)]
+    result = PairedResult(
+        candidate=probe(cand, 2000.0, losses),
+        reference=probe(REF, 1000.0, [1.0] * 800),
+        speedup=2.0,
+        speedup_low=1.9,
+        speedup_high=2.1,
+        pairs=12,
+    )
+    return with_gap(Rerun(trial(0, 2.0, batch_size=128), result), run_samples=run_samples)
+
+
+def test_a_larger_batchs_lag_that_fades_by_the_runs_end_is_kept_where_the_spec_names_the_run() -> (
+    None
+):
+    """Off parity where the pair's curves end (+9%), fading as an early lag does: refused
+    where the spec names no run, accepted for a run of 500,000 samples, with its gap
+    projected there; the same lag over a lasting gap of 8% is refused whatever the run."""
+    short = _lagging(0.0, run_samples=0)
+    assert short.gap is not None and short.gap[0] > 0.08
+    refused = select([short], min_speedup=1.05, parity_tolerance=0.05)
+    assert refused.winner is None and refused.rejected[0].kind == "parity"
+
+    kept = select([_lagging(0.0, run_samples=500_000)], min_speedup=1.05, parity_tolerance=0.05)
+    assert kept.winner is not None and kept.winner.projected is not None
+    assert abs(kept.winner.projected[0]) < 0.01
+    assert "projected +0.0% at the run's 500,000" in samples_seen(
+        kept.winner.gap_samples, kept.winner.run_samples, kept.winner.projected[0]
+    )
+
+    lasting = _lagging(0.08, run_samples=500_000)
+    assert lasting.projected is not None and lasting.projected[0] > 0.07
+    chosen = select([lasting], min_speedup=1.05, parity_tolerance=0.05)
+    assert chosen.winner is None and chosen.rejected[0].kind == "parity"
+
+
+def test_a_gap_whose_fall_does_not_slow_is_not_projected() -> None:
+    """A lag fading linearly to nothing past the curves' end says nothing of where the gap
+    ends: not projected, whatever the run's length."""
+    losses = [1.0 + 0.3 * (1 - i / 400) for i in range(200)]
+    assert projected_gap(losses, 128, [1.0] * 800, 32, 10**7) is None

@@ -7,16 +7,22 @@ import math
 from collections.abc import Sequence
 
 __all__ = [
+    "SLOWING",
     "clearly_off",
     "parity_gap",
     "parity_gap_error",
     "parity_growth",
+    "projected_gap",
     "smoothed_loss_at",
     "time_to_loss",
 ]
 
 # Average the loss over the second half of the shared range: short probes are noisy per step.
 _WINDOW = 0.5
+# A falling gap is projected past the curves only where each fifth's fall is at most this
+# share of the one before (an exponential fade with a time constant at most 0.9 times the
+# curves' horizon): a projection from a fade that slows less leans on the far tail of one.
+SLOWING = 0.8
 
 
 def clearly_off(tolerance: float, batch_ratio: float = 1.0) -> float:
@@ -37,14 +43,27 @@ def clearly_off(tolerance: float, batch_ratio: float = 1.0) -> float:
     return max(3.0 * tolerance, tolerance + 0.10) * max(1.0, math.log2(max(batch_ratio, 1.0)))
 
 
-def samples_seen(samples: int | None) -> str:
-    """The horizon a parity verdict holds for, as the surfaces print it ("" where unknown).
+def samples_seen(
+    samples: int | None, run: int | None = None, projected: float | None = None
+) -> str:
+    """The horizon a parity verdict holds for, as the surfaces print it ("" where unknown): the
+    samples its gap was read at, and the real run's, with the gap projected to it where the
+    verdict rests on that projection.
 
     Example:
         >>> samples_seen(33280)
         ' over 33,280 samples seen'
+        >>> samples_seen(33280, run=819200)
+        ' over 33,280 samples seen (the run sees 819,200)'
+        >>> print(samples_seen(33280, run=819200, projected=0.012))
+         over 33,280 samples seen, projected +1.2% at the run's 819,200 (an early lag fading)
     """
-    return f" over {samples:,} samples seen" if samples else ""
+    if not samples:
+        return ""
+    out = f" over {samples:,} samples seen"
+    if run and projected is not None:
+        return f"{out}, projected {projected:+.1%} at the run's {run:,} (an early lag fading)"
+    return f"{out} (the run sees {run:,})" if run and run > samples else out
 
 
 def _window(losses: Sequence[float], batch_size: int, samples: float) -> list[float]:
@@ -177,6 +196,97 @@ def parity_growth(
         parity_gap_error(half, batch_size, ref_half, ref_batch_size),
     )
     return full[0] - early[0], err
+
+
+def _window_gap(
+    losses: Sequence[float], batch_size: int, ref_losses: Sequence[float], ref_batch_size: int,
+    lo: float, hi: float,
+) -> tuple[float, float] | None:  # fmt: skip
+    """The relative gap of the mean losses over samples-seen ``(lo, hi]``, with its standard
+    error from both curves' step-to-step noise (None where a curve has under three steps there
+    or a loss there is not finite)."""
+    means: list[float] = []
+    errors: list[float] = []
+    for curve, batch in ((losses, batch_size), (ref_losses, ref_batch_size)):
+        w = [v for i, v in enumerate(curve) if lo < (i + 1) * batch <= hi]
+        if len(w) < 3 or not all(math.isfinite(v) for v in w):
+            return None
+        mean = sum(w) / len(w)
+        var = sum((b - a) ** 2 for a, b in zip(w, w[1:], strict=False)) / (2 * (len(w) - 1))
+        means.append(mean)
+        errors.append(math.sqrt(var / len(w)) / max(abs(mean), 1e-12))
+    ratio = means[0] / max(abs(means[1]), 1e-12)
+    return ratio - 1, abs(ratio) * math.hypot(*errors)
+
+
+def projected_gap(
+    losses: Sequence[float],
+    batch_size: int,
+    ref_losses: Sequence[float],
+    ref_batch_size: int,
+    samples: int,
+    *,
+    z: float = 2.0,
+) -> tuple[float, float] | None:
+    """The gap projected to ``samples`` seen (the real run's length, past the ``H`` samples
+    both curves share), where it fades as a larger batch's early lag does: an exponential
+    relaxation. The gap over each of the last four fifths of ``H`` (each fifth's mean losses)
+    falls, each fall a share ``q`` of the one before it, at most ``SLOWING``; an exponential
+    fade keeps that share, so the rest of the series from the last fall is the fall still to
+    come. A slower fade (a power law) falls more than that; one that stops dead shows a last
+    fall far below the one before and is projected to fall little more. A gap that grows, or
+    falls without slowing, is not projected: where such a fade ends says nothing of the
+    lasting gap under it.
+
+    Returns:
+        ``(projected, least)``: the gap at ``samples`` from the falls measured, and from the
+        least fall their step noise allows (the first fall ``z`` standard errors steeper, the
+        second ``z`` shallower); None where the gap is not fading so, where ``samples`` is
+        within ``H``, or where a curve is too short to say.
+
+    Example:
+        A lag fading by half every 200 steps over a lasting gap of 3%:
+
+        >>> ref = [1.0] * 800
+        >>> lag = [1.03 + 0.5 ** (i / 200) for i in range(800)]
+        >>> projected, least = projected_gap(lag, 32, ref, 32, 32 * 6400)
+        >>> round(parity_gap(lag, 32, ref, 32)[0], 3), round(projected, 3), round(least, 3)
+        (0.166, 0.03, 0.031)
+        >>> projected_gap([1.0] * 200 + [1.04] * 200, 32, [1.0] * 400, 32, 10**6) is None
+        True
+    """
+    shared = min(len(losses) * batch_size, len(ref_losses) * ref_batch_size)
+    if samples <= shared:
+        return None
+    fifth = shared / 5
+    found = [
+        _window_gap(losses, batch_size, ref_losses, ref_batch_size, k * fifth, (k + 1) * fifth)
+        for k in (1, 2, 3, 4)
+    ]
+    if any(f is None for f in found):
+        return None
+    gaps = [f[0] for f in found if f is not None]
+    errors = [f[1] for f in found if f is not None]
+    falls = [b - a for a, b in zip(gaps, gaps[1:], strict=False)]
+    fall_errors = [math.hypot(a, b) for a, b in zip(errors, errors[1:], strict=False)]
+    if not falls[0] < falls[1] < falls[2] < 0 or max(falls[1] / falls[0], falls[2] / falls[1]) > (
+        SLOWING
+    ):
+        return None
+    # Fifths still to come past the last one's middle, to the run's end.
+    ahead = (samples - shared) / fifth + 0.5
+
+    def rest(q: float, last: float) -> float:
+        # The series last*q + last*q^2 + ... over ``ahead`` more fifths.
+        return last * q * (1 - q**ahead) / (1 - q) if 0 < q < 1 and last < 0 else 0.0
+
+    # The least fall the noise allows: the last fall z errors shallower, each share from the
+    # earlier fall z errors steeper and the later z errors shallower, the smaller of the two.
+    shallow = [f + z * e for f, e in zip(falls, fall_errors, strict=False)]
+    steep = [f - z * e for f, e in zip(falls, fall_errors, strict=False)]
+    q_least = min(shallow[1] / steep[0], shallow[2] / steep[1]) if shallow[1] < 0 else 0.0
+    measured = rest(falls[2] / falls[1], falls[2])
+    return gaps[-1] + measured, gaps[-1] + rest(q_least, shallow[2])
 
 
 def time_to_loss(

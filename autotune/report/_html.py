@@ -190,7 +190,8 @@ def _winner_facts(data: ReportData, cfg: TunedConfig) -> list[str]:
         )
     if ev.parity_gap is not None:
         facts.append(
-            f"loss parity {ev.parity_gap:+.1%} vs the fp32 reference{samples_seen(ev.parity_samples)} "
+            f"loss parity {ev.parity_gap:+.1%} vs the fp32 reference"
+            f"{samples_seen(ev.parity_samples, ev.run_samples, ev.parity_projected)} "
             f"(tolerance {ev.parity_tolerance:.0%})"
         )
     if ev.peak_memory_bytes is not None:

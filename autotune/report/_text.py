@@ -126,7 +126,7 @@ def _winner_lines(data: ReportData) -> list[str]:
             f"{optimism_text(ev.search_optimism)}"
         )
     if ev.parity_gap is not None:
-        seen = samples_seen(ev.parity_samples)
+        seen = samples_seen(ev.parity_samples, ev.run_samples, ev.parity_projected)
         lines.append(
             f"  loss parity {ev.parity_gap:+.1%}{seen} (tolerance {ev.parity_tolerance:.0%})"
         )

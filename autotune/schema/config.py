@@ -158,8 +158,11 @@ class Evidence(_Model):
     loss: float | None = None
     baseline_loss: float | None = None
     parity_gap: float | None = None
-    # The samples seen at which the validated gap was read: the horizon its parity holds for.
+    # The samples seen at which the validated gap was read: the horizon its parity holds for;
+    # the real run's samples (the spec's run) and the gap projected to them (an early lag).
     parity_samples: int | None = Field(default=None, ge=0)
+    run_samples: int | None = Field(default=None, ge=0)
+    parity_projected: float | None = None
     parity_tolerance: float = Field(ge=0)
     skipped_steps: int = Field(default=0, ge=0)
     trials: TrialCounts = Field(default_factory=TrialCounts)

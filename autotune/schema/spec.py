@@ -1,7 +1,5 @@
-"""Pydantic models for what goes in: the study spec, a candidate and probe settings.
-
-This module is the only place where defaults live; every default carries its reason.
-"""
+"""Pydantic models for what goes in: the study spec, a candidate and probe settings; every
+default lives here (the run's length in :mod:`autotune.schema.run_length`) with its reason."""
 
 from __future__ import annotations
 
@@ -26,6 +24,7 @@ from pydantic import (
 from autotune.errors import SpecError, format_validation_error, short_repr
 from autotune.infra.inputs import check_shape, file_problem, load_text, read_text
 from autotune.schema.bounds import bounded, check_bound
+from autotune.schema.run_length import RunLength
 from autotune.schema.workload_spec import workload_reference
 
 __all__ = [
@@ -412,6 +411,9 @@ class StudySpec(_Model):
     storage: str = "sqlite:///studies/autotune.db"
     # Seeds the sampler; probes derive theirs from it.
     seed: Seed = 0
+    # How long the real run trains: a larger batch's early lag still fading where validation's
+    # curves end is projected to it. None: parity is judged where the curves end.
+    run: RunLength | None = None
 
     @field_validator("budget")
     @classmethod

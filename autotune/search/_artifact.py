@@ -174,7 +174,8 @@ def _winner_note(spec: StudySpec, winner: Rerun, seed_noise: float) -> str:
     paired = winner.paired
     assert paired is not None
     c = paired.candidate
-    seen = samples_seen(winner.gap_samples)
+    projected = winner.projected[0] if winner.projected else None
+    seen = samples_seen(winner.gap_samples, winner.run_samples, projected)
     return (
         f"{paired.pairs} timed blocks interleaved with the fp32 reference's, seed "
         f"{c.seed}, {c.timed_steps} steps (parity{seen}: "
@@ -219,6 +220,8 @@ def _winner_evidence(
         baseline_loss=gap[2] if gap else None,
         parity_gap=gap[0] if gap else None,
         parity_samples=winner.gap_samples if gap else None,
+        run_samples=winner.run_samples or None,
+        parity_projected=winner.projected[0] if winner.projected else None,
         skipped_steps=c.skipped_steps,
         validated=True,
         validation_note=note,

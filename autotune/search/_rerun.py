@@ -32,6 +32,7 @@ __all__ = [
     "reference_arm",
     "run_alone",
     "run_pair",
+    "run_samples",
     "shared_samples",
     "would_pass",
 ]
@@ -45,6 +46,15 @@ _AFTER_SETUPS = 0.4
 def least_seconds(ctx: SearchContext, trial: FrozenTrial) -> float:
     """The least time that gives ``trial`` an interval: its set-up, six pairs, compiling."""
     return six_pairs(ctx, trial) + compiling(trial) + 1.0
+
+
+def run_samples(ctx: SearchContext, reference: ReferenceRecord) -> int:
+    """The samples the real run sees, where the spec names its length (0: it does not)."""
+    return ctx.spec.run.samples_at(reference.batch_size) if ctx.spec.run is not None else 0
+
+
+def _gapped(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) -> Rerun:
+    return with_gap(rerun, reference, run_samples(ctx, reference))
 
 
 def reference_arm(
@@ -135,7 +145,7 @@ def paired_rerun(
         # for fp16's run alone, where the pair fell short of its horizon).
         ctx.found.opening = None
         wall = opening.candidate.wall_seconds
-        rerun = with_gap(Rerun(trial, opening, share=wall, horizon=horizon), reference)
+        rerun = _gapped(ctx, reference, Rerun(trial, opening, share=wall, horizon=horizon))
         return _endure(ctx, reference, rerun, trial, share=share)
     started = ctx.budget.elapsed()
     seconds = compiling(trial)
@@ -186,7 +196,7 @@ def paired_rerun(
         return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
     pace = (horizon if alone else 0, alone)
     paired = run_pair(ctx, trial, reference, pair_share, seconds, steps=steps, alone=pace)
-    rerun = with_gap(Rerun(trial, paired, share=share, horizon=horizon), reference)
+    rerun = _gapped(ctx, reference, Rerun(trial, paired, share=share, horizon=horizon))
     return _endure(ctx, reference, rerun, trial, share=share - (ctx.budget.elapsed() - started))
 
 

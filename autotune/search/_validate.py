@@ -10,7 +10,13 @@ from functools import partial
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.measure.parity import parity_gap, parity_gap_error, parity_growth
+from autotune.measure.parity import (
+    parity_gap,
+    parity_gap_error,
+    parity_growth,
+    projected_gap,
+    samples_seen,
+)
 from autotune.measure.result import PairedResult, ProbeResult
 from autotune.measure.stats import (
     CONFIDENCE,
@@ -42,6 +48,7 @@ __all__ = [
     "select",
     "shortlist",
     "measure_spread",
+    "projected_within",
     "validation_reserve",
 ]
 
@@ -72,6 +79,11 @@ class Rerun:
     first_gap: float | None = None
     # The samples seen at which ``gap`` compares the curves: the horizon its verdict holds for.
     gap_samples: int = 0
+    # The gap projected to the real run's length where an early lag still fades where the
+    # curves end (:func:`~autotune.measure.parity.projected_gap`: as measured, and the least
+    # fall the noise allows), and that length in samples (0: the spec names none).
+    projected: tuple[float, float] | None = None
+    run_samples: int = 0
     # Not measured because its verdict cannot fit in this budget at all (fp16's run alone past
     # the share of the budget one may take): a later round measures the next candidates.
     beyond_budget: bool = False
@@ -220,6 +232,17 @@ def gap_bound(rerun: Rerun, seed_noise: float = 0.0) -> float:
     return rerun.gap[0] + UPPER * error
 
 
+def projected_within(rerun: Rerun, parity_tolerance: float, seed_noise: float = 0.0) -> bool:
+    """Whether ``rerun``'s gap projected to the real run's length (the least fall its noise
+    allows, :func:`~autotune.measure.parity.projected_gap`) keeps its upper bound within the
+    bar: a larger batch's early lag that the run outlasts."""
+    if rerun.projected is None:
+        return False
+    projected = replace(rerun, gap=(rerun.projected[1], 0.0, 0.0))
+    bar = parity_bar(parity_tolerance, seed_noise, rerun.seeds)
+    return gap_bound(projected, charged(parity_tolerance, seed_noise)) <= bar
+
+
 def charged(parity_tolerance: float, seed_noise: float) -> float:
     """The seed's spread a gap's bound carries: all of it while the bar is the tolerance, less
     as the bar widens for it (a bar ``UPPER`` spreads wide has taken it in already)."""
@@ -257,23 +280,29 @@ def judge(
     seed_noise: float,
 ) -> Rejection | None:
     """A complete rerun's verdict: rejected for parity (its gap's upper bound, :func:`gap_bound`,
-    past the tolerance, or below it and still growing by its growth,
+    past the tolerance unless its gap projected to the real run's end is within it,
+    :func:`projected_within`; or below it and still growing by its growth,
     :func:`~autotune.measure.parity.parity_growth`'s figures), then for speed; None: accepted."""
     paired, gap, grew = rerun.paired, rerun.gap, rerun.growth
     assert paired is not None
     bar = parity_bar(parity_tolerance, seed_noise, rerun.seeds)
     bound = gap_bound(rerun, charged(parity_tolerance, seed_noise)) if gap is not None else None
-    if gap is None or bound is None or bound > bar:
+    # Off the bar where the curves end, within it at the real run's end: an early lag fading.
+    fading = (
+        bound is not None and bound > bar and projected_within(rerun, parity_tolerance, seed_noise)
+    )
+    if gap is None or bound is None or (bound > bar and not fading):
         shown = "not comparable"
         if gap is not None:
-            shown = f"{gap[0]:+.1%} (upper bound {bound:+.1%})"
+            seen = samples_seen(rerun.gap_samples, rerun.run_samples)
+            shown = f"{gap[0]:+.1%} (upper bound {bound:+.1%}){seen}"
         return _rejection(
             name,
             "parity",
             f"loss parity {shown} vs the fp32 reference "
             f"({parity_terms(parity_tolerance, seed_noise, rerun.seeds)})",
         )
-    if grew is not None and grew[0] > _GROWING * grew[1] and gap[0] + grew[0] > bar:
+    if not fading and grew is not None and grew[0] > _GROWING * grew[1] and gap[0] + grew[0] > bar:
         # Still growing where the curves end: one more such stretch would cross the bound.
         return _rejection(
             name,
@@ -322,12 +351,14 @@ def _speedup_low(rerun: Rerun) -> float:
     return rerun.paired.speedup_low
 
 
-def with_gap(rerun: Rerun, reference: ReferenceRecord | None = None) -> Rerun:
+def with_gap(rerun: Rerun, reference: ReferenceRecord | None = None, run_samples: int = 0) -> Rerun:
     """The rerun with its parity gap at equal samples seen, and how the gap grew over the
     second half of those samples: against its own reference arm, or against the reference's
     first curve (``reference``'s) where that one overlaps the candidate's for longer (a fast
     candidate's arm cut by its pair's time sees fewer samples than the search's probes did,
-    and a lasting gap that has not shown yet reads as parity)."""
+    and a lasting gap that has not shown yet reads as parity). A batch larger than the
+    reference's whose gap still fades as an early lag does has it projected to the real
+    run's ``run_samples`` (0: none named)."""
     paired = rerun.paired
     if paired is not None and paired.ok:
         c, r = paired.candidate, paired.reference
@@ -339,6 +370,11 @@ def with_gap(rerun: Rerun, reference: ReferenceRecord | None = None) -> Rerun:
         rerun.gap_samples = min(len(c.losses) * c.batch_size, len(ref_losses) * ref_batch)
         rerun.gap_error = parity_gap_error(c.losses, c.batch_size, ref_losses, ref_batch)
         rerun.growth = parity_growth(c.losses, c.batch_size, ref_losses, ref_batch)
+        rerun.run_samples = run_samples
+        if run_samples and c.batch_size > ref_batch:
+            rerun.projected = projected_gap(
+                c.losses, c.batch_size, ref_losses, ref_batch, run_samples, z=UPPER
+            )
     return rerun
 
 

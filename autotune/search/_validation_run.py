@@ -21,6 +21,7 @@ from autotune.search._rerun import (
     reference_arm,
     run_alone,
     run_pair,
+    run_samples,
     shared_samples,
     would_pass,
 )
@@ -34,6 +35,7 @@ from autotune.search._validate import (
     covered,
     gap_bound,
     parity_bar,
+    projected_within,
     select,
     with_gap,
 )
@@ -256,6 +258,8 @@ def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise
     if gap is None:
         return rerun
     lagging = ratio > 1 and tol + noise < gap[0] <= clearly_off(tol, ratio) + noise
+    # (Not where its gap projected to the real run's end passes: that verdict stands.)
+    lagging = lagging and not projected_within(rerun, tol, noise)
     # Within the bound but growing where the curves end (clearly, or at all where the horizon
     # is a small part of what the candidate ran): a lasting gap may still be showing.
     paired = rerun.paired
@@ -326,7 +330,9 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
         rerun.gap[0],
     )
     other = with_gap(
-        Rerun(trial, run_pair(ctx, trial, reference, share, seconds, seed=2)), reference
+        Rerun(trial, run_pair(ctx, trial, reference, share, seconds, seed=2)),
+        reference,
+        run_samples(ctx, reference),
     )
     if other.gap is None:
         return rerun
@@ -336,7 +342,11 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
     # few repeats can put a seed's spread at half what it is here, +3.0% and +4.6% at one
     # batch whose true gap was 5.25%).
     error = max(math.hypot(rerun.gap_error, other.gap_error), abs(rerun.gap[0] - other.gap[0])) / 2
-    merged = replace(rerun, gap=gap, gap_error=error, seeds=2)
+    # The projection stands where both seeds' gaps fade so: the worse of the two.
+    projected = None
+    if rerun.projected is not None and other.projected is not None:
+        projected = max(rerun.projected, other.projected, key=lambda p: p[1])
+    merged = replace(rerun, gap=gap, gap_error=error, seeds=2, projected=projected)
     if (
         merged.horizon
         and covered(merged) < merged.horizon
@@ -363,7 +373,9 @@ def _reseed_all(
     bar = parity_bar(tol, noise)
 
     def passing(r: Rerun) -> bool:
-        return r.gap is not None and gap_bound(r, charged(tol, noise)) <= bar
+        return r.gap is not None and (
+            gap_bound(r, charged(tol, noise)) <= bar or projected_within(r, tol, noise)
+        )
 
     out = list(reruns)
     order = sorted(

@@ -177,6 +177,7 @@ class SimEngine:
         early = min(1.0, EARLY_NOISE / step_noise) if step_noise else 0.0
         span, scale, quarter = m.initial - m.final, m.samples_scale, 0.25 * m.samples_scale
         lag0, lag_ramp, lag_steps = self.lag, p.lag_ramp_samples, p.lag_steps
+        halving = p.lag_fade == "exponential"
         lasting, offset, onset = self.lasting, self.offset, p.gap_onset_samples
         gap, diverge = self.gap, self.diverge_step
         out = []
@@ -192,9 +193,12 @@ class SimEngine:
             ramp = 1 - exp(-samples / quarter)
             # No lag at all (the base batch), or faded out: a term of 0 (the same sum).
             lag = 0.0
-            if lag0 and step + 1 < lag_steps:
+            if lag0 and (halving or step + 1 < lag_steps):
                 lag = lag0 * (1 - exp(-samples / lag_ramp))
-                lag *= max(0.0, 1 - (step + 1) / lag_steps)
+                if halving:
+                    lag *= 0.5 ** ((step + 1) / lag_steps)
+                else:
+                    lag *= max(0.0, 1 - (step + 1) / lag_steps)
             if onset:
                 # Landscape.gap_shown(samples), inlined (a call per step cost a third of it).
                 x = samples / onset

@@ -106,7 +106,16 @@ def _draw(rng: random.Random, seed: int, i: int) -> Landscape:
             },
         ],
     }
+    _lag_fade(data["parity"], seed, i)
     return Landscape.model_validate(data)
+
+
+def _lag_fade(parity: dict[str, Any], seed: int, i: int) -> None:
+    """An early lag fades linearly or as a relaxation, half and half, drawn from a generator
+    of its own (the draws before it stay as they were)."""
+    if "lag_per_batch_ratio" in parity:
+        fade = random.Random(f"autotune.sim.family|{seed}|{i}|lag").random() < 0.5
+        parity["lag_fade"] = "exponential" if fade else "linear"
 
 
 def _device(rng: random.Random) -> tuple[dict[str, Any], list[str]]:

@@ -94,7 +94,7 @@ class LossModel(_M):
 class ParityModel(_M):
     """How far a candidate's curve lies above the reference's, beyond its mode's own gap."""
 
-    V2 = frozenset({"gap_onset_samples", "diverge_lr_above"})
+    V2 = frozenset({"gap_onset_samples", "diverge_lr_above", "lag_fade"})
 
     # Per doubling of the batch above the workload's base (at the lr its rule gives) ...
     gap_per_batch_doubling: float = 0.0
@@ -112,6 +112,10 @@ class ParityModel(_M):
     lag_per_batch_ratio: float = Field(default=0.0, ge=0)
     lag_ramp_samples: float = Field(default=4000.0, gt=0)
     lag_steps: float = Field(default=200.0, gt=0)
+    # How the lag fades: linearly to nothing at ``lag_steps``, or halving every ``lag_steps``
+    # of its steps (a relaxation: a CPU's tiny convnet at 8x the batch lagged 70%, 27% and
+    # about 0 after 31, 125 and 312 of its steps).
+    lag_fade: Literal["linear", "exponential"] = "linear"
     # The lasting gap shows in full only from this many samples on, and ramps in smoothly
     # before (0: from the start). A lower precision's rounding swallows updates only once they
     # are small against the weights, late in training: a short run's curves agree, and a
