@@ -90,6 +90,8 @@ def one_run(study: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[
             "budget": BUDGETS.get(study, 60.0) * args.budget_scale,
             "storage": f"sqlite:///{tmp / f'{study}-{seed}.db'}",
             "probe.seed": seed,
+            # The full run's length, so the search judges parity for the run it is checked by.
+            "run": {"samples": args.epochs * TrainSettings().samples_per_epoch},
         }
     )
     t0 = time.monotonic()
