@@ -209,7 +209,7 @@ def one_search(
         result = run_search(run_spec, out_dir=Path(tmp) / "out")
         seconds = time.monotonic() - t0
         # Read while the study's storage is still there.
-        gains = knob_lines(result.study.trials)
+        gains = knob_lines(result.store.trials())
     cfg = result.config
     rule = facts.lr_scaling if spec.space.lr_scaling == "auto" else spec.space.lr_scaling
     mult = round(

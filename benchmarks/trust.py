@@ -123,9 +123,11 @@ def one_run(study: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[
         row.update(parity_held=None, false_claim=False, measured_in_claimed_interval=None)
         reference = (cfg.precision, cfg.batch_size)
         row.update(
-            _passed_over(result.study, reference, workload, settings, args, spec.parity_tolerance)
+            _passed_over(
+                result.store.study, reference, workload, settings, args, spec.parity_tolerance
+            )
         )
-        return _with_peers(row, cfg, result.study.trials, workload, settings, args)
+        return _with_peers(row, cfg, result.store.trials(), workload, settings, args)
     full = compare(workload, cfg, args.device, settings, against="fp32")
     band = _seed_band(workload, settings, args, full.baseline)
     row.update(
@@ -151,7 +153,7 @@ def one_run(study: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[
     )
     if args.unpaired and lo is not None and hi is not None and row["unpaired"]:
         row["unpaired_in_claimed_interval"] = lo <= row["unpaired"] <= hi
-    return _with_peers(row, cfg, result.study.trials, workload, settings, args)
+    return _with_peers(row, cfg, result.store.trials(), workload, settings, args)
 
 
 def _with_peers(  # noqa: PLR0913 - one run's parts, from one_run alone

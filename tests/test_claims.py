@@ -99,8 +99,11 @@ def test_a_worker_validates_in_place_of_a_validator_that_died(tmp_path: Path, ho
     assert runner.claimed
     assert result.validated_by == owner_id()
     assert result.path is not None and result.path.is_file()
-    assert stored_config(result.study) is not None
-    assert done_by(result.study, validation_job(window_id(StudyStore(result.study)))) == owner_id()
+    assert stored_config(result.store.study) is not None
+    assert (
+        done_by(result.store.study, validation_job(window_id(StudyStore(result.store.study))))
+        == owner_id()
+    )
 
 
 def test_a_worker_waits_for_a_live_validator_instead_of_validating_again(
@@ -129,4 +132,4 @@ def test_a_worker_waits_for_a_live_validator_instead_of_validating_again(
     assert looks and looks[-1] - looks[0] > 3 * LEASE  # it waited past a lease
     assert result.validated_by == ELSEWHERE
     assert result.path is None  # this worker validated and wrote nothing
-    assert stored_config(result.study) is None
+    assert stored_config(result.store.study) is None

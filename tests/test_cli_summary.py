@@ -19,6 +19,7 @@ from optuna.trial import TrialState, create_trial
 from autotune.cli import _search
 from autotune.cli._app import console
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
+from autotune.study.store import StudyStore
 from autotune.study.trials import (
     Rejection,
     TrialRecord,
@@ -88,7 +89,7 @@ def _result(tmp_path: Path, **evidence: object) -> SimpleNamespace:
     return SimpleNamespace(
         config=cfg.model_copy(update={"evidence": ev}),
         path=tmp_path / "best.json",
-        study=study,
+        store=StudyStore(study),
         reference=REFERENCE,
         rejected=REJECTED,
         elapsed=12.0,
@@ -179,7 +180,7 @@ def test_an_amp_recipe_that_did_not_complete_shows_why(tmp_path: Path, wide) -> 
             ).to_attrs(),
         )
     )
-    result.study = study
+    result.store.study = study
     with console.capture() as out:
         _search._print_summary(result)
     amp = [line for line in out.get().splitlines() if "plain AMP recipe" in line]
@@ -218,7 +219,7 @@ def _with_amp(result: SimpleNamespace, tmp_path: Path, **fields: object) -> Simp
             user_attrs=TrialRecord(role="amp_recipe", learning_rate=0.1, **fields).to_attrs(),
         )
     )
-    result.study = study
+    result.store.study = study
     return result
 
 
@@ -277,8 +278,10 @@ def test_every_row_shows_its_settings_the_same_way(
     result = _result(tmp_path)
     result.config = result.config.model_copy(update={"channels_last": True})
     # The config's own trial (store_config's), with the parameters of the trial it validated.
-    result.study = optuna.create_study(study_name="c", storage=f"sqlite:///{tmp_path / 'c.db'}")
-    result.study.add_trial(
+    result.store.study = optuna.create_study(
+        study_name="c", storage=f"sqlite:///{tmp_path / 'c.db'}"
+    )
+    result.store.study.add_trial(
         create_trial(
             value=1.93,
             params=params,
@@ -341,9 +344,9 @@ def test_a_fallback_whose_last_run_timed_too_few_blocks_shows_one_noise_everywhe
     from autotune.study.crown import store_config
     from autotune.study.reference import reference_key
 
-    result.study.set_user_attr(reference_key("vm", "cpu"), reference.model_dump(mode="json"))
-    store_config(result.study, result.config)
-    assert shown in render_text(collect(result.study))
+    result.store.study.set_user_attr(reference_key("vm", "cpu"), reference.model_dump(mode="json"))
+    store_config(result.store.study, result.config)
+    assert shown in render_text(collect(result.store))
 
 
 def test_a_fallback_and_the_reference_show_one_throughput(tmp_path: Path, wide) -> None:

@@ -55,7 +55,7 @@ def _search_with_slow_reference(tmp_path: Path, land: Landscape, slowdowns: list
 
 
 def _assert_speedups_true_and_named(result: Any, land: Landscape) -> None:
-    study = result.study
+    study = result.store.study
     fp32 = land.throughput(Candidate(precision="fp32", batch_size=64, learning_rate=0.1))
     measured = [t for t in study.trials if t.user_attrs.get("speedup") is not None]
     assert len(measured) >= 3
@@ -116,7 +116,7 @@ def _first_trials(gap: float, seed_spread: float, seeds: range) -> list[Any]:
     one_point = spec("1m", space={"precisions": ["bf16"], "batch_sizes": [64]})
     out = []
     for seed in seeds:
-        study = simulate(one_point, land, seed=seed).study
+        study = simulate(one_point, land, seed=seed).store.study
         out.append(next(t for t in study.trials if t.user_attrs.get("duplicate_of") is None))
     return out
 

@@ -32,6 +32,7 @@ from autotune.schema.spec import load_spec
 from autotune.search import Budget, run_search
 from autotune.sim import SimulatedRunner
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord, reference_key
+from autotune.study.store import StudyStore
 from autotune.study.trials import (
     TrialRecord,
     ceilings_key,
@@ -134,7 +135,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     runner = SimulatedRunner(land)
     with clock.use(runner.clock):
         result = run_search(spec, out_dir=tmp / "out", runner=runner, budget=Budget(spec.budget))
-    path = write_report(result.study, storage=spec.storage, out_dir=tmp / "out")
+    path = write_report(result.store, storage=spec.storage, out_dir=tmp / "out")
     html = path.read_text(encoding="utf-8")
     return SimpleNamespace(spec=spec, result=result, path=path, html=html, page=parse(html))
 
@@ -145,10 +146,10 @@ def test_report_is_written_beside_best_json(searched: SimpleNamespace) -> None:
 
 
 def test_every_trial_has_exactly_one_row(searched: SimpleNamespace) -> None:
-    numbers = [t.number for t in searched.result.study.trials]
+    numbers = [t.number for t in searched.result.store.trials()]
     assert numbers, "the search ran no trial: the fixture's budget is too short"
     assert searched.page.rows == sorted(numbers)
-    for t in searched.result.study.trials:
+    for t in searched.result.store.trials():
         text = searched.page.row_text[t.number]
         assert t.state.name.lower() in text
         if t.params:
@@ -156,7 +157,7 @@ def test_every_trial_has_exactly_one_row(searched: SimpleNamespace) -> None:
 
 
 def test_every_plot_section_is_there_and_drawn(searched: SimpleNamespace) -> None:
-    page, study = searched.page, searched.result.study
+    page, study = searched.page, searched.result.store.study
     for heading in (
         "Summary",
         "Throughput by batch size",
@@ -191,7 +192,7 @@ def test_every_plot_section_is_there_and_drawn(searched: SimpleNamespace) -> Non
     with_interval = [t for t in measured if record(t).throughput_low is not None]
     assert throughput["errorbar"] == len(with_interval) + (ref.latest().blocks > 0)
     # Each ceiling says what limited it, as the search stored it.
-    limits = collect(study, out_dir=searched.path.parent).ceiling_limits
+    limits = collect(StudyStore(study), out_dir=searched.path.parent).ceiling_limits
     for mode, size in searched.result.ceilings.items():
         if size > 0:
             assert limits[mode] in ("memory", "margin", "time", "cap", "crash")
@@ -243,7 +244,7 @@ def test_report_is_self_contained(searched: SimpleNamespace) -> None:
 
 
 def test_text_summary(searched: SimpleNamespace) -> None:
-    data = collect(searched.result.study, out_dir=searched.path.parent)
+    data = collect(searched.result.store, out_dir=searched.path.parent)
     text = render_text(data)
     cfg = searched.result.config
     assert text.startswith("study 'tiny':")
@@ -251,7 +252,7 @@ def test_text_summary(searched: SimpleNamespace) -> None:
     assert "fp32 reference: fp32 bs=32" in text
     assert "timing noise: " in text
     # The search's trials: the config validation stood behind is a trial of its own.
-    search = [t for t in searched.result.study.trials if not record(t).tuned_config]
+    search = [t for t in searched.result.store.trials() if not record(t).tuned_config]
     complete = sum(t.state == TrialState.COMPLETE for t in search)
     assert f"trials: {complete} complete" in text
 
@@ -522,7 +523,9 @@ def handmade(tmp_path: Path) -> SimpleNamespace:
 
 
 def test_every_outcome_renders_with_its_reason(handmade: SimpleNamespace) -> None:
-    data = collect(handmade.study, out_dir=handmade.tmp / "out", storage=handmade.storage)
+    data = collect(
+        StudyStore(handmade.study), out_dir=handmade.tmp / "out", storage=handmade.storage
+    )
     page = parse(render_html(data))
     assert page.rows == list(range(8))
     assert "diverged" in page.row_text[3] and "loss=inf at step 14" in page.row_text[3]
@@ -554,7 +557,7 @@ def test_every_outcome_renders_with_its_reason(handmade: SimpleNamespace) -> Non
 def test_intervals_are_shown_in_the_table_the_plots_and_the_summary(
     handmade: SimpleNamespace,
 ) -> None:
-    data = collect(handmade.study, storage=handmade.storage)
+    data = collect(StudyStore(handmade.study), storage=handmade.storage)
     page = parse(render_html(data))
     # The trial table: each speedup with its interval; a trial without figures shows "—".
     assert "1.80× (1.70–1.90)" in page.row_text[1]
@@ -577,10 +580,10 @@ def test_intervals_are_shown_in_the_table_the_plots_and_the_summary(
 
 
 def test_the_reference_over_time_shows_its_drift(handmade: SimpleNamespace) -> None:
-    page = parse(render_html(collect(handmade.study, storage=handmade.storage)))
+    page = parse(render_html(collect(StudyStore(handmade.study), storage=handmade.storage)))
     (drift,) = page.svgs["reference"]
     assert drift["circle"] == 3 and drift["errorbar"] == 3
-    html = render_html(collect(handmade.study, storage=handmade.storage))
+    html = render_html(collect(StudyStore(handmade.study), storage=handmade.storage))
     assert (
         "1 of 2 re-measurements moved outside the previous interval or 1.5 times from it (drift)"
         in html
@@ -603,7 +606,7 @@ def test_a_reference_that_fell_fivefold_is_said_to_have_drifted(
         ],
     )
     handmade.study.set_user_attr(reference_key("box", "cpu"), falls.model_dump(mode="json"))
-    html = render_html(collect(handmade.study, storage=handmade.storage))
+    html = render_html(collect(StudyStore(handmade.study), storage=handmade.storage))
     assert "2 of 2 re-measurements moved outside the previous interval or 1.5 times" not in html
     assert "1 of 2 re-measurements moved outside the previous interval or 1.5 times" in html
 
@@ -612,7 +615,7 @@ def test_a_validated_config_shows_search_against_validation(handmade: SimpleName
     out = handmade.tmp / "out"
     out.mkdir()
     write_config(out / "best.json", validated_config())
-    data = collect(handmade.study, out_dir=out, storage=handmade.storage)
+    data = collect(StudyStore(handmade.study), out_dir=out, storage=handmade.storage)
     html = render_html(data)
     page = parse(html)
     assert data.winner is not None and data.winner.number == 1
@@ -649,7 +652,7 @@ def test_the_winner_card_divides_only_figures_measured_together(
     out = handmade.tmp / "amp"
     out.mkdir()
     write_config(out / "best.json", validated_config(speedup_vs_amp=1.75 / 0.9))
-    html = render_html(collect(handmade.study, out_dir=out, storage=handmade.storage))
+    html = render_html(collect(StudyStore(handmade.study), out_dir=out, storage=handmade.storage))
     assert "the plain AMP recipe: 0.90× the fp32 reference in the search (another run)" in html
     assert "× the plain AMP recipe" not in html
 
@@ -667,14 +670,14 @@ def test_a_fallback_config_says_no_candidate_validated(handmade: SimpleNamespace
         }
     )
     write_config(out / "best.json", cfg.model_copy(update={"study": "hand", "evidence": ev}))
-    data = collect(handmade.study, out_dir=out, storage=handmade.storage)
+    data = collect(StudyStore(handmade.study), out_dir=out, storage=handmade.storage)
     page = parse(render_html(data))
     assert any("lower bound cleared the bar" in n for n in page.notes["validation"])
     assert "NOT validated: fp32 fallback" in render_text(data)
 
 
 def test_the_text_report_shows_intervals_and_the_noise(handmade: SimpleNamespace) -> None:
-    text = render_text(collect(handmade.study, storage=handmade.storage))
+    text = render_text(collect(StudyStore(handmade.study), storage=handmade.storage))
     assert "fp32 reference: fp32 bs=32 lr×1: 900.0 samples/s (880.0–915.0)" in text
     assert "latest of 3 measurements; range 900.0–1,010.0" in text
     assert "timing noise: 2.0%" in text
@@ -689,7 +692,7 @@ def test_the_text_report_shows_intervals_and_the_noise(handmade: SimpleNamespace
 
 
 def test_importances_are_said_to_be_on_the_speedup(handmade: SimpleNamespace) -> None:
-    data = collect(handmade.study, storage=handmade.storage)
+    data = collect(StudyStore(handmade.study), storage=handmade.storage)
     assert data.objective == "speedup" and data.importances is not None
     assert "computed on the objective: each trial's speedup" in data.importance_note
     html = render_html(data)
@@ -699,7 +702,7 @@ def test_importances_are_said_to_be_on_the_speedup(handmade: SimpleNamespace) ->
 
 def test_an_older_study_still_renders_with_dashes_for_intervals(tmp_path: Path) -> None:
     old = build_legacy(tmp_path)
-    data = collect(old.study, storage=old.storage)
+    data = collect(StudyStore(old.study), storage=old.storage)
     html = render_html(data)
     page = parse(html)
     assert page.rows == [0, 1, 2]
@@ -728,12 +731,12 @@ def test_the_spec_device_picks_the_reference(handmade: SimpleNamespace) -> None:
         measurements=[MEASUREMENTS[0].model_copy(update={"throughput": 50_000.0})],
     )
     handmade.study.set_user_attr(reference_key("box", "cuda:0"), other.model_dump(mode="json"))
-    data = collect(handmade.study, storage=handmade.storage)
+    data = collect(StudyStore(handmade.study), storage=handmade.storage)
     assert data.reference_where == "box:cpu" and data.reference_throughput == 900.0
     assert any("box:cuda:0" in n for n in data.notes)
     spec = {**SPEC, "device": "cuda"}
     handmade.study.set_user_attr("spec", spec)
-    data = collect(handmade.study, storage=handmade.storage)
+    data = collect(StudyStore(handmade.study), storage=handmade.storage)
     assert data.reference_where == "box:cuda:0" and data.reference_throughput == 50_000.0
 
 
@@ -743,7 +746,7 @@ def test_a_study_without_a_reference_says_so(tmp_path: Path) -> None:
     study.add_trial(
         _trial(TrialState.PRUNED, BASE, outcome="oom", reason="out of memory at batch_size=32")
     )
-    data = collect(study, storage=storage)
+    data = collect(StudyStore(study), storage=storage)
     page = parse(render_html(data))
     assert page.rows == [0]
     assert any("has not been measured" in n for n in page.notes["summary"])
@@ -754,17 +757,17 @@ def test_a_study_without_a_reference_says_so(tmp_path: Path) -> None:
 def test_a_study_with_too_few_trials_explains_what_is_missing(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'e.db'}"
     study = optuna.create_study(study_name="empty", storage=storage, direction="maximize")
-    page = parse(render_html(collect(study, storage=storage)))
+    page = parse(render_html(collect(StudyStore(study), storage=storage)))
     assert page.rows == []
     for section in PLOTS:
         assert not page.svgs.get(section) and page.notes.get(section), section
     assert any("needs at least 2 completed trials" in n for n in page.notes["importance"])
-    text = render_text(collect(study, storage=storage))
+    text = render_text(collect(StudyStore(study), storage=storage))
     assert "no winner yet" in text and "fp32 reference: not run" in text
 
 
 def test_storage_password_is_hidden(handmade: SimpleNamespace) -> None:
-    data = collect(handmade.study, storage="postgresql://me:s3cret@db/autotune")
+    data = collect(StudyStore(handmade.study), storage="postgresql://me:s3cret@db/autotune")
     html = render_html(data)
     assert "s3cret" not in html and "me:***@db" in html
 
@@ -775,7 +778,7 @@ def test_each_ceiling_says_what_limited_it(handmade: SimpleNamespace) -> None:
     handmade.study.set_user_attr(
         ceilings_key("box", "cpu", limits=True), {"fp32": "memory", "fp16": "time", "bf16": "cap"}
     )
-    data = collect(handmade.study, storage=handmade.storage)
+    data = collect(StudyStore(handmade.study), storage=handmade.storage)
     html_text = render_html(data)
     labels = set(parse(html_text).svg_text["throughput"])
     assert {
@@ -790,7 +793,7 @@ def test_each_ceiling_says_what_limited_it(handmade: SimpleNamespace) -> None:
     assert "  fp32 ceiling 128: memory runs out above it" in text
     (handmade.tmp / "old").mkdir()
     old = build_legacy(handmade.tmp / "old")
-    old_html = render_html(collect(old.study, storage=old.storage))
+    old_html = render_html(collect(StudyStore(old.study), storage=old.storage))
     assert {"fp32 ceiling 128", "fp16 ceiling 64"} <= set(parse(old_html).svg_text["throughput"])
     assert "did not record what limited it" in old_html and "OOM" not in old_html
 
@@ -812,10 +815,10 @@ def test_a_diverged_fp16_trial_is_on_the_gradscaler_plot(tmp_path: Path) -> None
             scales=[],
         )
     )
-    page = parse(render_html(collect(study, storage=storage)))
+    page = parse(render_html(collect(StudyStore(study), storage=storage)))
     (scaler,) = page.svgs["scaler"]
     assert scaler["polyline"] == 1 and scaler["path"] >= 1  # its line, and × where it stopped
-    html_text = render_html(collect(study, storage=storage))
+    html_text = render_html(collect(StudyStore(study), storage=storage))
     assert "trial 0 · init_scale 256 · diverged: loss=nan at step 3" in html_text
     assert (
         "diverged at step 2; the scale there is init_scale halved at each of its 2 skipped"
@@ -852,7 +855,7 @@ def test_no_sentence_starts_lower_case_after_a_full_stop(handmade: SimpleNamespa
         update={"throughput": 900.0, "speedup": 1.0, "validated": False, "validation_note": note}
     )
     write_config(out / "best.json", cfg.model_copy(update={"study": "hand", "evidence": ev}))
-    text = _text_of(render_html(collect(study, out_dir=out, storage=handmade.storage)))
+    text = _text_of(render_html(collect(StudyStore(study), out_dir=out, storage=handmade.storage)))
     assert "Same parameters as trial 4: measurement reused. Upper bound 1,100" in text
     assert "No feasible candidate" in text
     # "e.g." is no full stop.
@@ -868,7 +871,7 @@ def test_the_noise_agrees_with_the_reference_interval(tmp_path: Path) -> None:
     short = ReferenceMeasurement(at=T0, throughput=32.1, low=30.9, high=33.4, blocks=3)
     record_ = ReferenceRecord(batch_size=32, learning_rate=0.2, losses=CURVE, measurements=[short])
     study.set_user_attr(reference_key("box", "cpu"), record_.model_dump(mode="json"))
-    data = collect(study, storage=storage)
+    data = collect(StudyStore(study), storage=storage)
     text = render_text(data)
     assert "fp32 reference: fp32 bs=32 lr×1: 32.1 samples/s (30.9–33.4)" in text
     assert "timing noise: ±3.9% (the fp32 reference's 95% interval" in text
@@ -889,7 +892,7 @@ def test_a_trial_that_never_ran_is_counted_apart_and_shows_what_was_queued(
             ).to_attrs(),
         )
     )
-    data = collect(handmade.study, storage=handmade.storage)
+    data = collect(StudyStore(handmade.study), storage=handmade.storage)
     page = parse(render_html(data))
     row = page.row_text[8]
     assert "not_run" in row and "fp16bs=32lr=" in row.replace(" ", "") and "queued" in row
@@ -899,7 +902,7 @@ def test_a_trial_that_never_ran_is_counted_apart_and_shows_what_was_queued(
     handmade.study.add_trial(
         _trial(TrialState.FAIL, {**BASE, "batch_size": 64}, outcome="crashed", reason="died")
     )
-    again = parse(render_html(collect(handmade.study, storage=handmade.storage)))
+    again = parse(render_html(collect(StudyStore(handmade.study), storage=handmade.storage)))
     assert again.svgs["history"][0]["path"] == crosses + 1
 
 
@@ -1017,7 +1020,7 @@ def test_the_report_shows_what_each_knob_brought_and_what_compiling_cost(tmp_pat
         fp32_modules=["amplify"],
         **_interval(600.0, 0.6),
     )
-    data = collect(study, storage=storage)
+    data = collect(StudyStore(study), storage=storage)
     text = render_text(data)
     # 1.8x → 2.7x at bf16 bs=64; 0.064 s of samples a step at 1,000 samples/s: 12 s of
     # compiling is paid back after 12 / (0.064/1.8 - 0.064/2.7) = 1,013 steps.
@@ -1046,12 +1049,12 @@ def test_a_config_at_a_kept_lr_says_so_in_the_report_as_in_the_summary(
     out.mkdir()
     cfg = validated_config()
     write_config(out / "best.json", cfg.model_copy(update={"learning_rate": 0.025}))
-    html = render_html(collect(handmade.study, out_dir=out, storage=handmade.storage))
+    html = render_html(collect(StudyStore(handmade.study), out_dir=out, storage=handmade.storage))
     text = html.replace("&#x27;", "'")
     assert "linear scaling with the batch size (the winner's lr 0.025 is kept below the rule's " \
         "0.05, which blew up at this batch)" in text  # fmt: skip
     write_config(out / "best.json", cfg)  # lr 0.4, above the rule's: nothing to say
-    html = render_html(collect(handmade.study, out_dir=out, storage=handmade.storage))
+    html = render_html(collect(StudyStore(handmade.study), out_dir=out, storage=handmade.storage))
     assert "is kept below the rule" not in html
 
 
@@ -1065,12 +1068,12 @@ def test_a_search_beside_a_busy_neighbour_says_so_in_the_report_as_in_best_json(
     cfg = validated_config()
     busy = cfg.evidence.model_copy(update={"others_cores": 1.6})
     write_config(out / "best.json", cfg.model_copy(update={"evidence": busy}))
-    data = collect(handmade.study, out_dir=out, storage=handmade.storage)
+    data = collect(StudyStore(handmade.study), out_dir=out, storage=handmade.storage)
     line = "other processes kept 1.6 cores busy while the search measured"
     assert line in render_html(data) and line in render_text(data)
     quiet = cfg.evidence.model_copy(update={"others_cores": 0.3})
     write_config(out / "best.json", cfg.model_copy(update={"evidence": quiet}))
-    data = collect(handmade.study, out_dir=out, storage=handmade.storage)
+    data = collect(StudyStore(handmade.study), out_dir=out, storage=handmade.storage)
     assert "cores busy" not in render_html(data) and "cores busy" not in render_text(data)
 
 
@@ -1083,7 +1086,7 @@ def test_a_fallback_says_why_in_the_text_report_as_in_best_json(handmade: Simple
     why = "no candidate's validated lower bound cleared 1.05x (bf16 bs=64 lr×1: 4 pairs)"
     fell = cfg.evidence.model_copy(update={"validated": False, "validation_note": why})
     write_config(out / "best.json", cfg.model_copy(update={"evidence": fell}))
-    text = render_text(collect(handmade.study, out_dir=out, storage=handmade.storage))
+    text = render_text(collect(StudyStore(handmade.study), out_dir=out, storage=handmade.storage))
     assert "NOT validated: fp32 fallback" in text and f"why: {why}" in text
 
 

@@ -64,9 +64,9 @@ def test_end_to_end_search_writes_a_config_that_loads_and_keeps_its_budget(tmp_p
     assert ref is not None and (ref.precision, ref.batch_size) == ("fp32", 32)
     assert ref.finite_losses and ref.measurements
     assert all(t.params.get("precision") != "fp32" or t.user_attrs.get("role") is None
-               for t in result.study.trials)  # fmt: skip
+               for t in result.store.trials())  # fmt: skip
     # The plain AMP recipe is the first fp16 trial (enqueued, whether or not it ran).
-    amp = role_trials(result.study.trials)["amp_recipe"]
+    amp = role_trials(result.store.trials())["amp_recipe"]
     assert amp.system_attrs["fixed_params"] == {
         "precision": "fp16",
         "batch_size": 32,
@@ -84,7 +84,7 @@ def test_end_to_end_search_writes_a_config_that_loads_and_keeps_its_budget(tmp_p
     # tf32 is cut on CPU, with the reason recorded in the config.
     assert "tf32" in ev.cut and "CUDA" in ev.cut["tf32"]
     # Nothing written to storage is NaN; nothing is left RUNNING.
-    for t in result.study.trials:
+    for t in result.store.trials():
         assert t.value is None or t.value == t.value
         assert t.state != TrialState.RUNNING
 
@@ -104,11 +104,13 @@ def test_fp16_overflow_trials_are_pruned_with_the_reason_and_fp32_islands_tried(
     runner = InProcessRunner("cpu")
     for _ in range(3):
         result = run_search(spec, out_dir=tmp_path / "out", runner=runner)
-        if any(t.params.get("fp32_islands") and t.state.is_finished() for t in result.study.trials):
+        if any(
+            t.params.get("fp32_islands") and t.state.is_finished() for t in result.store.trials()
+        ):
             break
         # Too busy to reach the islands trial within the search phase: run the same command
         # again, as a user would; the study resumes with it waiting first.
-    amp = role_trials(result.study.trials)["amp_recipe"]
+    amp = role_trials(result.store.trials())["amp_recipe"]
     assert amp.state == TrialState.PRUNED
     assert amp.user_attrs["outcome"] == "diverged"
     assert "loss=nan at step 0" in amp.user_attrs["reason"]
@@ -123,8 +125,8 @@ def test_fp16_overflow_trials_are_pruned_with_the_reason_and_fp32_islands_tried(
     # its own, measured and parity-checked like any other: it trains where plain fp16 did not.
     assert diagnosis["fp32_modules"] == ["amplify"]
     assert diagnosis["islands"] == "tried: fp16 with amplify kept in fp32"
-    islands = role_trials(result.study.trials)["fp32_islands"]
-    diagnosed = next(t for t in result.study.trials if t.number == diagnosis["trial"])
+    islands = role_trials(result.store.trials())["fp32_islands"]
+    diagnosed = next(t for t in result.store.trials() if t.number == diagnosis["trial"])
     assert islands.params == {**diagnosed.params, "fp32_islands": "diagnosed"}
     assert islands.user_attrs["fp32_modules"] == ["amplify"]
     assert islands.user_attrs["outcome"] in ("completed", "slower"), islands.user_attrs["reason"]

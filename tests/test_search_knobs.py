@@ -110,7 +110,7 @@ def _storage(tmp: Path) -> str:
 
 def _finished(result: Any) -> bool:
     """The trials these tests read: a compile failure, and each knob measured both ways."""
-    done = [t for t in result.study.trials if t.state.is_finished()]
+    done = [t for t in result.store.trials() if t.state.is_finished()]
     return any(t.user_attrs.get("outcome") == "compile_failed" for t in done) and {
         g.knob for g in knob_gains(done) if g.without is not None
     } == {"compile", "channels_last"}
@@ -146,7 +146,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_compile_and_channels_last_are_searched_and_recorded(searched: Any) -> None:
     # What ran (a trial queued and never run holds no parameters).
-    trials = [t for t in searched.study.trials if t.state.is_finished() and t.params]
+    trials = [t for t in searched.store.trials() if t.state.is_finished() and t.params]
     compiled = [t for t in trials if t.params.get("compile")]
     assert compiled and any(not t.params.get("compile") for t in trials)
     assert {t.params.get("channels_last") for t in trials} == {False, True}
@@ -185,7 +185,7 @@ def test_the_config_records_the_knobs_and_what_compiling_costs(searched: Any) ->
 
 
 def test_the_gain_of_each_knob_is_measured_at_the_same_point(searched: Any) -> None:
-    gains = {g.knob: g for g in knob_gains(searched.study.trials)}
+    gains = {g.knob: g for g in knob_gains(searched.store.trials())}
     assert set(gains) == {"compile", "channels_last"}
     assert gains["compile"].gain == pytest.approx(0.5)
     # The best channels_last trial is compiled; without channels_last it failed to compile.
@@ -211,7 +211,7 @@ def test_a_spec_without_the_knobs_asks_for_no_knob_parameter(tmp_path: Path) -> 
         probe={"warmup_steps": 1, "steps": 4, "time_limit": "5s"},
     )
     result = run_search(spec, out_dir=tmp_path / "out", runner=KnownRunner("cpu"))
-    params = {k for t in result.study.trials for k in t.params}
+    params = {k for t in result.store.trials() for k in t.params}
     assert params == {"precision", "batch_size", "lr_multiplier"}
     assert not result.config.compile and result.config.fp32_modules == []
     # The workload's own memory format, as before the knob existed.

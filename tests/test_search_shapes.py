@@ -208,7 +208,7 @@ def test_a_ceiling_not_measured_for_lack_of_time_is_not_shown_as_a_limit() -> No
     to run)."""
     small = landscape(memory_total_bytes=4 * GiB)
     run = simulate(spec("22s", space={"precisions": ["bf16"]}), small, seed=0)
-    above = [t for t in run.study.trials if t.user_attrs.get("outcome") == "above_ceiling"]
+    above = [t for t in run.store.trials() if t.user_attrs.get("outcome") == "above_ceiling"]
     assert above
     assert all("not measured" in t.user_attrs["reason"] for t in above)
 
@@ -240,7 +240,7 @@ def test_a_memory_margin_held_by_neighbours_stores_no_ceiling(
     run = simulate(spec("3m"), landscape(), seed=0)
     assert tries  # the ceiling phase ran its tries
     stored = ceilings_key("", "").split(":")[0], ceilings_key("", "", limits=True).split(":")[0]
-    assert not [k for k in run.study.user_attrs if k.startswith(stored)]
+    assert not [k for k in run.store.study.user_attrs if k.startswith(stored)]
     cfg = run.config
     assert cfg.evidence.validated, cfg.evidence.validation_note
     assert cfg.batch_size == 64 and cfg.precision != "fp32"
@@ -304,7 +304,7 @@ def test_a_short_budget_with_slow_builds_starts_no_probe_it_cannot_measure() -> 
     0.01x, and left too little for bf16's pair: every seed fell back to fp32, 7 s unspent)."""
     for run in validated_on_every_seed(spec("24s"), slow_builds(), 3):
         assert run.config.precision in ("bf16", "fp16")
-        for t in run.study.trials:
+        for t in run.store.trials():
             steps = t.user_attrs.get("timed_steps")
             assert steps is None or steps > 1, (t.number, t.params, steps)
 
@@ -328,7 +328,7 @@ def test_without_bf16_the_amp_recipe_is_validated_on_a_short_budget() -> None:
     fp16_only = spec("35s", space={"precisions": ["fp32", "fp16"]})
     for run in validated_on_every_seed(fp16_only, slow_builds(start=5.0), 4):
         assert run.config.precision == "fp16"
-        fp16_tries = [t for t in run.study.trials if t.params.get("precision") == "fp16"]
+        fp16_tries = [t for t in run.store.trials() if t.params.get("precision") == "fp16"]
         assert fp16_tries and fp16_tries[0].user_attrs.get("timed_steps", 0) >= 497 - 3
 
 
@@ -344,7 +344,7 @@ def test_on_a_cpu_whose_fp16_is_far_slower_the_amp_recipe_takes_no_more_than_a_t
          "space": {"precisions": ["fp32", "fp16"]}}
     )  # fmt: skip
     run = simulate(fp16_only, land, seed=0)
-    amp = next(t for t in run.study.trials if t.params.get("precision") == "fp16")
+    amp = next(t for t in run.store.trials() if t.params.get("precision") == "fp16")
     assert amp.user_attrs["probe_seconds"] <= 0.1 * 180 + 1.0
     assert run.seconds <= 180.0
 
@@ -471,7 +471,7 @@ def test_a_cpus_fp16_whose_steps_take_seconds_stops_inside_its_time_limit() -> N
     fp16 = land.modes["fp16"].model_copy(update={"throughput": {16: 9.3}})
     land = land.model_copy(update={"modes": {**land.modes, "fp16": fp16}})
     run = simulate(parse_spec({"name": "c", "workload": land.workload, "budget": "3m"}), land)
-    fp16 = [t for t in run.study.trials if t.params.get("precision") == "fp16"]
+    fp16 = [t for t in run.store.trials() if t.params.get("precision") == "fp16"]
     assert fp16, "the search tried no fp16"
     for t in fp16:
         reason = t.user_attrs.get("reason", "")
@@ -557,7 +557,7 @@ def test_a_larger_batch_whose_rule_lr_blows_up_is_tried_at_the_lr_that_trained(
         stored = run_search(
             spec("45s", storage=storage), out_dir=tmp_path, runner=runner, budget=Budget(45.0)
         )
-    assert stored.study.best_trial.params["lr_multiplier"] == pytest.approx(0.5)
+    assert stored.store.study.best_trial.params["lr_multiplier"] == pytest.approx(0.5)
     for run in (stored, simulate(spec("1m"), land, seed=1)):
         cfg = run.config
         assert cfg is not None
@@ -590,7 +590,7 @@ def test_the_batch_between_a_leader_that_validation_refuses_and_the_one_below_is
         }
     )
     run = simulate(spec, land, seed=0)
-    tried = {(t.params.get("precision"), t.params.get("batch_size")) for t in run.study.trials}
+    tried = {(t.params.get("precision"), t.params.get("batch_size")) for t in run.store.trials()}
     assert ("fp16", 512) in tried
     cfg = run.config
     assert (cfg.precision, cfg.batch_size) == ("fp16", 512), cfg.evidence.rejected
@@ -659,7 +659,7 @@ def test_an_lr_at_or_above_one_that_blew_up_is_not_run_again() -> None:
     pruned without a run, saying which trial blew up."""
     land = landscape(schema_version=2, **{"parity.diverge_lr_above": 1.5})
     run = simulate(spec("3m"), land, seed=0)
-    trials = sorted(run.study.trials, key=lambda t: t.number)
+    trials = sorted(run.store.trials(), key=lambda t: t.number)
     blown: dict[str, float] = {}
     skipped = 0
     for t in trials:
@@ -698,7 +698,7 @@ def test_a_budget_too_short_for_a_reference_a_trial_and_a_pair_validates_the_saf
         cfg = run.config
         assert (cfg.precision, cfg.batch_size) == (safe, 64)
         assert cfg.evidence.paired_blocks >= 6
-        first = run.study.trials[0]
+        first = run.store.study.trials[0]
         assert first.params["precision"] == safe and first.state == TrialState.COMPLETE
 
 

@@ -69,7 +69,7 @@ def test_the_same_seed_gives_the_same_search_and_another_seed_another() -> None:
 
     def once(seed: int) -> tuple[list[dict], str]:
         run = simulate(spec("90s"), land, seed=seed)
-        params = [t.params for t in run.study.trials]
+        params = [t.params for t in run.store.trials()]
         return params, run.config.model_dump_json(exclude={"created_at"})
 
     assert once(3) == once(3)
@@ -101,9 +101,9 @@ def test_a_budget_already_mostly_spent_leaves_time_for_the_essentials(tmp_path: 
         spent = budget.elapsed()
     assert result.config is not None and (tmp_path / "best.json").is_file()
     # What it queued and had no time to run is failed as not run (nothing is left WAITING).
-    finished = [t for t in result.study.trials if t.state.is_finished()]
+    finished = [t for t in result.store.trials() if t.state.is_finished()]
     assert all(t.user_attrs.get("outcome") == "not_run" for t in finished)
-    assert not result.study.get_trials(states=(TrialState.WAITING,))
+    assert not result.store.study.get_trials(states=(TrialState.WAITING,))
     # The reference's floor is all that may overrun (the ceilings leave room for it, and a
     # reference with no time left after it is not confirmed).
     assert spent <= 30.0 + 3.0
@@ -112,10 +112,12 @@ def test_a_budget_already_mostly_spent_leaves_time_for_the_essentials(tmp_path: 
 def test_a_space_of_one_point_ends_with_its_result_long_before_its_budget() -> None:
     run = simulate(spec("1h", space={"precisions": ["fp32"], "batch_sizes": [64]}), landscape())
     assert (run.config.precision, run.config.batch_size) == ("fp32", 64)
-    assert len(run.study.trials) <= EXHAUSTED + 2
+    assert len(run.store.trials()) <= EXHAUSTED + 2
     assert run.seconds < 120.0
-    reused = outcomes(run.study)
-    assert sum(t.user_attrs.get("duplicate_of") is not None for t in run.study.trials) >= EXHAUSTED
+    reused = outcomes(run.store.study)
+    assert (
+        sum(t.user_attrs.get("duplicate_of") is not None for t in run.store.trials()) >= EXHAUSTED
+    )
     assert reused
 
 
@@ -126,22 +128,22 @@ def test_a_learning_rate_past_the_stable_one_diverges_and_never_becomes_the_conf
     land = landscape(**{"parity.diverge_lr_multiplier": 2.0})
     space = {"precisions": ["fp32", "bf16"], "batch_sizes": [64], "lr_multipliers": [1.0, 4.0, 8.0]}
     run = simulate(spec("3m", space=space), land)
-    diverged = outcomes(run.study).get("diverged", [])
+    diverged = outcomes(run.store.study).get("diverged", [])
     assert {t.params["lr_multiplier"] for t in diverged} == {4.0, 8.0}
     assert all(t.state == TrialState.PRUNED for t in diverged)
     assert all("loss=inf at step 3" in t.user_attrs["reason"] for t in diverged)
     assert run.config.learning_rate == pytest.approx(0.1)  # the rule's lr at the base batch
-    assert not run.study.get_trials(states=(TrialState.FAIL,))
+    assert not run.store.study.get_trials(states=(TrialState.FAIL,))
 
 
 def test_the_batch_ceiling_is_where_memory_runs_out_with_the_margin() -> None:
     """fp32 needs 300 MiB + 20 MiB a sample; with 10% of 16 GiB kept free and the CUDA
     context's 2% taken, 14,418 MiB may be used: 704 fits, 712 does not (the search steps by 8)."""
     run = simulate(spec("3m", space={"batch_size": {"min": 16, "max": 2048}}), landscape())
-    ceilings = next(v for k, v in run.study.user_attrs.items() if k.startswith("ceilings:"))
+    ceilings = next(v for k, v in run.store.study.user_attrs.items() if k.startswith("ceilings:"))
     assert ceilings["fp32"] == 704
     # The search never ran a batch above its mode's ceiling.
-    for t in run.study.trials:
+    for t in run.store.trials():
         bs, mode = t.params.get("batch_size"), t.params.get("precision")
         if bs and mode in ceilings and bs > ceilings[mode]:
             assert t.state == TrialState.PRUNED
@@ -154,7 +156,7 @@ def test_fp16_that_overflows_is_pruned_with_the_reason_and_another_mode_wins() -
     # Without the islands the diagnosis would name (tests/test_sim_schema.py tries them).
     space = {"precisions": ["fp32", "fp16", "bf16"], "fp32_islands": False}
     run = simulate(spec("3m", space=space), land)
-    fp16 = [t for t in run.study.trials if t.params.get("precision") == "fp16"]
+    fp16 = [t for t in run.store.trials() if t.params.get("precision") == "fp16"]
     assert fp16 and all(t.state == TrialState.PRUNED for t in fp16)
     assert all(
         t.user_attrs["outcome"] == "diverged" for t in fp16 if not t.user_attrs.get("duplicate_of")
@@ -180,7 +182,7 @@ def test_unsupported_modes_are_cut_with_the_devices_reason() -> None:
     land = landscape(unsupported={"bf16": "bf16 needs compute capability 8.0; this GPU has 7.5"})
     run = simulate(spec("2m", space={"precisions": ["fp32", "fp16", "bf16"]}), land)
     assert "capability" in run.config.evidence.cut["bf16"]
-    assert "bf16" not in {t.params.get("precision") for t in run.study.trials}
+    assert "bf16" not in {t.params.get("precision") for t in run.store.trials()}
 
 
 # ---- a study over more than one run -------------------------------------------------------------
@@ -218,10 +220,10 @@ def test_a_stopped_search_resumes_with_nothing_lost(tmp_path: Path) -> None:
     }
     assert len(before) >= 4
     result = _search(storage, SimulatedRunner(land, seed=1), "90s")
-    after = {t.number: (t.state, t.value, t.params) for t in result.study.trials}
+    after = {t.number: (t.state, t.value, t.params) for t in result.store.trials()}
     assert {n: after[n] for n in before} == before
-    assert not result.study.get_trials(states=(TrialState.RUNNING,))
-    roles = [t.user_attrs.get("role") for t in result.study.trials]
+    assert not result.store.study.get_trials(states=(TrialState.RUNNING,))
+    roles = [t.user_attrs.get("role") for t in result.store.trials()]
     assert roles.count("amp_recipe") == 1
     assert result.reference is not None and len(result.reference.measurements) >= 2
     assert result.config is not None
@@ -263,7 +265,7 @@ def test_a_trial_failed_as_stale_by_another_worker_mid_run_does_not_end_the_sear
     result = _search(storage, runner, "60s")
     assert runner.marked == 1
     assert result.config is not None
-    assert not result.study.get_trials(states=(TrialState.RUNNING,))
+    assert not result.store.study.get_trials(states=(TrialState.RUNNING,))
 
 
 # ---- landscapes as data, and the command ------------------------------------------------------
@@ -365,11 +367,11 @@ def test_a_trial_a_refused_write_left_running_is_failed_with_its_reason(tmp_path
     runner = _RefusedWrite(landscape(), storage)
     result = _search(storage, runner, "60s")
     assert runner.orphan is not None
-    orphan = result.study.trials[runner.orphan]
+    orphan = result.store.study.trials[runner.orphan]
     assert orphan.state == TrialState.FAIL
     assert orphan.user_attrs["outcome"] == "stale"
     assert "storage refused" in orphan.user_attrs["reason"]
-    assert not result.study.get_trials(states=(TrialState.RUNNING,))
+    assert not result.store.study.get_trials(states=(TrialState.RUNNING,))
 
 
 def test_a_build_that_hangs_overruns_a_short_budget_by_seconds_not_by_the_grace() -> None:
@@ -457,7 +459,7 @@ def test_on_a_cpu_fp32_vouches_for_the_autocast_modes_memory_where_half_of_it_is
         assert tries["fp16"] == [], tries
         tried = [tries["fp32"], tries["bf16"]]
         assert all(sizes[0] == 32 and sizes[-1] == 256 and len(sizes) > 1 for sizes in tried)
-    attrs = result.study.user_attrs
+    attrs = result.store.study.user_attrs
     ceilings = next(v for k, v in attrs.items() if k.startswith("ceilings:"))
     assert ceilings == {"fp32": 256, "fp16": 256, "bf16": 256}
 
@@ -470,7 +472,7 @@ def test_a_short_budget_takes_the_cap_fp32_vouched_for_though_the_ceiling_phase_
     land = landscape()
     space = {"batch_size": {"min": 16, "max": 256}}
     run = simulate(spec("30s", space=space), land, seed=0)
-    attrs = run.study.user_attrs
+    attrs = run.store.study.user_attrs
     ceilings = next(v for k, v in attrs.items() if k.startswith("ceilings:"))
     assert ceilings == {"fp32": 256, "fp16": 256, "bf16": 256}
     assert run.seconds <= 30.0
@@ -489,7 +491,7 @@ def test_a_larger_batch_that_only_lags_early_is_validated_and_one_that_stays_beh
     def search(**parity: float) -> tuple[Any, Any]:
         land = landscape(parity={**parity}, **{"loss.seed_spread": 0.003})
         run = simulate(spec("2m", space=space), land, seed=1)
-        (probed,) = [t for t in run.study.trials if t.params.get("batch_size") == 128][:1]
+        (probed,) = [t for t in run.store.trials() if t.params.get("batch_size") == 128][:1]
         return run.config, probed
 
     # 25% behind per unit of batch ratio, fading over 150 steps: the probe sees ~10%.

@@ -276,7 +276,7 @@ def test_the_simulated_diagnosis_names_the_islands_and_the_search_tries_them() -
         }
     )
     run = simulate(spec, land, seed=1)
-    tried = [t for t in run.study.trials if t.user_attrs.get("fp32_modules")]
+    tried = [t for t in run.store.trials() if t.user_attrs.get("fp32_modules")]
     assert tried and tried[0].user_attrs["fp32_modules"] == ["layer4.1.conv2", "fc"]
     assert any(t.user_attrs.get("outcome") != "diverged" for t in tried)
 

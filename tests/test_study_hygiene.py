@@ -35,7 +35,7 @@ def search(storage: str, out: Path, budget: str) -> optuna.Study:
     )
     runner = SimulatedRunner(landscape(WORKLOAD, **{"facts.base_batch_size": 32}))
     with clock.use(runner.clock):
-        return run_search(spec, out_dir=out, runner=runner, budget=Budget(spec.budget)).study
+        return run_search(spec, out_dir=out, runner=runner, budget=Budget(spec.budget)).store.study
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -12,6 +12,9 @@ from rich.table import Table
 from autotune.cli._app import DEFAULT_STORAGE, app, console, err_console, fail, setup_logging
 from autotune.diagnose import DEFAULT_STEPS
 from autotune.errors import AutotuneError, SpecError, StorageError
+
+if TYPE_CHECKING:
+    from autotune.study.store import StudyStore
 
 SHOWN_LAYERS = 10
 
@@ -112,21 +115,20 @@ def diagnose(  # noqa: PLR0913 - a typer command: its parameters are its command
 def _resolve(target: str, storage: str, precision: str) -> tuple[str, Any, str]:
     """A workload reference or a study name → (workload reference, trial or None, a note)."""
     from autotune.diagnose import worst_diverged_trial
-    from autotune.study.store import StudyStore
     from autotune.study.trials import record
     from autotune.workloads import BUILTINS, normalize_reference
 
     ref = normalize_reference(target)
     if ":" in ref:
         return ref, None, ""
-    study = _load_study(target, storage)
-    reference = StudyStore(study).workload()
+    store = _load_store(target, storage)
+    reference = store.workload()
     if not reference:
         raise StorageError(
             f"study {target!r} has no stored workload (user attr 'workload'); diagnose its workload "
             f"directly, e.g. autotune diagnose {next(iter(BUILTINS))}"
         )
-    trial = worst_diverged_trial(study.trials, precision)
+    trial = worst_diverged_trial(store.trials(), precision)
     if trial is None:
         return (
             reference,
@@ -147,8 +149,9 @@ def _resolve(target: str, storage: str, precision: str) -> tuple[str, Any, str]:
     )
 
 
-def _load_study(name: str, storage: str) -> Any:
+def _load_store(name: str, storage: str) -> StudyStore:
     from autotune.study.storage import mask_url, open_storage, stored_study, study_names
+    from autotune.study.store import StudyStore
     from autotune.workloads import BUILTINS
 
     what = (
@@ -164,7 +167,7 @@ def _load_study(name: str, storage: str) -> Any:
         names = study_names(opened)
         known = f"studies there: {', '.join(names[:8])}" if names else "it holds no study"
         raise SpecError(f"{what} ({known}); check the name, or pass --storage")
-    return study
+    return StudyStore(study)
 
 
 def _fmt(x: float | None) -> str:

@@ -75,7 +75,7 @@ def worker(
         return
     from autotune.study.trials import record
 
-    mine = [t for t in result.study.trials if record(t).worker == _me()]
+    mine = [t for t in result.store.trials() if record(t).worker == _me()]
     console.print(
         f"worker {_me()}: ran {len(mine)} trials of study {spec.name!r}; "
         + (

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import optuna
-
 from autotune.infra.files import make_dirs, write_text
 from autotune.report._data import DEFAULT_STORAGE, ReportData, collect, load_study
 from autotune.report._format import (
@@ -21,6 +19,7 @@ from autotune.report._html import render_html
 from autotune.report._knob_gains import KnobGain, knob_gains, knob_lines
 from autotune.report._summary import print_summary
 from autotune.report._text import render_text
+from autotune.study.store import StudyStore
 
 __all__ = [
     "DEFAULT_STORAGE",
@@ -44,7 +43,7 @@ __all__ = [
 
 
 def write_report(
-    study: str | optuna.Study,
+    study: str | StudyStore,
     *,
     storage: str = DEFAULT_STORAGE,
     out_dir: str | Path | None = None,
@@ -52,7 +51,7 @@ def write_report(
     """Write ``report.html`` for a study; returns its path.
 
     Args:
-        study: a study name (opened from ``storage``) or an open study.
+        study: a study name (opened from ``storage``) or an open study's store.
         storage: the Optuna storage URL; the spec's default SQLite file when omitted.
         out_dir: the folder for ``report.html`` (and where ``best.json`` is looked for first);
             ``studies/<name>/`` by default.
@@ -71,7 +70,7 @@ def write_report(
     """
     if isinstance(study, str):
         study = load_study(study, storage)
-    out = Path(out_dir) if out_dir is not None else Path("studies") / study.study_name
+    out = Path(out_dir) if out_dir is not None else Path("studies") / study.name
     data = collect(study, out_dir=out, storage=storage)
     # The owner's only, unless AUTOTUNE_UMASK says otherwise (autotune.infra.files).
     make_dirs(out)

@@ -10,7 +10,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import ConfigError, StorageError
@@ -159,7 +158,7 @@ def measured_interval(m: ReferenceMeasurement) -> tuple[float | None, float | No
     return (m.low, m.high) if m.blocks > 0 else (None, None)
 
 
-def load_study(name: str, storage: str = DEFAULT_STORAGE) -> optuna.Study:
+def load_study(name: str, storage: str = DEFAULT_STORAGE) -> StudyStore:
     """Open a finished (or running) study by name, read-only in spirit.
 
     Raises:
@@ -182,7 +181,7 @@ def load_study(name: str, storage: str = DEFAULT_STORAGE) -> optuna.Study:
             f"study {name!r} is not in storage {mask_url(storage)!r}; known studies: {known}. "
             "Pass one of those names, or --storage with the URL the search used"
         )
-    return study
+    return StudyStore(study)
 
 
 def _pick(where: list[tuple[str, str]], device: str) -> tuple[str, str] | None:
@@ -263,17 +262,16 @@ def _pick_reference(data: ReportData, store: StudyStore, roles: dict[str, Frozen
 
 
 def _find_config(
-    study: optuna.Study, out_dir: Path | None, notes: list[str]
+    store: StudyStore, out_dir: Path | None, notes: list[str]
 ) -> tuple[TunedConfig | None, Path | None]:
     """The study's best.json: in ``out_dir``, where the search recorded it, or the default
     folder; else the copy stored in the study."""
     places: list[Path] = []
     if out_dir is not None:
         places.append(out_dir / "best.json")
-    store = StudyStore(study)
     if (recorded := store.best_config_path()) is not None:
         places.append(recorded)
-    places.append(Path("studies") / study.study_name / "best.json")
+    places.append(Path("studies") / store.name / "best.json")
     for path in dict.fromkeys(places):
         if not path.is_file():
             continue
@@ -282,7 +280,7 @@ def _find_config(
         except ConfigError as exc:
             notes.append(f"{path} could not be read: {exc}")
             continue
-        if cfg.study != study.study_name:
+        if cfg.study != store.name:
             notes.append(f"{path} belongs to study {cfg.study!r}, not this one; not used")
             continue
         return cfg, path
@@ -344,7 +342,7 @@ _OBJECTIVE_WORDS = {
 }
 
 
-def _importances(study: optuna.Study, data: ReportData) -> tuple[dict | None, str]:
+def _importances(store: StudyStore, data: ReportData) -> tuple[dict | None, str]:
     done = [t for t in data.trials if t.state == TrialState.COMPLETE]
     if len(done) < 2:
         return None, (
@@ -354,7 +352,7 @@ def _importances(study: optuna.Study, data: ReportData) -> tuple[dict | None, st
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            values = optuna.importance.get_param_importances(study)
+            values = store.importances()
     # Importance is an optional view: whatever the estimator trips over (too few distinct
     # values, a parameter in too few trials), the rest of the report still renders.
     except Exception as exc:
@@ -370,32 +368,31 @@ def _importances(study: optuna.Study, data: ReportData) -> tuple[dict | None, st
         )
     if len(done) < 20:
         note += "; with this few trials, read it as a hint"
-    return {k: float(v) for k, v in values.items()}, note
+    return values, note
 
 
 def collect(
-    study: optuna.Study, *, out_dir: str | Path | None = None, storage: str = ""
+    store: StudyStore, *, out_dir: str | Path | None = None, storage: str = ""
 ) -> ReportData:
     """Gather what the report shows from a study and its ``best.json``.
 
     Args:
-        study: the Optuna study a search wrote.
+        store: the study a search wrote (:func:`load_study` opens one by name).
         out_dir: where to look for ``best.json`` first (the search's ``--out``).
         storage: the storage URL, shown in the report with any password hidden.
 
     Returns:
         The ReportData; missing pieces (no config yet, no importances) come with notes.
     """
-    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
-    store = StudyStore(study)
+    trials = sorted(store.trials(), key=lambda t: t.number)
     spec = dict(store.spec() or {})
     if "storage" in spec:  # a study stored by an older version may hold the password
         spec["storage"] = mask_url(str(spec["storage"]))
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    maximize = store.maximize
     records = {t.number: record(t) for t in trials}
     crowned = {n for n, rec in records.items() if rec.tuned_config}
     data = ReportData(
-        name=study.study_name,
+        name=store.name,
         storage=mask_url(storage),
         spec=spec,
         trials=[t for t in trials if t.number not in crowned],
@@ -405,11 +402,11 @@ def collect(
     data.records = records
     data.ceilings, data.ceiling_device = _pick_ceilings(data, store, str(spec.get("device", "")))
     data.config, data.config_path = _find_config(
-        study, Path(out_dir) if out_dir is not None else None, data.notes
+        store, Path(out_dir) if out_dir is not None else None, data.notes
     )
     roles = role_trials(trials)
     _pick_reference(data, store, roles)
     data.amp_recipe = roles.get(Role.AMP_RECIPE)
     data.winner, data.winner_note = _winner(data)
-    data.importances, data.importance_note = _importances(study, data)
+    data.importances, data.importance_note = _importances(store, data)
     return data

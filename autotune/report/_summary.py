@@ -86,7 +86,7 @@ def _winner_params(result: Any) -> Mapping[str, Any] | None:
     selection = getattr(result, "selection", None)
     if selection is not None and selection.winner is not None:
         return selection.winner.trial.params
-    crowned = [t for t in result.study.get_trials(deepcopy=False) if record(t).tuned_config]
+    crowned = [t for t in result.store.trials() if record(t).tuned_config]
     return crowned[-1].params if crowned and crowned[-1].params else None
 
 
@@ -196,7 +196,7 @@ def summary_table(result: Any, width: int = 80) -> Table:
     Cells wrap between words, never inside one (``init_scale=65536`` stays whole); an outcome
     is a few words (a baseline's reason follows the table).
     """
-    amp = role_trials(result.study.get_trials(deepcopy=False)).get(Role.AMP_RECIPE)
+    amp = role_trials(result.store.trials()).get(Role.AMP_RECIPE)
     rows = [*_winner_rows(result), _reference_row(result.reference), _amp_row(amp)]
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1))
     for (head, _, _), w in zip(_COLUMNS, _widths(rows, width), strict=True):
@@ -230,7 +230,7 @@ def print_summary(result: Any, console: Console) -> None:
         highlight=False,
     )
     console.print(summary_table(result, console.width))
-    amp = role_trials(result.study.get_trials(deepcopy=False)).get(Role.AMP_RECIPE)
+    amp = role_trials(result.store.trials()).get(Role.AMP_RECIPE)
     if amp is not None and amp.state != TrialState.COMPLETE and record(amp).reason:
         outcome = display_outcome(amp) or amp.state.name.lower()
         line = f"plain AMP recipe: {outcome}: {record(amp).reason}"
@@ -255,7 +255,7 @@ def print_summary(result: Any, console: Console) -> None:
             highlight=False,
             markup=False,
         )
-    knobs = knob_lines(result.study.get_trials(deepcopy=False))
+    knobs = knob_lines(result.store.trials())
     if knobs:
         console.print("[bold]what each knob brought[/] (best with it, vs the same point without):")
         _items(console, knobs)

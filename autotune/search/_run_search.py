@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import optuna
 from loguru import logger
 from optuna.trial import TrialState
 
@@ -54,7 +53,7 @@ class SearchResult:
 
     config: TunedConfig | None
     path: Path | None
-    study: optuna.Study
+    store: StudyStore
     reference: ReferenceRecord | None
     baselines: dict[str, dict[str, Any]]
     rejected: list[Rejection]
@@ -286,7 +285,7 @@ def _write_up(store: StudyStore, outcome: PhasesDone, out: Path, budget: Budget)
     return SearchResult(
         config=config,
         path=path,
-        study=store.study,
+        store=store,
         reference=outcome.reference,
         baselines={Role.AMP_RECIPE: baseline(roles.get(Role.AMP_RECIPE))},
         rejected=outcome.rejected,

@@ -32,7 +32,6 @@ from autotune.search import (
 from autotune.service._device_monitor import DeviceMonitor
 from autotune.service._queue import QueueRow, StudyQueue
 from autotune.service._study_run import DeviceRunner, StudyRun, accepts, preemptor
-from autotune.study.crown import stored_config
 from autotune.study.storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, Storage, stored_study
 from autotune.study.store import StudyStore
 
@@ -308,7 +307,7 @@ class Scheduler:
             self.queue.finish(name, StudyState.FAILED, error=error)
             return
         self.queue.record_progress(name, run.budget.elapsed())
-        if result.config is None and stored_config(result.study) is None:
+        if result.config is None and result.store.config() is None:
             error = f"validation was claimed by {result.validated_by} and wrote no config"
             self.queue.finish(name, StudyState.FAILED, error=error)
             return

@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import optuna
 from optuna.trial import TrialState
 
 from autotune.execution.facts import WorkerFacts
@@ -22,6 +21,7 @@ from autotune.schema.spec import Candidate, StudySpec
 from autotune.search import Budget
 from autotune.service._queue import QueueRow
 from autotune.study.storage import Storage, stored_study
+from autotune.study.store import StudyStore
 from autotune.study.trials import record
 
 __all__ = ["DeviceRunner", "StudyRun", "accepts", "preemptor"]
@@ -79,7 +79,7 @@ class StudyRun:
     cancel: threading.Event = field(default_factory=threading.Event)
     # (precision, batch size, peak bytes) measured by ceiling tries: the memory a probe needs.
     peaks: list[tuple[str, int, int]] = field(default_factory=list)
-    study: optuna.Study | None = None
+    store: StudyStore | None = None
     # Budget spent when the current wait for the device began; None when not waiting.
     used_before_wait: float | None = None
     # Why the study is paused (the storage failed a write); None while it runs.
@@ -104,11 +104,11 @@ class StudyRun:
         """
         measured = list(self.peaks)
         try:
-            if self.study is None:
-                self.study = stored_study(storage, self.name)
-            study = self.study  # None: no study yet (the first ceiling try)
+            if self.store is None and (study := stored_study(storage, self.name)) is not None:
+                self.store = StudyStore(study)
+            store = self.store  # None: no study yet (the first ceiling try)
             complete = (TrialState.COMPLETE,)
-            for t in study.get_trials(deepcopy=False, states=complete) if study else []:
+            for t in store.trials(complete) if store else []:
                 peak = record(t).peak_memory_bytes
                 if peak and peak > 0 and "batch_size" in t.params:
                     measured.append(

@@ -7,8 +7,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import optuna
-
 from autotune.infra import clock
 from autotune.schema.config import TunedConfig
 from autotune.schema.enums import Phase
@@ -18,6 +16,7 @@ from autotune.sim._family import family
 from autotune.sim._landscape import LANDSCAPE_DIR, Landscape, load_landscape, shipped_landscapes
 from autotune.sim._simulated_runner import SimulatedRunner
 from autotune.study.storage import Storage, in_memory_storage
+from autotune.study.store import StudyStore
 
 __all__ = [
     "LANDSCAPE_DIR",
@@ -40,7 +39,7 @@ class SimulatedRun:
     """What a simulated search did."""
 
     config: TunedConfig | None
-    study: optuna.Study
+    store: StudyStore
     # Virtual seconds from the start to the config written, and before the first trial.
     seconds: float
     fixed_cost: float
@@ -104,7 +103,7 @@ def simulate(
         seconds = budget.elapsed()
     return SimulatedRun(
         config=result.config,
-        study=result.study,
+        store=result.store,
         seconds=seconds,
         fixed_cost=first_trial[0] if first_trial else seconds,
         runner=runner,

@@ -59,6 +59,11 @@ class StudyStore:
         self.study = study
 
     @property
+    def name(self) -> str:
+        """The study's name."""
+        return self.study.study_name
+
+    @property
     def maximize(self) -> bool:
         """Whether the study maximizes its objective (throughput); False when it minimizes."""
         return self.study.direction == optuna.study.StudyDirection.MAXIMIZE
@@ -73,6 +78,12 @@ class StudyStore:
         """The study's trials as stored now, not copied (read them, never change them); only
         those in ``states`` when given."""
         return self.study.get_trials(deepcopy=False, states=states)
+
+    def importances(self) -> dict[str, float]:
+        """How much each sampled parameter explains of the objective over the completed trials
+        (Optuna's default estimator); raises what the estimator raises on too few trials."""
+        values = optuna.importance.get_param_importances(self.study)
+        return {k: float(v) for k, v in values.items()}
 
     def ask(self) -> optuna.Trial:
         """Start the next trial: the first one queued, else one the sampler suggests."""
