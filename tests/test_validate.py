@@ -269,15 +269,7 @@ def test_a_pair_whose_reference_arm_is_cut_short_is_judged_against_the_longer_fi
     the candidate's gap is still hidden; the reference's first run saw 6,400, where it shows
     (+8%). The gap is read where the two curves overlap longest, and refused."""
     cand = Candidate(precision="bf16", batch_size=32, learning_rate=0.1)
-    cand_losses = [1.0] * 50 + [1.08] * 150
-    result = PairedResult(
-        candidate=probe(cand, 2000.0, cand_losses),
-        reference=probe(REF, 1000.0, [1.0] * 50),
-        speedup=2.0,
-        speedup_low=1.9,
-        speedup_high=2.1,
-        pairs=12,
-    )
+    result = _pair(cand, [1.0] * 50 + [1.08] * 150, [1.0] * 50)
     first = ReferenceRecord(batch_size=32, learning_rate=0.1, losses=[1.0] * 200)
     own_arm = with_gap(Rerun(trial(0, 2.0), result))
     assert own_arm.gap is not None and own_arm.gap[0] == pytest.approx(0.0)
@@ -286,17 +278,21 @@ def test_a_pair_whose_reference_arm_is_cut_short_is_judged_against_the_longer_fi
     assert select([longest], min_speedup=1.05, parity_tolerance=0.05).winner is None
 
 
-def _curves(t: FrozenTrial, cand_losses: list[float]) -> Rerun:
-    cand = Candidate(precision="bf16", batch_size=32, learning_rate=0.1)
-    result = PairedResult(
+def _pair(cand: Candidate, cand_losses: list[float], ref_losses: list[float]) -> PairedResult:
+    """A pair of twelve blocks at 2.0x (1.9-2.1) with these curves."""
+    return PairedResult(
         candidate=probe(cand, 2000.0, cand_losses),
-        reference=probe(REF, 1000.0, [1.0] * len(cand_losses)),
+        reference=probe(REF, 1000.0, ref_losses),
         speedup=2.0,
         speedup_low=1.9,
         speedup_high=2.1,
         pairs=12,
     )
-    return with_gap(Rerun(t, result))
+
+
+def _curves(t: FrozenTrial, cand_losses: list[float]) -> Rerun:
+    cand = Candidate(precision="bf16", batch_size=32, learning_rate=0.1)
+    return with_gap(Rerun(t, _pair(cand, cand_losses, [1.0] * len(cand_losses))))
 
 
 def test_a_gap_within_the_tolerance_that_still_grows_where_the_curves_end_is_rejected() -> None:
@@ -645,15 +641,7 @@ def _lagging(lasting: float, run_samples: int) -> Rerun:
     """bf16 at 4x the reference's batch over 25,600 samples: an early lag of 80% halving
     every 50 of its steps, over a lasting gap of ``lasting``; the real run ``run_samples``."""
     cand = Candidate(precision="bf16", batch_size=128, learning_rate=0.4)
-    losses = [1.0 + lasting + 0.8 * 0.5 ** (i / 50) for i in range(200)]
-    result = PairedResult(
-        candidate=probe(cand, 2000.0, losses),
-        reference=probe(REF, 1000.0, [1.0] * 800),
-        speedup=2.0,
-        speedup_low=1.9,
-        speedup_high=2.1,
-        pairs=12,
-    )
+    result = _pair(cand, [1.0 + lasting + 0.8 * 0.5 ** (i / 50) for i in range(200)], [1.0] * 800)
     return with_gap(Rerun(trial(0, 2.0, batch_size=128), result), run_samples=run_samples)
 
 
