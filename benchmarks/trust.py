@@ -26,7 +26,7 @@ a few), the noise a shared machine has.
 Goals: median |claimed/measured - 1| <= 10%; no false claims; the full run keeps parity; the fp32
 fallback only where no candidate beats fp32 by 5%; repeated searches agree.
 
-    python benchmarks/trust.py [--studies tiny,tiny-gpt] [--seeds 1,2,3] [--epochs 2]
+    python benchmarks/trust.py [--studies tiny,tiny-gpt | all] [--seeds 1,2,3] [--epochs 2]
         [--budget-scale 1.0] [--device auto] [--neighbour] [--unpaired] [--json out.json]
         [--markdown out.md] [--peers all|hf-bf16,pl-scale,...]
 
@@ -65,8 +65,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the _trust_peers hel
 import _trust_peers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# The studies it knows (``--studies all``: every one), by the spec each searches with: the
+# built-in workloads, a user's own workload function (the mypkg MLP) and the Lightning and
+# Hugging Face examples (the integrations extra).
+SPECS = {
+    "tiny": "studies/tiny.yaml",
+    "tiny-gpt": "studies/tiny-gpt.yaml",
+    "resnet18": "studies/resnet18.yaml",
+    "mypkg": "studies/mypkg.yaml",
+    "lightning": "examples/lightning/tune.yaml",
+    "hf": "examples/huggingface/tune.yaml",
+}
 # Per study: the budget a user would give a first search of it on a CPU.
-BUDGETS = {"tiny": 60.0, "tiny-gpt": 120.0, "resnet18": 180.0}
+BUDGETS = {"tiny": 60.0, "tiny-gpt": 120.0, "resnet18": 180.0, "lightning": 90.0, "hf": 90.0}
+# The examples import as ``examples.<name>``, the user's package as ``mypkg`` (its folder on the
+# path, as docs/own-model.md runs it).
+for _folder in (ROOT, ROOT / "examples"):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 # A fallback missed a real win when the candidate it passed over runs this much faster in full.
 REAL_WIN = 1.10
 
@@ -82,7 +98,7 @@ def _burn(on: float, off: float) -> None:
 
 
 def one_run(study: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    spec = load_spec(ROOT / "studies" / f"{study}.yaml").with_overrides(
+    spec = load_spec(ROOT / SPECS[study]).with_overrides(
         {
             "name": f"trust-{study}-{seed}",
             "seed": seed,
@@ -442,7 +458,7 @@ def _peer_lines(rows: list[dict[str, Any]], peers: dict[str, Any]) -> list[str]:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--studies", default="tiny,tiny-gpt")
+    parser.add_argument("--studies", default="tiny,tiny-gpt", help=f"of {', '.join(SPECS)}, or all")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--epochs", type=int, default=2)
@@ -457,7 +473,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    studies = list(SPECS) if args.studies == "all" else args.studies.split(",")
+    unknown = [name for name in studies if name not in SPECS]
+    if unknown:
+        parser.error(f"unknown study {', '.join(unknown)}; known: {', '.join(SPECS)}, or all")
+    args.studies = ",".join(studies)
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
