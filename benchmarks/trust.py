@@ -42,12 +42,15 @@ that kept parity, less 2%.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +81,29 @@ SPECS = {
 }
 # Per study: the budget a user would give a first search of it on a CPU.
 BUDGETS = {"tiny": 60.0, "tiny-gpt": 120.0, "resnet18": 180.0, "lightning": 90.0, "hf": 90.0}
-# The examples import as ``examples.<name>``, the user's package as ``mypkg`` (its folder on the
-# path, as docs/own-model.md runs it).
-for _folder in (ROOT, ROOT / "examples"):
-    if str(_folder) not in sys.path:
-        sys.path.insert(0, str(_folder))
+# Where each study's workload imports from: the examples as ``examples.<name>`` from the
+# repository's root, the user's package ``mypkg`` from its folder (as docs/own-model.md runs it;
+# not for the others: examples/lightning there would hide the lightning library).
+PATHS = {"mypkg": ROOT / "examples"}
 # A fallback missed a real win when the candidate it passed over runs this much faster in full.
 REAL_WIN = 1.10
+
+
+@contextlib.contextmanager
+def _importable(study: str) -> Iterator[None]:
+    """The study's workload importable here and in the probe worker its search starts."""
+    folder = str(PATHS.get(study, ROOT))
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, before) if p)
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def _burn(on: float, off: float) -> None:
@@ -495,7 +514,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             for study in args.studies.split(","):
                 for seed in (int(s) for s in args.seeds.split(",")):
-                    row = one_run(study, seed, args, Path(tmp))
+                    with _importable(study):
+                        row = one_run(study, seed, args, Path(tmp))
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     finally:

@@ -674,3 +674,22 @@ def test_a_gap_whose_fall_does_not_slow_is_not_projected() -> None:
     ends: not projected, whatever the run's length."""
     losses = [1.0 + 0.3 * (1 - i / 400) for i in range(200)]
     assert projected_gap(losses, 128, [1.0] * 800, 32, 10**7) is None
+
+
+def test_a_run_shorter_than_validations_curves_is_judged_where_it_ends() -> None:
+    """A larger batch whose early lag has faded by the end of the pair's 25,600 samples, but
+    not by 5,120: accepted for a long run, refused for a run of 5,120 samples, its gap read
+    there."""
+    cand = Candidate(precision="bf16", batch_size=128, learning_rate=0.4)
+    losses = [1.0 + 0.3 * 0.5 ** (i / 20) for i in range(200)]
+
+    def rerun(run_samples: int) -> Rerun:
+        pair = _pair(cand, losses, [1.0] * 800)
+        return with_gap(Rerun(trial(0, 2.0, batch_size=128), pair), run_samples=run_samples)
+
+    long_run = select([rerun(10**6)], min_speedup=1.05, parity_tolerance=0.05)
+    assert long_run.winner is not None
+    short = rerun(5_120)
+    assert short.gap_samples == 5_120 and short.gap is not None and short.gap[0] > 0.08
+    refused = select([short], min_speedup=1.05, parity_tolerance=0.05)
+    assert refused.winner is None and "over 5,120 samples seen" in refused.rejected[0].detail

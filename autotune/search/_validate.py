@@ -371,11 +371,26 @@ def with_gap(rerun: Rerun, reference: ReferenceRecord | None = None, run_samples
         rerun.gap_error = parity_gap_error(c.losses, c.batch_size, ref_losses, ref_batch)
         rerun.growth = parity_growth(c.losses, c.batch_size, ref_losses, ref_batch)
         rerun.run_samples = run_samples
-        if run_samples and c.batch_size > ref_batch:
+        if 0 < run_samples < rerun.gap_samples:
+            _at_run_end(rerun, (list(c.losses), c.batch_size), (ref_losses, ref_batch))
+        elif run_samples and c.batch_size > ref_batch:
             rerun.projected = projected_gap(
                 c.losses, c.batch_size, ref_losses, ref_batch, run_samples, z=UPPER
             )
     return rerun
+
+
+def _at_run_end(rerun: Rerun, cand: tuple[list[float], int], ref: tuple[list[float], int]) -> None:
+    """A real run shorter than the curves: its gap read where the run ends (a larger batch's
+    early lag still shows there) where that is the worse, with that horizon."""
+    samples = rerun.run_samples
+    mine = cand[0][: samples // cand[1]]
+    theirs = ref[0][: samples // ref[1]]
+    short = parity_gap(mine, cand[1], theirs, ref[1])
+    if short is not None and rerun.gap is not None and short[0] > rerun.gap[0]:
+        rerun.gap = short
+        rerun.gap_error = parity_gap_error(mine, cand[1], theirs, ref[1])
+        rerun.gap_samples = min(len(mine) * cand[1], len(theirs) * ref[1])
 
 
 def validation_reserve(
