@@ -47,8 +47,8 @@ def samples_seen(
     samples: int | None, run: int | None = None, projected: float | None = None
 ) -> str:
     """The horizon a parity verdict holds for, as the surfaces print it ("" where unknown): the
-    samples its gap was read at, and the real run's, with the gap projected to it where the
-    verdict rests on that projection.
+    samples its gap was read at, and the real run's (where longer), with the gap projected to
+    it where an early lag was projected.
 
     Example:
         >>> samples_seen(33280)
@@ -109,7 +109,12 @@ def _window_error(losses: Sequence[float], batch_size: int, samples: float) -> f
     total = sum(w)
     if not math.isfinite(total) and not all(math.isfinite(v) for v in w):
         return 0.0
-    mean = total / len(w)
+    return _step_error(w, total / len(w))
+
+
+def _step_error(w: Sequence[float], mean: float) -> float:
+    """The relative standard error of ``w``'s ``mean`` from its step-to-step noise: successive
+    differences, so a falling curve's trend is not read as noise (0 for a mean of 0)."""
     if mean == 0:
         return 0.0
     step_var = sum((b - a) ** 2 for a, b in zip(w, w[1:], strict=False)) / (2 * (len(w) - 1))
@@ -212,9 +217,8 @@ def _window_gap(
         if len(w) < 3 or not all(math.isfinite(v) for v in w):
             return None
         mean = sum(w) / len(w)
-        var = sum((b - a) ** 2 for a, b in zip(w, w[1:], strict=False)) / (2 * (len(w) - 1))
         means.append(mean)
-        errors.append(math.sqrt(var / len(w)) / max(abs(mean), 1e-12))
+        errors.append(_step_error(w, mean))
     ratio = means[0] / max(abs(means[1]), 1e-12)
     return ratio - 1, abs(ratio) * math.hypot(*errors)
 

@@ -411,8 +411,8 @@ class StudySpec(_Model):
     storage: str = "sqlite:///studies/autotune.db"
     # Seeds the sampler; probes derive theirs from it.
     seed: Seed = 0
-    # How long the real run trains: a larger batch's early lag still fading where validation's
-    # curves end is projected to it. None: parity is judged where the curves end.
+    # How long the real run trains: parity is read at its end where it is shorter than
+    # validation's curves, and projected to it where an early lag still fades. None: at their end.
     run: RunLength | None = None
 
     @field_validator("budget")

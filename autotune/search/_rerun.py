@@ -27,6 +27,7 @@ from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import candidate, record
 
 __all__ = [
+    "gapped",
     "least_seconds",
     "paired_rerun",
     "reference_arm",
@@ -53,7 +54,8 @@ def run_samples(ctx: SearchContext, reference: ReferenceRecord) -> int:
     return ctx.spec.run.samples_at(reference.batch_size) if ctx.spec.run is not None else 0
 
 
-def _gapped(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) -> Rerun:
+def gapped(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) -> Rerun:
+    """:func:`~autotune.search._validate.with_gap` for the spec's real run."""
     return with_gap(rerun, reference, run_samples(ctx, reference))
 
 
@@ -145,7 +147,7 @@ def paired_rerun(
         # for fp16's run alone, where the pair fell short of its horizon).
         ctx.found.opening = None
         wall = opening.candidate.wall_seconds
-        rerun = _gapped(ctx, reference, Rerun(trial, opening, share=wall, horizon=horizon))
+        rerun = gapped(ctx, reference, Rerun(trial, opening, share=wall, horizon=horizon))
         return _endure(ctx, reference, rerun, trial, share=share)
     started = ctx.budget.elapsed()
     seconds = compiling(trial)
@@ -196,7 +198,7 @@ def paired_rerun(
         return Rerun(trial, None, share=share, skipped=why, horizon=horizon)
     pace = (horizon if alone else 0, alone)
     paired = run_pair(ctx, trial, reference, pair_share, seconds, steps=steps, alone=pace)
-    rerun = _gapped(ctx, reference, Rerun(trial, paired, share=share, horizon=horizon))
+    rerun = gapped(ctx, reference, Rerun(trial, paired, share=share, horizon=horizon))
     return _endure(ctx, reference, rerun, trial, share=share - (ctx.budget.elapsed() - started))
 
 

@@ -4,7 +4,7 @@ lower bound that clears ``min_speedup``."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -372,7 +372,7 @@ def with_gap(rerun: Rerun, reference: ReferenceRecord | None = None, run_samples
         rerun.growth = parity_growth(c.losses, c.batch_size, ref_losses, ref_batch)
         rerun.run_samples = run_samples
         if 0 < run_samples < rerun.gap_samples:
-            _at_run_end(rerun, (list(c.losses), c.batch_size), (ref_losses, ref_batch))
+            _at_run_end(rerun, (c.losses, c.batch_size), (ref_losses, ref_batch))
         elif run_samples and c.batch_size > ref_batch:
             rerun.projected = projected_gap(
                 c.losses, c.batch_size, ref_losses, ref_batch, run_samples, z=UPPER
@@ -380,7 +380,9 @@ def with_gap(rerun: Rerun, reference: ReferenceRecord | None = None, run_samples
     return rerun
 
 
-def _at_run_end(rerun: Rerun, cand: tuple[list[float], int], ref: tuple[list[float], int]) -> None:
+def _at_run_end(
+    rerun: Rerun, cand: tuple[Sequence[float], int], ref: tuple[Sequence[float], int]
+) -> None:
     """A real run shorter than the curves: its gap read where the run ends, with that horizon,
     where it is clearly the worse (``UPPER`` standard errors of the two readings above the
     whole curves' gap: a larger batch's early lag that the run ends inside). Short of that the

@@ -16,12 +16,12 @@ from autotune.schema.enums import Outcome
 from autotune.search._budget import WRITE_RESERVE
 from autotune.search._context import SearchContext
 from autotune.search._rerun import (
+    gapped,
     least_seconds,
     paired_rerun,
     reference_arm,
     run_alone,
     run_pair,
-    run_samples,
     shared_samples,
     would_pass,
 )
@@ -37,7 +37,6 @@ from autotune.search._validate import (
     parity_bar,
     projected_within,
     select,
-    with_gap,
 )
 from autotune.search._validation_time import (
     LONGER,
@@ -329,10 +328,8 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
         trial.number,
         rerun.gap[0],
     )
-    other = with_gap(
-        Rerun(trial, run_pair(ctx, trial, reference, share, seconds, seed=2)),
-        reference,
-        run_samples(ctx, reference),
+    other = gapped(
+        ctx, reference, Rerun(trial, run_pair(ctx, trial, reference, share, seconds, seed=2))
     )
     if other.gap is None:
         return rerun
