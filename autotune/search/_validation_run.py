@@ -323,10 +323,12 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
     if share < least_seconds(ctx, trial):
         return rerun
     logger.info(
-        "validation of {}: {:+.1%} off parity, a verdict one seed's spread could turn: "
-        "pairing it again at another seed",
+        "validation of {}: loss parity {:+.1%} (upper bound {:+.1%}, bar {:.1%}), a verdict one "
+        "seed's spread could turn: pairing it again at another seed",
         trial.number,
         rerun.gap[0],
+        gap_bound(rerun, spread),
+        parity_bar(tol, noise),
     )
     other = gapped(
         ctx, reference, Rerun(trial, run_pair(ctx, trial, reference, share, seconds, seed=2))
