@@ -189,7 +189,7 @@ def test_the_summary_the_search_printed(finished: dict[str, Finished], kind: str
     study, cfg = finished[kind], finished[kind].record
     tells_the_story(study.summary, cfg)
     ev = cfg.evidence
-    winner = line_with(study.summary, "winner")
+    winner = line_with(study.summary, "winner   ")  # the table's row, not the note's words
     assert ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high) in winner
     assert ("validated over" if ev.validated else "NOT validated: fp32 fallback") in winner
     assert f"timing noise: {ev.noise:.1%}" in study.summary

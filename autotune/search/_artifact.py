@@ -140,8 +140,10 @@ def build_config(  # noqa: PLR0913 - what the phases found, each named at the on
                     winner.trial, cand, trials, winner.paired.candidate.compile_seconds
                 )
             )
+        # How the winner was validated, then what validation did not measure (a note about
+        # another candidate alone read as the validated config's own).
         notes = selection.notes if selection is not None else []
-        note = "; ".join(dict.fromkeys(notes)) or _winner_note(spec, winner, seed_noise)
+        note = "; ".join([_winner_note(spec, winner, seed_noise), *dict.fromkeys(notes)])
         evidence = _winner_evidence(winner, reference, amp, common, note=note)
     else:
         cand = reference.candidate()
@@ -170,7 +172,7 @@ def build_config(  # noqa: PLR0913 - what the phases found, each named at the on
 
 
 def _winner_note(spec: StudySpec, winner: Rerun, seed_noise: float) -> str:
-    """How the winner was validated, when validation left no notes of its own."""
+    """How the winner was validated."""
     paired = winner.paired
     assert paired is not None
     c = paired.candidate
@@ -247,7 +249,9 @@ def _fallback_evidence(
         )
     else:
         why = f"no candidate's validated lower bound cleared {min_speedup:.2f}x"
-    notes = selection.notes if selection is not None else []
+    # What validation measured and refused, then what it could not measure: the reasons.
+    notes = [f"{r.label}: {r.detail}" for r in selection.rejected] if selection is not None else []
+    notes += selection.notes if selection is not None else []
     if notes:
         why += " (" + "; ".join(dict.fromkeys(notes)) + ")"
     # The reference's latest measurement, as every surface shows the reference: one setting,

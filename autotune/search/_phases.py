@@ -248,7 +248,9 @@ def _validate_once(
     outcome.validated_at = clock.now()
     trials = store.trials()
     outcome.selection = selection
-    outcome.rejected = rejection_summary(trials) + (selection.rejected if selection else [])
+    # Validation's refusals first: the last word on the candidates the search liked best (cut
+    # off behind six groups of the search's, a fallback's summary hid why it fell back).
+    outcome.rejected = (selection.rejected if selection else []) + rejection_summary(trials)
     outcome.config = build_config(
         ctx,
         selection=selection,

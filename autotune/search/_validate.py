@@ -125,7 +125,6 @@ def select(
         The Selection.
     """
     out = Selection(winner=None)
-    too_few: list[str] = []
     for rerun in reruns:
         name = label(rerun.trial.params)
         paired, endurance = rerun.paired, rerun.endurance
@@ -138,9 +137,7 @@ def select(
             c = paired.candidate
             out.rejected.append(_rejection(name, c.outcome, f"{c.outcome}: {c.reason}"))
         elif paired.reference.ok and paired.pairs < MIN_VALUES:
-            refused, note = _too_few_pairs(name, paired)
-            out.rejected.append(refused)
-            too_few.append(note)
+            out.rejected.append(_too_few_pairs(name, paired))
         elif not paired.ok:
             r = paired.reference
             out.notes.append(f"{name}: the fp32 reference arm {r.outcome}: {r.reason}")
@@ -168,9 +165,6 @@ def select(
         # at once (95% together), and the winner is claimed with its widened one.
         together = [for_choice(r, len(out.accepted)) for r in out.accepted]
         out.winner = max(together, key=_speedup_low)
-    else:
-        # The fallback's reason: it would have been measured, given the time.
-        out.notes.extend(too_few)
     return out
 
 
@@ -191,25 +185,19 @@ def _rejection(name: str, kind: str, detail: str) -> Rejection:
     return Rejection(label=name, stage="validation", kind=kind, detail=detail)
 
 
-def _too_few_pairs(name: str, paired: PairedResult) -> tuple[Rejection, str]:
-    """A rerun cut short of the pairs a 95% interval needs, whatever its figures: rejected,
-    with the note the fallback gives when nothing won."""
+def _too_few_pairs(name: str, paired: PairedResult) -> Rejection:
+    """A rerun cut short of the pairs a 95% interval needs, whatever its figures: rejected."""
     shown = ""
     if paired.speedup is not None:
         shown = (
             f" ({paired.speedup:.2f}x, range {paired.speedup_low:.2f}–{paired.speedup_high:.2f})"
         )
-    rejection = _rejection(
+    return _rejection(
         name,
         "pairs",
         f"{_pairs(paired.pairs)} where {MIN_VALUES} are needed for a 95% "
         f"interval on its speedup{shown}; give the search more time",
     )
-    note = (
-        f"{name}: not validated: {_pairs(paired.pairs)} where {MIN_VALUES} are "
-        "needed; give the search more time"
-    )
-    return rejection, note
 
 
 # A gap's growth over the pair's second half counts when it is this many standard errors.
