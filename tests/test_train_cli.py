@@ -485,7 +485,7 @@ def test_the_verdict_names_accuracy_and_says_when_loss_and_accuracy_disagree(
     import autotune.cli._train as train_cli
     from autotune.train._models import Comparison
 
-    out = Console(width=200, record=True)
+    out = Console(width=400, record=True)
     monkeypatch.setattr(train_cli, "console", out)
     cmp = Comparison(
         tuned=_result(
@@ -512,8 +512,15 @@ def test_the_verdict_names_accuracy_and_says_when_loss_and_accuracy_disagree(
     assert "accuracy 11.7% against 55.2% (-43.5 pts)" in text
     assert "the metrics disagree" in text
     assert "the runs' own rates give 0.81x, outside the paired interval" in text
+    # An interval around 1.0x: no "1.01x faster" the pairs cannot tell from no difference.
+    assert "no difference in speed the pairs can tell" in text and "1.01x faster" not in text
+    apart = cmp.model_copy(update={"speedup_low": 1.02})
+    out = Console(width=400, record=True)
+    monkeypatch.setattr(train_cli, "console", out)
+    train_cli._print_table(apart, per_epoch=True)
+    assert "1.01x faster on the same samples (speedup 1.01x" in out.export_text()
     agree = cmp.model_copy(update={"tuned": cmp.tuned.model_copy(update={"accuracy": 0.55})})
-    out = Console(width=200, record=True)
+    out = Console(width=400, record=True)
     monkeypatch.setattr(train_cli, "console", out)
     train_cli._print_table(agree, per_epoch=True)
     assert "the metrics disagree" not in out.export_text()

@@ -199,8 +199,12 @@ def _print_verdict(cmp: Any) -> None:
         accuracy = (
             f", accuracy {tuned.accuracy:.1%} against {base.accuracy:.1%} ({delta * 100:+.1f} pts)"
         )
+    speed = f"{factor:.2f}x {faster}"
+    if interval and cmp.speedup_low <= 1.0 <= cmp.speedup_high:
+        # Two identical configs read "1.05x slower (0.90-1.08)": the pairs cannot tell.
+        speed = "no difference in speed the pairs can tell"
     console.print(
-        f"[bold]tuned vs {cmp.against}:[/] {factor:.2f}x {faster} on the same samples"
+        f"[bold]tuned vs {cmp.against}:[/] {speed} on the same samples"
         f"{interval}, {_x(cmp.memory_ratio)} the peak memory, final loss "
         f"{_x(cmp.loss_ratio)}{accuracy}",
         highlight=False,
