@@ -143,19 +143,24 @@ def plain(page: str) -> str:
     return flat(html.unescape(re.sub(r"<[^>]+>", " ", page)))
 
 
-def tells_the_story(text: str, cfg: TunedConfig, *, x: str = "x", why: bool = True) -> None:
+def tells_the_story(
+    text: str, cfg: TunedConfig, *, x: str = "x", why: bool = True, how: bool = False
+) -> None:
     """``text`` shows the record's speedup with its interval (``x``: the sign after the
     number), its timing noise, why it fell back (``why``: where the surface says it) and the
-    others' load; a validated config on a quiet machine claims neither of the last two."""
+    others' load; a validated config on a quiet machine claims neither of the last two, and
+    says how it was validated (``how``: where the surface gives the details)."""
     ev = cfg.evidence
     text = flat(text)
     assert ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high, x=x) in text
     assert f"{ev.noise:.1%}" in text
+    assert ev.validation_note
     if ev.validated:
         assert "fp32 fallback" not in text and "fell back" not in text
         assert "cores busy" not in text
+        # How it was validated: its pairs and its parity bar, in the summary's words.
+        assert not how or ev.validation_note.lower() in text.lower()
         return
-    assert ev.validation_note
     if why:
         # HTML writes it as a sentence: a capital first letter and a full stop.
         assert ev.validation_note.lower() in text.lower()
@@ -187,7 +192,7 @@ def test_best_json_is_the_record(finished: dict[str, Finished], kind: str) -> No
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_summary_the_search_printed(finished: dict[str, Finished], kind: str) -> None:
     study, cfg = finished[kind], finished[kind].record
-    tells_the_story(study.summary, cfg)
+    tells_the_story(study.summary, cfg, how=True)
     ev = cfg.evidence
     winner = line_with(study.summary, "winner   ")  # the table's row, not the note's words
     assert ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high) in winner
@@ -208,7 +213,7 @@ def test_report_html(
         cli("report", study.name, "--storage", study.storage, "--out", str(tmp_path))
         path = tmp_path / "report.html"
     text = plain(path.read_text())
-    tells_the_story(text, study.record, x="×")
+    tells_the_story(text, study.record, x="×", how=True)
     assert f"timing noise of this device {study.record.evidence.noise:.1%}" in text
 
 
@@ -216,7 +221,7 @@ def test_report_html(
 def test_report_text(finished: dict[str, Finished], kind: str, tmp_path: Path) -> None:
     study = finished[kind]
     text = cli("report", study.name, "--storage", study.storage, "--out", str(tmp_path), "--text")
-    tells_the_story(text, study.record)
+    tells_the_story(text, study.record, how=True)
     ev = study.record.evidence
     assert ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high) in line_with(text, "winner:")
     if not ev.validated:

@@ -118,8 +118,10 @@ def _winner_lines(data: ReportData) -> list[str]:
         f"{ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high)} the fp32 reference"
         f"{blocks} ({status})"
     ]
-    if not ev.validated and ev.validation_note:
-        lines.append(f"  why: {ev.validation_note}")  # the summary's and the page's words
+    if ev.validation_note:
+        # The summary's and the page's words: how it was validated (its parity bar, widened
+        # where a seed alone moves the loss past the tolerance), or why it fell back.
+        lines.append(f"  {'validation' if ev.validated else 'why'}: {ev.validation_note}")
     if ev.search_speedup is not None:
         lines.append(
             f"  the search measured {ev.search_speedup:.2f}x: search optimism "
