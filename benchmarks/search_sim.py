@@ -79,6 +79,7 @@ import _sim_peers  # noqa: E402
 import _sim_truth as truth  # noqa: E402
 
 from autotune.schema.spec import parse_duration  # noqa: E402
+from autotune.search import BudgetTooShort  # noqa: E402
 from autotune.sim import Landscape, load_landscape, shipped_landscapes, simulate  # noqa: E402
 
 # A real win: the optimum beats fp32 by this much (a fallback then misses it).
@@ -213,7 +214,26 @@ def one_run(task: tuple[str, float, int, float, float, str, bool]) -> dict[str, 
         }
     use_strategy(strategy)
     t0 = time.perf_counter()
-    run = simulate(spec, land, seed=seed)
+    try:
+        run = simulate(spec, land, seed=seed)
+    except BudgetTooShort as exc:
+        # Nothing measured, no config: the user trains as before (fp32), as after a fallback.
+        row["real_seconds"] = time.perf_counter() - t0
+        row.update(
+            budget=budget,
+            seconds=exc.elapsed,
+            budget_used=exc.elapsed / budget,
+            fixed_cost=exc.elapsed,
+            trials=0,
+            validated=False,
+            choice="no config: budget too short",
+            claimed=1.0,
+            note=str(exc),
+            spent={},
+        )
+        row.update(_score(land, spec, None, horizon, optimum))
+        row["missed_win"] = optimum >= REAL_WIN
+        return row
     row["real_seconds"] = time.perf_counter() - t0
     cfg = run.config
     ev = cfg.evidence
@@ -239,8 +259,7 @@ def _score(land: Landscape, spec, cfg, horizon: float, optimum: float) -> dict[s
     """The emitted config by the truth: its share of the optimum (0 when unsafe), and whether
     its claim is false (unsafe, below 1.0x over the real run, or the steady-state truth outside
     the claimed interval ``speedup_low..speedup_high``; a fallback claims 1.0x: never false)."""
-    ev = cfg.evidence
-    if not ev.validated:
+    if cfg is None or not cfg.evidence.validated:
         return {
             "share_of_optimum": 1.0 / optimum,
             "unsafe": "",
@@ -249,6 +268,7 @@ def _score(land: Landscape, spec, cfg, horizon: float, optimum: float) -> dict[s
             "interval_miss": 0.0,
             "false_claim": False,
         }
+    ev = cfg.evidence
     v = truth.judge(land, spec, cfg.candidate(), horizon)
     lo, hi = ev.speedup_low, ev.speedup_high
     outside = lo is None or hi is None or not lo <= v.raw <= hi

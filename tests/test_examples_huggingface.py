@@ -32,7 +32,7 @@ def test_huggingface_example_searched_from_the_command_line_and_trained(
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     out = tmp_path / "study"
     argv = [
-        sys.executable, "-m", "autotune", "search", str(SPEC), "--budget", "8s", "--device", "cpu",
+        sys.executable, "-m", "autotune", "search", str(SPEC), "--budget", "25s", "--device", "cpu",
         "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(out),
         "--set", "space.precisions=[fp32, bf16]", "--set", "space.batch_size.max=64",
         "--set", "probe.min_time=0.2s", "--set", "probe.steps=6", "--set", "validation.steps=6",

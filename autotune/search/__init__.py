@@ -3,7 +3,13 @@ knobs a spec turns on, a private module per phase behind one face, :func:`run_se
 
 from __future__ import annotations
 
-from autotune.search._budget import Budget, SearchInterrupted, SearchStopped, finishing_seconds
+from autotune.search._budget import (
+    Budget,
+    BudgetTooShort,
+    SearchInterrupted,
+    SearchStopped,
+    finishing_seconds,
+)
 from autotune.search._context import Gate
 from autotune.search._coordination import settle
 from autotune.search._events import (
@@ -21,6 +27,7 @@ from autotune.search._space import batch_ladder, lr_for, reference_factor
 
 __all__ = [
     "Budget",
+    "BudgetTooShort",
     "CeilingFound",
     "Event",
     "EventSink",

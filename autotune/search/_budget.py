@@ -63,6 +63,15 @@ class SearchStopped(AutotuneError):
     """The caller asked the search to stop (a cancel, or a service draining)."""
 
 
+class BudgetTooShort(AutotuneError):
+    """The budget ran out before the fp32 reference was measured: nothing compares, so no
+    config is written. ``elapsed``: the seconds the search ran (the worker's start among them)."""
+
+    def __init__(self, message: str, *, elapsed: float) -> None:
+        super().__init__(message)
+        self.elapsed = elapsed
+
+
 @dataclass
 class Budget:
     """The whole job's wall-clock budget, counted from ``started`` (a ``clock.now()``).

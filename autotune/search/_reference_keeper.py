@@ -14,7 +14,13 @@ from autotune.measure.parity import parity_gap
 from autotune.measure.result import ProbeResult
 from autotune.schema.enums import Outcome, Phase
 from autotune.schema.spec import Candidate, ProbeSettings
-from autotune.search._budget import OPENING_PLAN, REFERENCE_FLOOR, SAFE_PLAN, WRITE_RESERVE
+from autotune.search._budget import (
+    OPENING_PLAN,
+    REFERENCE_FLOOR,
+    SAFE_PLAN,
+    WRITE_RESERVE,
+    BudgetTooShort,
+)
 from autotune.search._context import SearchContext
 from autotune.search._events import PhaseStarted
 from autotune.search._space import reference_factor
@@ -156,43 +162,55 @@ class ReferenceKeeper:
         if opening is not None and (result := self._open(cand, opening)) is not None:
             return self._first(cand, result)
         settings = self._alone(cand)
-        result = ctx.run_probe(cand, settings, floor=True)
+        result = ctx.run_probe(cand, settings)
         cold = result.ok and result.truncated and not result.blocks
         # A pair stopped at its hard limit (its record dropped) was the first try already.
         retry = opening is None or ctx.found.opening is not None
+        retry = retry and ctx.budget.left() >= self._floor() + WRITE_RESERVE
         if retry and (cold or (result.outcome == Outcome.CRASHED and not ctx.should_stop())):
             # Cut inside its warm-up, or stopped at its hard limit: on a busy machine a fresh
             # worker's first-use costs (or a neighbour's burst) can outlast the limit. Once more,
             # warm; a retry that fails keeps the first run where that one completed.
             logger.info("fp32 reference {}: measuring it again", "stopped inside its warm-up"
                         if cold else result.reason)  # fmt: skip
-            again = ctx.run_probe(cand, settings, floor=True)
+            again = ctx.run_probe(cand, self._alone(cand))
             result = again if again.ok or not result.ok else result
+        if (cold or not result.ok) and ctx.budget.left() < self._floor() + WRITE_RESERVE:
+            # Cut inside its warm-up, or stopped, with no time for another: nothing measured.
+            raise self._too_short()
         if not result.ok:
             raise ReferenceUnavailable(result)
         return self._first(cand, result)
 
+    def _floor(self) -> float:
+        """The least a reference run alone is given: its floor, or the probe's own limit."""
+        return min(self.ctx.spec.probe.time_limit, REFERENCE_FLOOR)
+
+    def _too_short(self) -> BudgetTooShort:
+        """The budget spent before the reference was measured: what went where, and the fix."""
+        ctx = self.ctx
+        start = ctx.found.spent.get(Phase.START, 0.0)
+        return BudgetTooShort(
+            f"study {ctx.spec.name!r}: the {ctx.budget.total:.0f}s budget ran out before the fp32 "
+            f"reference was measured (the worker's start took {start:.1f}s; the reference needs "
+            f"{self._floor():.0f}s at least): nothing was measured, so no config was written; "
+            f"--budget {math.ceil(start + OPENING_PLAN)}s or more leaves room for a trial and its "
+            "validation",
+            elapsed=ctx.budget.elapsed(),
+        )
+
     def _alone(self, cand: Candidate) -> ProbeSettings:
         """The reference's run alone: long enough that its curve has seen as many samples as a
-        probe of the largest batch does (parity compares at equal samples seen), and given its
-        floor even when the budget is nearly spent (without it nothing compares; the search then
-        ends with it as the config)."""
+        probe of the largest batch does (parity compares at equal samples seen), at least its
+        floor, and within the budget: where the floor no longer fits, the search ends, saying
+        so (:class:`BudgetTooShort`; a budget is a promise, and nothing compares without it)."""
         ctx, probe = self.ctx, self.ctx.spec.probe
         factor = reference_factor(max(ctx.space.ladder), cand.batch_size)
-        floor = min(probe.time_limit, REFERENCE_FLOOR)
-        if ctx.budget.left() < floor + WRITE_RESERVE:
-            start = ctx.found.spent.get(Phase.START, 0.0)
-            logger.warning(
-                "{:.1f}s of the {:.0f}s budget is left after the worker's start ({:.1f}s): the fp32 "
-                "reference is given {:.0f}s all the same, so the search may end past its budget, "
-                "with the reference as the config; --budget {:.0f}s or more leaves room for a trial "
-                "and its validation",
-                max(0.0, ctx.budget.left()), ctx.budget.total, start, floor,
-                math.ceil(start + OPENING_PLAN),
-            )  # fmt: skip
+        left = ctx.budget.left() - WRITE_RESERVE
+        if left < self._floor():
+            raise self._too_short()
         limit = max(
-            floor,
-            min(probe.time_limit * factor, _CURVE_SHARE * ctx.budget.total, ctx.budget.left()),
+            self._floor(), min(probe.time_limit * factor, _CURVE_SHARE * ctx.budget.total, left)
         )
         return probe.model_copy(update={"steps": probe.steps * factor, "time_limit": limit})
 
@@ -256,7 +274,9 @@ class ReferenceKeeper:
             ctx.found.opening = None
             return None
         short = len(arm.losses) < probe.warmup_steps + probe.steps
-        if not arm.ok or arm.throughput <= 0 or (short and ctx.budget.left() > _ALONE):
+        # No timed block: its figure is its warm-up's (first-use costs), not a step's.
+        untimed = not arm.blocks
+        if not arm.ok or arm.throughput <= 0 or untimed or (short and ctx.budget.left() > _ALONE):
             # Stopped early (its candidate diverged or ran out of memory): too short a curve,
             # where a run alone still fits.
             logger.info("the opening pair's reference arm ran {} steps: measuring the reference "
@@ -357,7 +377,13 @@ class ReferenceKeeper:
         assert self.record is not None
         ctx = self.ctx
         probe = ctx.spec.probe
-        limit = max(1.0, min(probe.time_limit, ctx.budget.left()))
+        previous = self.record.latest()
+        left = ctx.budget.left() - WRITE_RESERVE
+        if left < 1.0 and previous is not None:
+            # No time for a run within the budget: the last measurement stands.
+            logger.info("fp32 reference: {:.1f}s left, too little to measure it again", left)
+            return previous
+        limit = max(1.0, min(probe.time_limit, left))
         min_time = probe.min_time if probe.min_time is not None else None
         # A fresh seed each time: the curve against the first run's is the seed-to-seed spread.
         seed = self.record.seed + len(self.record.measurements)
@@ -365,8 +391,7 @@ class ReferenceKeeper:
         if min_time is None or min_time > 0:
             # Half a probe's timed phase (the device's default when the spec leaves it open).
             update["min_time"] = _REMEASURE_SHARE * (min_time or ctx.default_min_time)
-        result = ctx.run_probe(self.record.candidate(), probe.model_copy(update=update), floor=True)
-        previous = self.record.latest()
+        result = ctx.run_probe(self.record.candidate(), probe.model_copy(update=update))
         if not result.ok or result.throughput <= 0 or (result.truncated and not result.blocks):
             # One cut inside its warm-up timed its first-use costs, not a step.
             logger.warning("fp32 reference re-measurement {}: {}", result.outcome, result.reason)
