@@ -135,6 +135,10 @@ class ReferenceKeeper:
         self._vouched: set[float] = set()
         # Seconds the first run took, set-up included: what a confirmation costs, about.
         self._run_seconds = 0.0
+        # Seconds of the budget gone when the reference's phase began; what was tried before
+        # the time ran out, where something was.
+        self._began = 0.0
+        self._unmeasured = ""
 
     def _save(self) -> None:
         if self.record is not None:
@@ -150,6 +154,7 @@ class ReferenceKeeper:
         """
         ctx = self.ctx
         ctx.emit(PhaseStarted(phase=Phase.REFERENCE))
+        self._began = ctx.budget.elapsed()
         cand = ctx.space.candidate("fp32", ctx.space.base_batch)
         if (
             self.record is not None
@@ -175,8 +180,9 @@ class ReferenceKeeper:
                         if cold else result.reason)  # fmt: skip
             again = ctx.run_probe(cand, self._alone(cand))
             result = again if again.ok or not result.ok else result
-        if (cold or not result.ok) and ctx.budget.left() < self._floor() + WRITE_RESERVE:
-            # Cut inside its warm-up, or stopped, with no time for another: nothing measured.
+        if cold and ctx.budget.left() < self._floor() + WRITE_RESERVE:
+            # Cut inside its warm-up with no time for another: nothing measured, for want of
+            # time (one that crashed or hung is the workload's: ReferenceUnavailable below).
             raise self._too_short()
         if not result.ok:
             raise ReferenceUnavailable(result)
@@ -192,9 +198,11 @@ class ReferenceKeeper:
         start = ctx.found.spent.get(Phase.START, 0.0)
         return BudgetTooShort(
             f"study {ctx.spec.name!r}: the {ctx.budget.total:.0f}s budget ran out before the fp32 "
-            f"reference was measured (the worker's start took {start:.1f}s; the reference needs "
-            f"{self._floor():.0f}s at least): nothing was measured, so no config was written; "
-            f"--budget {math.ceil(start + OPENING_PLAN)}s or more leaves room for a trial and its "
+            f"reference was measured ({self._began:.1f}s had gone by when it began, the worker's "
+            f"start {start:.1f}s of it; the reference needs {self._floor():.0f}s at least)"
+            f"{'; ' + self._unmeasured if self._unmeasured else ''}: "
+            "nothing was measured, so no config was written; --budget "
+            f"{math.ceil(self._began + OPENING_PLAN)}s or more leaves room for a trial and its "
             "validation",
             elapsed=ctx.budget.elapsed(),
         )
@@ -272,6 +280,12 @@ class ReferenceKeeper:
             logger.info("the opening pair did not finish within its {:.0f}s: measuring the "
                         "reference alone", timeout)  # fmt: skip
             ctx.found.opening = None
+            self._unmeasured = (
+                f"the opening pair, the fp32 reference beside {opening.precision}, was stopped "
+                f"at its hard limit of {timeout:.0f}s: its two set-ups did not fit, or a build or "
+                f"a step hangs (autotune probe --workload {ctx.workload} --device {ctx.device} "
+                "tells which)"
+            )
             return None
         short = len(arm.losses) < probe.warmup_steps + probe.steps
         # No timed block: its figure is its warm-up's (first-use costs), not a step's.
