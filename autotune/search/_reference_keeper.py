@@ -180,9 +180,17 @@ class ReferenceKeeper:
                         if cold else result.reason)  # fmt: skip
             again = ctx.run_probe(cand, self._alone(cand))
             result = again if again.ok or not result.ok else result
-        if cold and ctx.budget.left() < self._floor() + WRITE_RESERVE:
-            # Cut inside its warm-up with no time for another: nothing measured, for want of
-            # time (one that crashed or hung is the workload's: ReferenceUnavailable below).
+        spent = ctx.budget.left() < self._floor() + WRITE_RESERVE
+        if spent and not result.ok and result.timed_out:
+            # Stopped at a hard limit the budget cut, no time for another: its set-up, or a hang.
+            self._unmeasured = (
+                "the fp32 reference was stopped at its hard limit, which the budget cut: its "
+                "set-up did not fit, or a build or a step hangs (autotune probe --workload "
+                f"{ctx.workload} --device {ctx.device} tells which)"
+            )
+        if spent and (cold or self._unmeasured):
+            # Nothing measured, for want of time (a crash of its own is the workload's:
+            # ReferenceUnavailable below).
             raise self._too_short()
         if not result.ok:
             raise ReferenceUnavailable(result)
