@@ -240,7 +240,7 @@ def test_a_reference_cut_inside_its_warm_up_is_measured_again(tmp_path: Path) ->
             space=space,
             spec=spec,
             device="cpu",
-            budget=SimpleNamespace(total=60.0, left=lambda: 60.0),
+            budget=SimpleNamespace(total=60.0, left=lambda: 60.0, elapsed=lambda: 0.0),
             run_probe=run_probe,
             clock=lambda phase: contextlib.nullcontext(),
         )
