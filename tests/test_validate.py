@@ -393,21 +393,24 @@ class _TwoPairs(SimulatedRunner):
         )
 
 
-def test_a_search_whose_validation_buys_two_pairs_falls_back_and_says_why(
-    tmp_path: Path,
-) -> None:
-    """Two pairs cleared min_speedup before (the smaller of two ratios: a 50% bound, shipped as
-    validated). Now the config is the fp32 reference, and its note says what was missing."""
-    runner = _TwoPairs(landscape())
+def _fell_back(runner: SimulatedRunner, tmp_path: Path) -> Any:
+    """A 90 s search on ``runner`` that ends as the fp32 fallback: its result."""
     spec = parse_spec({"name": "sim", "workload": WORKLOAD, "budget": "90s"})
     with clock.use(runner.clock):
         result = run_search(
             spec, out_dir=tmp_path, runner=runner, storage=optuna.storages.InMemoryStorage()
         )
     cfg = result.config
-    assert cfg is not None
-    ev = cfg.evidence
-    assert (cfg.precision, ev.validated) == ("fp32", False)
+    assert cfg is not None and (cfg.precision, cfg.evidence.validated) == ("fp32", False)
+    return result
+
+
+def test_a_search_whose_validation_buys_two_pairs_falls_back_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """Two pairs cleared min_speedup before (the smaller of two ratios: a 50% bound, shipped as
+    validated). Now the config is the fp32 reference, and its note says what was missing."""
+    ev = _fell_back(_TwoPairs(landscape()), tmp_path).config.evidence
     assert "2 pairs where 6 are needed for a 95% interval on its speedup" in ev.validation_note
     assert "give the search more time" in ev.validation_note
     assert "falling back to the fp32 reference" in ev.validation_note
@@ -430,16 +433,8 @@ def test_a_fallback_names_what_validation_measured_and_refused(tmp_path: Path) -
     fallback's note spoke only of two candidates left with 1 s, and the refusal sat seventh
     in the rejections, behind six of the search's groups, where the summary cuts. Now the note
     names each refusal with its figures, and the rejections list validation's first."""
-    runner = _WideIntervals(landscape())
-    spec = parse_spec({"name": "sim", "workload": WORKLOAD, "budget": "90s"})
-    with clock.use(runner.clock):
-        result = run_search(
-            spec, out_dir=tmp_path, runner=runner, storage=optuna.storages.InMemoryStorage()
-        )
-    cfg = result.config
-    assert cfg is not None
-    ev = cfg.evidence
-    assert (cfg.precision, ev.validated) == ("fp32", False)
+    result = _fell_back(_WideIntervals(landscape()), tmp_path)
+    ev = result.config.evidence
     assert result.selection is not None and result.selection.rejected
     refused = result.selection.rejected[0]
     assert f"{refused.label}: " in ev.validation_note
