@@ -36,6 +36,12 @@ _CURVE_SHARE = 0.15
 # An opening pair takes at most this share of what is left: it ends once its candidate ran its
 # steps (fp16's overflow horizon) and the pairs' ratio is tight; the rest goes to other trials.
 _OPENING_SHARE = 0.85
+# Seconds a reference run alone is started with at the least (a cold run that times no block
+# in them ends the search as a budget too short).
+_LEAST = 1.0
+# ... and what it keeps after its time limit: the config's writing, and a second for a worker
+# stopped at its hard limit (one second past the time limit).
+_AFTER = WRITE_RESERVE + 1.0
 # Seconds a reference run alone needs after it: its floor, the config's writing, a second.
 _ALONE = REFERENCE_FLOOR + WRITE_RESERVE + 1.0
 # Re-measure when the last measurement is older than this many typical trials ...
@@ -171,7 +177,7 @@ class ReferenceKeeper:
         cold = result.ok and result.truncated and not result.blocks
         # A pair stopped at its hard limit (its record dropped) was the first try already.
         retry = opening is None or ctx.found.opening is not None
-        retry = retry and ctx.budget.left() >= self._floor() + WRITE_RESERVE
+        retry = retry and ctx.budget.left() >= _LEAST + _AFTER
         if retry and (cold or (result.outcome == Outcome.CRASHED and not ctx.should_stop())):
             # Cut inside its warm-up, or stopped at its hard limit: on a busy machine a fresh
             # worker's first-use costs (or a neighbour's burst) can outlast the limit. Once more,
@@ -180,7 +186,7 @@ class ReferenceKeeper:
                         if cold else result.reason)  # fmt: skip
             again = ctx.run_probe(cand, self._alone(cand))
             result = again if again.ok or not result.ok else result
-        spent = ctx.budget.left() < self._floor() + WRITE_RESERVE
+        spent = ctx.budget.left() < _LEAST + _AFTER
         if spent and not result.ok and result.timed_out:
             # Stopped at a hard limit the budget cut, no time for another: its set-up, or a hang.
             self._unmeasured = (
@@ -206,8 +212,8 @@ class ReferenceKeeper:
         start = ctx.found.spent.get(Phase.START, 0.0)
         return BudgetTooShort(
             f"study {ctx.spec.name!r}: the {ctx.budget.total:.0f}s budget ran out before the fp32 "
-            f"reference was measured ({self._began:.1f}s had gone by when it began, the worker's "
-            f"start {start:.1f}s of it; the reference needs {self._floor():.0f}s at least)"
+            f"reference was measured ({self._began:.1f}s had gone by when it began; the worker "
+            f"took {start:.1f}s to start)"
             f"{'; ' + self._unmeasured if self._unmeasured else ''}: "
             "nothing was measured, so no config was written; --budget "
             f"{math.ceil(self._began + OPENING_PLAN)}s or more leaves room for a trial and its "
@@ -217,16 +223,17 @@ class ReferenceKeeper:
 
     def _alone(self, cand: Candidate) -> ProbeSettings:
         """The reference's run alone: long enough that its curve has seen as many samples as a
-        probe of the largest batch does (parity compares at equal samples seen), at least its
-        floor, and within the budget: where the floor no longer fits, the search ends, saying
-        so (:class:`BudgetTooShort`; a budget is a promise, and nothing compares without it)."""
+        probe of the largest batch does (parity compares at equal samples seen), its floor where
+        that fits, and within the budget: with under a second left, the search ends, saying so
+        (:class:`BudgetTooShort`; a budget is a promise, and nothing compares without it)."""
         ctx, probe = self.ctx, self.ctx.spec.probe
         factor = reference_factor(max(ctx.space.ladder), cand.batch_size)
-        left = ctx.budget.left() - WRITE_RESERVE
-        if left < self._floor():
+        left = ctx.budget.left() - _AFTER
+        if left < _LEAST:
             raise self._too_short()
         limit = max(
-            self._floor(), min(probe.time_limit * factor, _CURVE_SHARE * ctx.budget.total, left)
+            min(self._floor(), left),
+            min(probe.time_limit * factor, _CURVE_SHARE * ctx.budget.total, left),
         )
         return probe.model_copy(update={"steps": probe.steps * factor, "time_limit": limit})
 
