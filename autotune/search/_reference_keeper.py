@@ -187,14 +187,15 @@ class ReferenceKeeper:
             again = ctx.run_probe(cand, self._alone(cand))
             result = again if again.ok or not result.ok else result
         spent = ctx.budget.left() < _LEAST + _AFTER
-        if spent and not result.ok and result.timed_out:
+        stopped = spent and not result.ok and result.timed_out
+        if stopped:
             # Stopped at a hard limit the budget cut, no time for another: its set-up, or a hang.
             self._unmeasured = (
                 "the fp32 reference was stopped at its hard limit, which the budget cut: its "
                 "set-up did not fit, or a build or a step hangs (autotune probe --workload "
                 f"{ctx.workload} --device {ctx.device} tells which)"
             )
-        if spent and (cold or self._unmeasured):
+        if spent and (cold or stopped):
             # Nothing measured, for want of time (a crash of its own is the workload's:
             # ReferenceUnavailable below).
             raise self._too_short()
