@@ -250,8 +250,9 @@ def _fallback_evidence(
     else:
         why = f"no candidate's validated lower bound cleared {min_speedup:.2f}x"
     # What validation measured and refused, then what it could not measure: the reasons.
-    notes = [f"{r.label}: {r.detail}" for r in selection.rejected] if selection is not None else []
-    notes += selection.notes if selection is not None else []
+    notes = []
+    if selection is not None:
+        notes = [f"{r.label}: {r.detail}" for r in selection.rejected] + selection.notes
     if notes:
         why += " (" + "; ".join(dict.fromkeys(notes)) + ")"
     # The reference's latest measurement, as every surface shows the reference: one setting,
