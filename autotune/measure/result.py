@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune.measure.stats import claimed, median_interval, paired_ratios, serial_interval, spread
 from autotune.schema.enums import Outcome
 from autotune.schema.spec import Candidate
 
-__all__ = ["Outcome", "PairedResult", "ProbeResult", "knob_text"]
+__all__ = ["Outcome", "PairedResult", "ProbeResult", "knob_text", "pooled"]
 
 
 def knob_text(c: Candidate, *, nchw: bool = True) -> str:
@@ -155,6 +156,52 @@ class PairedResult(BaseModel):
             f"{head} → {self.speedup:.2f}x ({self.speedup_low:.2f}–{self.speedup_high:.2f}) the "
             f"fp32 reference over {_pairs(self.pairs)}"
         )
+
+
+def pooled(first: PairedResult, second: PairedResult) -> PairedResult:
+    """Two paired runs of the same settings as one measurement: their pairs' blocks in the
+    order they ran (the first run's blocks alone after its pairs last), the speedup the median
+    of both runs' per-pair ratios, each arm's throughput over all its blocks; the first run's
+    losses, seed and everything else stand.
+
+    Example:
+        >>> from autotune.schema.spec import Candidate
+        >>> def arm(rate):
+        ...     c = Candidate(precision="fp32", batch_size=1, learning_rate=0.1)
+        ...     return ProbeResult(candidate=c, workload="w", device="cpu", outcome="completed",
+        ...                        batch_size=1, blocks=[(1, 1 / rate)] * 6)
+        >>> a = PairedResult(candidate=arm(2.0), reference=arm(1.0), speedup=2.0, pairs=6)
+        >>> b = PairedResult(candidate=arm(2.2), reference=arm(1.0), speedup=2.2, pairs=6)
+        >>> both = pooled(a, b)
+        >>> both.pairs, len(both.candidate.blocks), round(both.speedup, 2)
+        (12, 12, 2.1)
+    """
+    arms = {}
+    for name in ("candidate", "reference"):
+        a, b = getattr(first, name), getattr(second, name)
+        extra = b.blocks[: second.pairs]
+        blocks = a.blocks[: first.pairs] + extra + a.blocks[first.pairs :]
+        update: dict[str, object] = {
+            "blocks": blocks,
+            "timed_steps": a.timed_steps + sum(steps for steps, _ in extra),
+            "timed_seconds": a.timed_seconds + sum(seconds for _, seconds in extra),
+        }
+        rates = a.model_copy(update={"blocks": blocks}).rates()
+        if rates:
+            est = median_interval(rates)
+            update.update(throughput=est.value, throughput_low=est.low, throughput_high=est.high,
+                          step_time=a.batch_size / est.value, spread=spread(rates))  # fmt: skip
+        arms[name] = a.model_copy(update=update)
+    ratios = []
+    for run in (first, second):
+        n = run.pairs
+        ratios += paired_ratios(run.candidate.rates()[:n], run.reference.rates()[:n])
+    out = first.model_copy(update=arms)
+    if ratios:
+        est = claimed(serial_interval(ratios))
+        out = out.model_copy(update={"speedup": est.value, "speedup_low": est.low,
+                                     "speedup_high": est.high, "pairs": est.n})  # fmt: skip
+    return out
 
 
 def _pairs(n: int) -> str:

@@ -178,8 +178,9 @@ def _winner_note(spec: StudySpec, winner: Rerun, seed_noise: float) -> str:
     c = paired.candidate
     projected = winner.projected[0] if winner.projected else None
     seen = samples_seen(winner.gap_samples, winner.run_samples, projected)
+    runs = f" over {winner.runs} paired runs" if winner.runs > 1 else ""
     return (
-        f"{paired.pairs} timed blocks interleaved with the fp32 reference's, seed "
+        f"{paired.pairs} timed blocks interleaved with the fp32 reference's{runs}, seed "
         f"{c.seed}, {c.timed_steps} steps (parity{seen}: "
         f"{parity_terms(spec.parity_tolerance, seed_noise)}); the winner has the best lower "
         "bound of those "

@@ -87,6 +87,9 @@ class Rerun:
     # Not measured because its verdict cannot fit in this budget at all (fp16's run alone past
     # the share of the budget one may take): a later round measures the next candidates.
     beyond_budget: bool = False
+    # The paired runs its speedup pools (:func:`~autotune.measure.result.pooled`): 2 where one
+    # refused for its interval alone was paired again for more pairs.
+    runs: int = 1
 
 
 @dataclass
