@@ -4,7 +4,7 @@ lower bound that clears ``min_speedup``."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -28,12 +28,11 @@ from autotune.measure.stats import (
 )
 from autotune.search._budget import VALIDATION_SHARE
 from autotune.search._context import SearchContext
-from autotune.search._risk import overflow_step, steps_run, verdict_horizon
-from autotune.search._shortlist import eligible, safe_standby, shortlist
+from autotune.search._risk import steps_run, verdict_horizon
+from autotune.search._shortlist import candidates, eligible, shortlist
 from autotune.search._validation_time import (
     endurance_seconds,
     least_pair,
-    opened,
     proof_seconds,
     rerun_need,
 )
@@ -417,56 +416,6 @@ def validation_reserve(
         default=0.0,
     )
     return min(VALIDATION_SHARE * ctx.budget.total + proof, need + 1.0)
-
-
-def _shortlist(
-    ctx: SearchContext,
-    store: StudyStore,
-    reference: ReferenceRecord | None,
-    ruled_out: Container[FrozenTrial] = (),
-) -> list[FrozenTrial]:
-    """The study's shortlist, with the parity allowance the reference's repeats give now."""
-    tol = ctx.spec.parity_tolerance
-    noise = reference.seed_noise(tol) if reference is not None else 0.0
-    return shortlist(
-        store.trials((TrialState.COMPLETE,)),
-        top_k=ctx.spec.validation.top_k,
-        min_speedup=ctx.spec.validation.min_speedup,
-        parity_tolerance=tol,
-        maximize=ctx.maximize,
-        parity_allowance=tol + noise if reference is not None else None,
-        reference_batch=reference.batch_size if reference is not None else None,
-        ruled_out=ruled_out,
-        overflow=overflow_step(store.trials((TrialState.PRUNED,))),
-    )
-
-
-def candidates(
-    ctx: SearchContext,
-    store: StudyStore,
-    reference: ReferenceRecord | None,
-    ruled_out: Container[FrozenTrial] = (),
-) -> tuple[list[FrozenTrial], FrozenTrial | None]:
-    """What validation measures next: the shortlist, and its safe standby (or None)."""
-    picked = _shortlist(ctx, store, reference, ruled_out)
-    if not picked or not ctx.maximize:
-        return picked, None
-    done = store.trials((TrialState.COMPLETE,))
-    min_speedup = ctx.spec.validation.min_speedup
-    standby = safe_standby(
-        done,
-        picked,
-        min_speedup=min_speedup,
-        ruled_out=ruled_out,
-        parity_tolerance=ctx.spec.parity_tolerance,
-    )
-    # The opening pair's pick costs validation nothing: the standby, where it is the faster.
-    first = next((t for t in done if opened(ctx, t) and t not in picked), None)
-    if first is not None and first not in ruled_out and is_feasible(first):
-        speed = record(first).speedup or 0.0
-        if speed >= min_speedup and (standby is None or speed >= (record(standby).speedup or 0)):
-            standby = first
-    return picked, standby
 
 
 # The seed-to-seed band a parity decision rests on is measured from at least this many repeats.

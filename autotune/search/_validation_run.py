@@ -26,11 +26,11 @@ from autotune.search._rerun import (
     would_pass,
 )
 from autotune.search._risk import RuledOut, settings_key, verdict_horizon
+from autotune.search._shortlist import candidates
 from autotune.search._validate import (
     UPPER,
     Rerun,
     Selection,
-    candidates,
     charged,
     covered,
     gap_bound,
@@ -75,8 +75,19 @@ def validate(
     ruled, reruns = RuledOut(), list[Rerun]()
     selection: Selection | None = None
     noise, ref_run, end = reference.seed_noise(tol), None, end_at
+    close = False
     while True:
-        leaders, standby = candidates(ctx, store, reference, ruled)
+        leaders, standby = candidates(ctx, store, reference, ruled, close=close)
+        if not leaders and not close and (hard_end or end_at) - ctx.budget.elapsed() >= 1.0:
+            # Nothing clearly faster left, and time: the close runners, to the budget's end.
+            close, end = True, max(end, hard_end or end_at)
+            leaders, standby = candidates(ctx, store, reference, ruled, close=True)
+            if leaders:
+                logger.info(
+                    "validation: nothing the search measured clearly faster is left; measuring "
+                    "what it measured at least as fast as the reference, {:.0f}s left",
+                    end - ctx.budget.elapsed(),
+                )
         if not leaders:
             break
         fresh = _round(ctx, store, reference, (leaders, standby), end, reruns, noise, ruled)
