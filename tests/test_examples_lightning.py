@@ -65,7 +65,7 @@ def test_lightning_example_tuned_from_a_notebook_and_trained(
     # when it fell back.
     closing = done.stdout.splitlines()[-2]
     assert closing.startswith("done: ") and f"config {cfg.precision} bs={cfg.batch_size}" in closing
-    assert cfg.evidence.validated or "fell back to the fp32 reference" in closing
+    assert cfg.evidence.validated or "back to the fp32 reference" in closing
     # The notebook's objects and the spec's names are the same workload, so the same study.
     assert cfg.workload == load_spec(ROOT / "examples/lightning/tune.yaml").workload
     assert (cfg.optimizer, cfg.study) == ("SGD", "LitClassifier")

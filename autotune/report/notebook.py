@@ -18,7 +18,14 @@ from typing import Any, TextIO
 from autotune.report._format import config_notes, ratio_text
 from autotune.schema.config import TunedConfig
 from autotune.schema.enums import Outcome
-from autotune.search import Budget, Event, PhaseStarted, TrialFinished, TrialStarted
+from autotune.search import (
+    FALLING_BACK,
+    Budget,
+    Event,
+    PhaseStarted,
+    TrialFinished,
+    TrialStarted,
+)
 from autotune.study.trials import label as params_label
 
 __all__ = ["NotebookProgress"]
@@ -107,8 +114,12 @@ class NotebookProgress:
             shown = ratio_text(ev.speedup, ev.speedup_low, ev.speedup_high)
             self.outcome = f"config {settings}: {shown} the fp32 reference, validated"
         else:
-            why = f": {ev.validation_note}" if ev.validation_note else ""
-            self.outcome = f"config {settings}: fell back to the fp32 reference{why}"
+            note = ev.validation_note or ""
+            # (A fallback's note ends saying so: once is enough.)
+            said = (
+                note if note.endswith(FALLING_BACK) else f"fell back to the fp32 reference: {note}"
+            )
+            self.outcome = f"config {settings}: {said.rstrip(': ')}"
         self.notes = config_notes(config, why=False)  # the closing line says why
 
     # ---- events ---------------------------------------------------------------------------

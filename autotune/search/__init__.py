@@ -3,6 +3,7 @@ knobs a spec turns on, a private module per phase behind one face, :func:`run_se
 
 from __future__ import annotations
 
+from autotune.search._artifact import FALLING_BACK
 from autotune.search._budget import (
     Budget,
     BudgetTooShort,
@@ -26,6 +27,7 @@ from autotune.search._run_search import SearchResult, run_search
 from autotune.search._space import batch_ladder, lr_for, reference_factor
 
 __all__ = [
+    "FALLING_BACK",
     "Budget",
     "BudgetTooShort",
     "CeilingFound",

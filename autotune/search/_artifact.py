@@ -28,6 +28,10 @@ from autotune.study.trials import (
 __all__ = ["baseline", "build_config", "compile_evidence", "counts"]
 
 
+# How a fallback's note ends.
+FALLING_BACK = "falling back to the fp32 reference, the safe mode"
+
+
 def counts(trials: Iterable[FrozenTrial]) -> TrialCounts:
     """The search's trials by state (not the configs an earlier run crowned, see store_config)."""
     states = Counter(t.state for t in trials if not record(t).tuned_config)
@@ -292,7 +296,7 @@ def _fallback_evidence(
         baseline_peak_memory_bytes=peak,
         memory_saving=0.0 if peak else None,
         validated=False,
-        validation_note=f"{why}: falling back to the fp32 reference, the safe mode",
+        validation_note=f"{why}: {FALLING_BACK}",
         **common,
     )
 
