@@ -783,6 +783,20 @@ def test_a_budget_the_workers_start_nearly_spends_ends_within_it_saying_so() -> 
     assert raised.value.elapsed <= study_spec.budget
 
 
+def test_a_worker_whose_start_outlasts_the_budget_is_stopped_within_it() -> None:
+    """family0-0210 at 10%: a worker that starts in 7.0 s against a 6.6 s budget; the search
+    waited for it and ended at 106% of its budget. Now the start gets what the budget leaves
+    (a second kept to stop it), and a worker not ready by then is stopped: the search ends
+    within its budget, writes no config, and says so with the budget that leaves room."""
+    study_spec = spec("6s")
+    with pytest.raises(BudgetTooShort) as raised:
+        simulate(study_spec, slow_builds(start=7.0), seed=0)
+    why = str(raised.value)
+    assert "the 6s budget ran out while the probe worker started (not ready after 5.0s" in why
+    assert "no config was written; --budget 31s or more" in why
+    assert raised.value.elapsed <= study_spec.budget
+
+
 def test_an_opening_pair_that_timed_nothing_leaves_no_reference_to_divide_by() -> None:
     """family0-0119 at 11.3 s: the worker starts in 3.1 s, the opening pair's two set-ups leave
     its arms no timed block, and its reference arm's warm-up (62.4 samples/s, 0 steps of curve)

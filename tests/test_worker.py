@@ -19,6 +19,7 @@ import torch
 from autotune.errors import SpecError, WorkloadError
 from autotune.execution.limits import MEMORY_ENV, machine_memory
 from autotune.execution.probe_worker import InProcessRunner, ProbeWorker, poisons_context
+from autotune.execution.runner import StartTooSlow
 from autotune.measure.probe import run_probe
 from autotune.measure.result import ProbeResult
 from autotune.schema.enums import Outcome
@@ -275,6 +276,25 @@ def test_a_worker_closed_while_it_starts_is_stopped_at_once() -> None:
     assert starting.pid is None
     # Killed: not left to finish importing torch, see its pipe closed and exit by itself.
     assert proc.returncode == -signal.SIGKILL
+
+
+def test_a_worker_not_ready_within_its_start_s_share_is_stopped_and_says_so() -> None:
+    """A budget that leaves its worker's start a moment: the wait ends then (not after 120 s),
+    the process is killed, and the caller hears the start was too slow; a later start begins
+    afresh."""
+    w = ProbeWorker("cpu")
+    try:
+        w.spawn()
+        proc = w._proc
+        assert proc is not None
+        with pytest.raises(StartTooSlow) as raised:
+            w.start(within=0.01)  # importing torch takes longer than this anywhere
+        assert raised.value.seconds == pytest.approx(0.01)
+        assert proc.returncode == -signal.SIGKILL
+        w.start()
+        assert w.pid is not None and w.pid != proc.pid
+    finally:
+        w.close()
 
 
 def test_a_warm_worker_loads_the_compiler_front_end_before_it_is_ready_and_a_plain_one_does_not(

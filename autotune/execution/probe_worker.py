@@ -53,6 +53,7 @@ from autotune.execution.runner import (
     RESTARTED,
     InProcessRunner,
     Runner,
+    StartTooSlow,
     crashed_pair,
     crashed_result,
     poisons_context,
@@ -167,6 +168,10 @@ def main() -> None:
     leave(0)
 
 
+# The longest a worker may take to say it is ready.
+_READY_SECONDS = 120.0
+
+
 class ProbeWorker(Runner):
     """A persistent worker process for one device.
 
@@ -210,16 +215,18 @@ class ProbeWorker(Runner):
         if proc is not None and proc.poll() is None:
             proc.kill()
 
-    def start(self) -> None:
+    def start(self, within: float | None = None) -> None:
         """A live worker, ready for a request: started now (a fresh one after one died), or the
         one :meth:`spawn` started, waited for.
 
         Raises:
+            StartTooSlow: it was not ready ``within`` seconds (a budget's share), and was
+                killed.
             RuntimeError: it did not say it was ready within 120 s.
         """
         self.spawn()
         if self._unready:
-            self._await_ready()
+            self._await_ready(within)
 
     def spawn(self) -> None:
         """Start the worker's process and return at once: it imports torch while the caller
@@ -269,12 +276,15 @@ class ProbeWorker(Runner):
         self._replies = os.fdopen(rep_r, "r")
         self._unready = True
 
-    def _await_ready(self) -> None:
+    def _await_ready(self, within: float | None = None) -> None:
         assert self._proc is not None
-        reply = self._recv(120)
+        limit = _READY_SECONDS if within is None else max(0.0, min(within, _READY_SECONDS))
+        reply = self._recv(limit)
         if not isinstance(reply, ReadyReply):
             self._stop(kill=True)
-            raise RuntimeError("the probe worker did not start within 120 s")
+            if limit < _READY_SECONDS and reply is None:
+                raise StartTooSlow(limit)
+            raise RuntimeError(f"the probe worker did not start within {_READY_SECONDS:.0f} s")
         self._unready = False
         self.starts += 1
         self.memory_limit = reply.memory_limit  # auto's: none where it runs on a GPU

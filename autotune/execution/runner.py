@@ -18,10 +18,19 @@ __all__ = [
     "RESTARTED",
     "InProcessRunner",
     "Runner",
+    "StartTooSlow",
     "crashed_pair",
     "crashed_result",
     "poisons_context",
 ]
+
+
+class StartTooSlow(RuntimeError):
+    """The worker was not ready within the seconds its start was given (it was stopped)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the probe worker was not ready within {seconds:.1f}s")
+        self.seconds = seconds
 
 
 # Appended to the reason of a probe that ended so.
@@ -150,8 +159,13 @@ class Runner:
         cannot diagnose)."""
         return None
 
-    def start(self) -> None:
-        """Pay the start-up cost now (a worker process importing torch), not in the first probe."""
+    def start(self, within: float | None = None) -> None:
+        """Pay the start-up cost now (a worker process importing torch), not in the first probe.
+
+        Raises:
+            StartTooSlow: not ready ``within`` seconds (None: the runner's own limit); the
+                worker is stopped.
+        """
 
     def interrupt(self) -> None:
         """Stop the probe in flight at once (Ctrl-C); its ``run`` returns a crashed result."""

@@ -4,6 +4,7 @@ run (:mod:`autotune.search._phases`), the config written up."""
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -17,13 +18,16 @@ from optuna.trial import TrialState
 from autotune.errors import DeviceError, StorageError
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.probe_worker import ProbeWorker, Runner
+from autotune.execution.runner import StartTooSlow
 from autotune.infra import clock
 from autotune.schema.config import TunedConfig
 from autotune.schema.enums import Phase, Role
 from autotune.schema.spec import StudySpec
 from autotune.search._artifact import baseline
 from autotune.search._budget import (
+    OPENING_PLAN,
     Budget,
+    BudgetTooShort,
     SearchInterrupted,
     SearchStopped,
     open_window,
@@ -70,12 +74,23 @@ class SearchResult:
     others_cores: float | None = None
 
 
-def _start_quietly(runner: Runner) -> None:
-    """Start the runner's worker; a failure here shows again, with its reason, on first use."""
-    try:
-        runner.start()
-    except Exception as exc:  # noqa: BLE001 - re-raised by the first real request
-        logger.debug("worker start failed ({}); retried on first use", exc)
+class _Starting(threading.Thread):
+    """The runner's worker, started beside the study's opening, within what the budget leaves
+    (a second kept to stop it); a failure shows again, with its reason, on first use, except a
+    start the budget ran out in (``too_slow``)."""
+
+    def __init__(self, runner: Runner, within: float | None) -> None:
+        super().__init__(daemon=True)
+        self.runner, self.within = runner, within
+        self.too_slow: StartTooSlow | None = None
+
+    def run(self) -> None:
+        try:
+            self.runner.start(self.within)
+        except StartTooSlow as exc:
+            self.too_slow = exc
+        except Exception as exc:  # noqa: BLE001 - re-raised by the first real request
+            logger.debug("worker start failed ({}); retried on first use", exc)
 
 
 def _resolve_runner(spec: StudySpec, runner: Runner | None) -> tuple[Runner, bool]:
@@ -133,7 +148,12 @@ def run_search(  # noqa: PLR0913 - public API: the search's options, keyword-onl
     """
     t0 = clock.now()
     runner, own_runner = _resolve_runner(spec, runner)
-    store, starting = _open(spec, storage, join=join, runner=runner, own_runner=own_runner)
+    # (A study joined shares its running window, read once the study is open.)
+    budget = budget if budget is not None or join else Budget(spec.budget)
+    within = budget.left() - 1.0 if budget is not None else None
+    store, starting = _open(
+        spec, storage, join=join, runner=runner, own_runner=own_runner, within=within
+    )
     budget = _window(store, spec, budget, join=join)
     out = Path(out_dir) if out_dir is not None else Path("studies") / spec.name
     interrupted = threading.Event()
@@ -145,6 +165,8 @@ def run_search(  # noqa: PLR0913 - public API: the search's options, keyword-onl
         with _sigint_stops(runner, interrupted, enabled=handle_sigint):
             try:
                 starting.join()
+                if starting.too_slow is not None:
+                    raise _start_too_slow(spec, budget, starting.too_slow)
                 facts = runner.facts(normalize_reference(spec.workload))
                 started_in = clock.now() - t0
                 rule = _check_facts(spec, store, budget, facts)
@@ -170,17 +192,19 @@ def run_search(  # noqa: PLR0913 - public API: the search's options, keyword-onl
     return _write_up(store, outcome, out, budget)
 
 
-def _open(
+def _open(  # noqa: PLR0913 - the opening's inputs, keyword-only
     spec: StudySpec,
     storage: Storage | None,
     *,
     join: bool,
     runner: Runner,
     own_runner: bool,
-) -> tuple[StudyStore, threading.Thread]:
-    """Open (or join) the study while the runner's worker starts beside it."""
+    within: float | None,
+) -> tuple[StudyStore, _Starting]:
+    """Open (or join) the study while the runner's worker starts beside it, in ``within``
+    seconds at most."""
     # The worker imports torch while the storage opens: the first trial starts sooner.
-    starting = threading.Thread(target=_start_quietly, args=(runner,), daemon=True)
+    starting = _Starting(runner, within)
     starting.start()
     try:
         return StudyStore(open_study(spec, storage, create=not join)), starting
@@ -189,6 +213,17 @@ def _open(
         if own_runner:
             runner.close()
         raise
+
+
+def _start_too_slow(spec: StudySpec, budget: Budget, exc: StartTooSlow) -> BudgetTooShort:
+    """The budget ran out while the worker started: where it went, and the fix."""
+    return BudgetTooShort(
+        f"study {spec.name!r}: the {budget.total:.0f}s budget ran out while the probe worker "
+        f"started (not ready after {exc.seconds:.1f}s; it was stopped): nothing was measured, so "
+        f"no config was written; --budget {math.ceil(budget.total + OPENING_PLAN)}s or more "
+        "leaves room for the start, a trial and its validation",
+        elapsed=budget.elapsed(),
+    )
 
 
 def _window(store: StudyStore, spec: StudySpec, budget: Budget | None, *, join: bool) -> Budget:

@@ -165,8 +165,8 @@ class DeviceRunner(Runner):
         with self._in_flight():
             return self.worker.answer_diagnose(request, timeout)
 
-    def start(self) -> None:
-        self.worker.start()
+    def start(self, within: float | None = None) -> None:
+        self.worker.start(within)
 
     def interrupt(self) -> None:
         self.worker.interrupt()

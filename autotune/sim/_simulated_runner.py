@@ -15,7 +15,7 @@ import autotune
 from autotune.errors import DeviceError
 from autotune.execution.facts import WorkerFacts
 from autotune.execution.messages import CompareRequest, DiagnoseRequest, ProbeRequest
-from autotune.execution.runner import Runner, crashed_result
+from autotune.execution.runner import Runner, StartTooSlow, crashed_result
 from autotune.infra.clock import VirtualClock
 from autotune.measure.paired import interleave
 from autotune.measure.result import PairedResult, ProbeResult
@@ -81,10 +81,14 @@ class SimulatedRunner(Runner):
 
     # ---- the interface ------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, within: float | None = None) -> None:
         if not self.started:
+            takes = self.landscape.timing.worker_start_seconds
+            if within is not None and takes > within:
+                self.clock.advance(max(0.0, within))
+                raise StartTooSlow(max(0.0, within))
             self.started = True
-            self.clock.advance(self.landscape.timing.worker_start_seconds)
+            self.clock.advance(takes)
 
     def interrupt(self) -> None:
         """Kill the probe in flight: it ends after its current block, ``crashed``."""
