@@ -773,14 +773,20 @@ def test_a_budget_the_workers_start_nearly_spends_ends_within_it_saying_so() -> 
     generated family's 10% budgets, 138% of the budget at worst). Now the search ends within
     its budget, writes no config, and says what the start took and which budget leaves room for
     a trial and its validation."""
-    study_spec = spec("8s")
-    with pytest.raises(BudgetTooShort) as raised:
-        simulate(study_spec, slow_builds(start=6.0), seed=0)
-    why = str(raised.value)
+    why = _ends_too_short("8s", start=6.0)
     assert "the 8s budget ran out before the fp32 reference was measured" in why
     assert "6.0s had gone by when it began; the worker took 6.0s to start" in why
     assert "--budget 31s or more" in why
+
+
+def _ends_too_short(budget: str, *, start: float) -> str:
+    """A search of ``budget`` whose worker starts in ``start`` seconds: it ends within its
+    budget with BudgetTooShort; what that says."""
+    study_spec = spec(budget)
+    with pytest.raises(BudgetTooShort) as raised:
+        simulate(study_spec, slow_builds(start=start), seed=0)
     assert raised.value.elapsed <= study_spec.budget
+    return str(raised.value)
 
 
 def test_a_worker_whose_start_outlasts_the_budget_is_stopped_within_it() -> None:
@@ -788,13 +794,9 @@ def test_a_worker_whose_start_outlasts_the_budget_is_stopped_within_it() -> None
     waited for it and ended at 106% of its budget. Now the start gets what the budget leaves
     (a second kept to stop it), and a worker not ready by then is stopped: the search ends
     within its budget, writes no config, and says so with the budget that leaves room."""
-    study_spec = spec("6s")
-    with pytest.raises(BudgetTooShort) as raised:
-        simulate(study_spec, slow_builds(start=7.0), seed=0)
-    why = str(raised.value)
+    why = _ends_too_short("6s", start=7.0)
     assert "the 6s budget ran out while the probe worker started (not ready after 5.0s" in why
     assert "no config was written; --budget 31s or more" in why
-    assert raised.value.elapsed <= study_spec.budget
 
 
 def test_an_opening_pair_that_timed_nothing_leaves_no_reference_to_divide_by() -> None:

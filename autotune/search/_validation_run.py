@@ -332,9 +332,8 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
         or (off <= 0 and not spread)
     ):
         return rerun
-    trial, seconds = rerun.trial, compiling(rerun.trial)
-    share = min(rerun.share, ctx.budget.total - WRITE_RESERVE - ctx.budget.elapsed())
-    if share < least_seconds(ctx, trial):
+    trial, seconds, share = rerun.trial, compiling(rerun.trial), _again_share(ctx, rerun)
+    if share is None:
         return rerun
     logger.info(
         "validation of {}: loss parity {:+.1%} (upper bound {:+.1%}, bar {:.1%}), a verdict one "
@@ -421,9 +420,8 @@ def _more_pairs(
                     seed_noise=noise)  # fmt: skip
     if verdict is None or verdict.kind != "speed":
         return rerun
-    trial, seconds = rerun.trial, compiling(rerun.trial)
-    share = min(rerun.share, ctx.budget.total - WRITE_RESERVE - ctx.budget.elapsed())
-    if share < least_seconds(ctx, trial):
+    trial, seconds, share = rerun.trial, compiling(rerun.trial), _again_share(ctx, rerun)
+    if share is None:
         return rerun
     logger.info(
         "validation of {}: {:.2f}x ({:.2f}-{:.2f}) over {} pairs, its interval short of {:.2f}x: "
@@ -439,3 +437,10 @@ def _more_pairs(
     if not again.ok or again.pairs == 0:
         return rerun
     return replace(rerun, paired=pooled(paired, again), runs=2)
+
+
+def _again_share(ctx: SearchContext, rerun: Rerun) -> float | None:
+    """The seconds a second pair of ``rerun``'s candidate gets: its first pair's share, up to
+    the budget's end; None where that cannot give it an interval."""
+    share = min(rerun.share, ctx.budget.total - WRITE_RESERVE - ctx.budget.elapsed())
+    return share if share >= least_seconds(ctx, rerun.trial) else None
