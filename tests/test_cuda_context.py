@@ -202,7 +202,9 @@ def _tiny_search(tmp_path: Path, device: str, budget: str) -> list[str]:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fakes a GPU; the gpu test runs on one")
 def test_cli_search_leaves_the_gpu_to_its_worker(tmp_path: Path) -> None:
     """With a GPU faked here, the search gets as far as the worker, which has none."""
-    done = _drive("--fake-gpu", *_tiny_search(tmp_path, "cuda", "5s"))
+    # (A budget the worker's start fits in beside a busy neighbour: one that ran out first would
+    # stop the worker before it could say it has no GPU.)
+    done = _drive("--fake-gpu", *_tiny_search(tmp_path, "cuda", "30s"))
     assert FORBIDDEN not in done.stderr, done.stderr[-3000:]
     assert done.returncode == 2, done.stderr[-3000:]
     assert "no CUDA device is visible" in done.stderr
@@ -212,7 +214,7 @@ def test_cli_search_leaves_the_gpu_to_its_worker(tmp_path: Path) -> None:
 def test_the_service_leaves_the_gpu_to_its_worker(tmp_path: Path) -> None:
     pytest.importorskip("fastapi")
     spec = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
-    spec.update(name="ctx", device="cuda", budget="5s")
+    spec.update(name="ctx", device="cuda", budget="30s")
     spec_file = tmp_path / "ctx.yaml"
     spec_file.write_text(yaml.safe_dump(spec))
     done = _drive("--fake-gpu", "service", f"sqlite:///{tmp_path / 's.db'}", str(spec_file))

@@ -44,15 +44,16 @@ def test_ladder_and_lr_rules() -> None:
 
 
 def test_end_to_end_search_writes_a_config_that_loads_and_keeps_its_budget(tmp_path: Path) -> None:
-    """The real path, once: a worker process, an 8 s budget, best.json written and loadable.
+    """The real path, once: a worker process, a 15 s budget, best.json written and loadable.
     The search's decisions are tested on the simulated device (test_sim.py); here only what
-    any run must leave behind, whatever a busy machine let it measure."""
-    spec = tiny_spec(tmp_path, budget="8s")
+    any run must leave behind, whatever a busy machine let it measure. (Beside a busy
+    neighbour the worker took 5.6 s to start, and 8 s left the reference under a second.)"""
+    spec = tiny_spec(tmp_path, budget="15s")
     started = time.monotonic()
     result = run_search(spec, out_dir=tmp_path / "out")
     elapsed = time.monotonic() - started
     # Budgets under 10 minutes may overrun by at most 30 s; aim much closer.
-    assert elapsed < 8 + 30, elapsed
+    assert elapsed < 15 + 30, elapsed
     assert result.path == tmp_path / "out" / "best.json"
     cfg = load_config(result.path)
     assert cfg == result.config

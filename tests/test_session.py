@@ -67,7 +67,7 @@ def train_steps(amp: AmpSession, steps: int = 3) -> tuple[nn.Module, list[float]
 def test_round_trip_search_to_training_under_the_tuned_precision(tmp_path: Path) -> None:
     """The real path: a short search writes best.json; training loads it and runs its mode."""
     spec = load_spec(ROOT / "studies" / "tiny.yaml").with_overrides(
-        {"storage": f"sqlite:///{tmp_path / 'study.db'}", "device": "cpu", "budget": "8s"}
+        {"storage": f"sqlite:///{tmp_path / 'study.db'}", "device": "cpu", "budget": "15s"}
     )
     result = run_search(spec, out_dir=tmp_path / "out", runner=InProcessRunner("cpu"))
     with warnings.catch_warnings(record=True) as record:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from autotune.cli import _diagnose, _export, _report, _search, _service, _train, _worker  # noqa: F401  (register their commands)
-from autotune.cli._app import app, err_console
+from autotune.cli._app import Launch, app, err_console
 from autotune.infra.leave import leave
 
 __all__ = ["app", "main", "run"]
@@ -15,6 +15,7 @@ __all__ = ["app", "main", "run"]
 def main() -> None:
     """The command line: runs the command ``sys.argv`` names, and exits with its code
     (SystemExit, which a caller in Python may catch)."""
+    Launch.for_this_command = True
     try:
         app()
     except KeyboardInterrupt:

@@ -33,6 +33,16 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
+
+class Launch:
+    """Whether this process was started for the one command it runs (:func:`autotune.cli.main`
+    says so): then its imports count against a search's budget, from ``autotune.STARTED``; a
+    command invoked in a process that lives on (the app called from Python, as the tests do)
+    counts from its own start (from the import, an hour-old process had spent its budget)."""
+
+    for_this_command = False
+
+
 # The spec owns the default; a study name is looked up where `autotune search` stores it.
 DEFAULT_STORAGE: str = StudySpec.model_fields["storage"].default
 

@@ -13,7 +13,16 @@ from loguru import logger
 from rich.markup import escape
 
 import autotune
-from autotune.cli._app import app, console, err_console, fail, parse_sets, setup_logging, warn
+from autotune.cli._app import (
+    Launch,
+    app,
+    console,
+    err_console,
+    fail,
+    parse_sets,
+    setup_logging,
+    warn,
+)
 from autotune.errors import AutotuneError, SpecError, StorageIOError
 from autotune.infra.logs import JSON_ENV, log_to_file
 from autotune.infra.redact import mask_url
@@ -192,7 +201,8 @@ def _run_with(  # noqa: PLR0913 - _run's arguments, and the worker it started
     virtual = runner.clock if runner is not None else None
     with clocks.use(virtual or clocks.current()):
         # A simulated search's budget starts on its own clock, now.
-        clock = Budget(spec.budget) if virtual else Budget(spec.budget, started=autotune.STARTED)
+        launched = Launch.for_this_command and not virtual
+        clock = Budget(spec.budget, started=autotune.STARTED) if launched else Budget(spec.budget)
     progress = SearchProgress(
         clock,
         console=err_console,
