@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.measure.stats import claimed, median_interval, paired_ratios, serial_interval, spread
+from autotune.measure.stats import claimed, median_interval, ratio_estimate, spread
 from autotune.schema.enums import Outcome
 from autotune.schema.spec import Candidate
 
@@ -161,8 +161,8 @@ class PairedResult(BaseModel):
 def pooled(first: PairedResult, second: PairedResult) -> PairedResult:
     """Two paired runs of the same settings as one measurement: their pairs' blocks in the
     order they ran (the first run's blocks alone after its pairs last), the speedup the median
-    of both runs' per-pair ratios, each arm's throughput over all its blocks; the first run's
-    losses, seed and everything else stand.
+    of the per-pair ratios over all of them, each arm's throughput over all its blocks; the
+    first run's losses, seed and everything else stand.
 
     Example:
         >>> from autotune.schema.spec import Candidate
@@ -192,15 +192,15 @@ def pooled(first: PairedResult, second: PairedResult) -> PairedResult:
             update.update(throughput=est.value, throughput_low=est.low, throughput_high=est.high,
                           step_time=a.batch_size / est.value, spread=spread(rates))  # fmt: skip
         arms[name] = a.model_copy(update=update)
-    ratios = []
-    for run in (first, second):
-        n = run.pairs
-        ratios += paired_ratios(run.candidate.rates()[:n], run.reference.rates()[:n])
+    # The speedup as a paired run's own is taken (and as the winner's is widened), over the
+    # blocks in the order they ran.
+    n = first.pairs + second.pairs
+    ratio = ratio_estimate(arms["candidate"].rates()[:n], arms["reference"].rates()[:n])
     out = first.model_copy(update=arms)
-    if ratios:
-        est = claimed(serial_interval(ratios))
-        out = out.model_copy(update={"speedup": est.value, "speedup_low": est.low,
-                                     "speedup_high": est.high, "pairs": est.n})  # fmt: skip
+    if ratio is not None:
+        ratio = claimed(ratio)
+        out = out.model_copy(update={"speedup": ratio.value, "speedup_low": ratio.low,
+                                     "speedup_high": ratio.high, "pairs": ratio.n})  # fmt: skip
     return out
 
 
