@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.infra import clock
 from autotune.schema.enums import Outcome
-from autotune.schema.spec import parse_spec
+from autotune.schema.spec import Candidate, parse_spec
 from autotune.search import Budget, BudgetTooShort, run_search
 from autotune.search._risk import kept_lr, safe_scale
 from autotune.search._space import Space
@@ -185,25 +185,71 @@ def test_a_lasting_gap_just_past_the_tolerance_is_not_validated_on_a_seeds_draw(
 
 
 @pytest.mark.parametrize("budget", ["12s", "15s"])
-def test_a_budget_too_short_for_ceilings_still_validates_the_safe_rule(budget: str) -> None:
+def test_a_budget_too_short_for_ceilings_still_validates_a_safe_bf16(budget: str) -> None:
     """12-15 s, of which the worker's start and the reference take a third: no ceiling is
-    measured and the reference is not confirmed, so bf16 at the base batch (the rule a user
-    would apply) is measured and validated on every seed, inside the budget (before, every
-    seed fell back to fp32 with seconds unspent)."""
+    measured and the reference is not confirmed, so the search opens with one pair, bf16 at
+    the next batch up (lr by the rule), and validates it on every seed, inside the budget: safe
+    by the landscape's truth, and faster than bf16 at the base batch, the rule a user would
+    apply (before the opening pair, every seed fell back to fp32 with seconds unspent)."""
     land = landscape()
+    rule = land.truth(Candidate(precision="bf16", batch_size=64, learning_rate=0.1)).speedup
     for seed in range(3):
         run = simulate(spec(budget), land, seed=seed)
         cfg = run.config
         assert cfg.evidence.validated, cfg.evidence.validation_note
-        assert (cfg.precision, cfg.batch_size) == ("bf16", 64)
+        truth = truth_of(land, cfg)
+        assert cfg.precision == "bf16" and truth.parity_gap <= 0.05 and not truth.diverges
+        assert truth.speedup > rule, (cfg.batch_size, truth.speedup, rule)
         assert run.seconds <= float(budget[:-1])
+
+
+def _launch_bound() -> Landscape:
+    """Small batches bound by launches: every mode runs alike up to the base batch (64), and
+    only a larger batch gains (bf16 at 128 is 1.9x)."""
+    return landscape(
+        **{
+            f"modes.{mode}.throughput": {16: 1500, 64: 6000, 128: 6000 * k, 256: 7000 * k}
+            for mode, k in (("fp32", 1.05), ("bf16", 1.9), ("fp16", 1.95))
+        }
+    )
+
+
+def test_a_short_budget_on_launch_bound_batches_validates_the_larger_batch() -> None:
+    """15 s on a device where every mode runs alike at the base batch: bf16 at the base batch
+    would not clear 1.05x and the search would fall back to fp32; the opening pair is bf16 at
+    the next batch up with the lr by the rule, validated at ~1.9x on every seed."""
+    land = _launch_bound()
+    for seed in range(3):
+        run = simulate(spec("15s"), land, seed=seed)
+        cfg = run.config
+        assert cfg.evidence.validated, cfg.evidence.validation_note
+        assert (cfg.precision, cfg.batch_size, cfg.learning_rate) == ("bf16", 128, 0.2)
+        assert cfg.evidence.speedup > 1.5
+        assert run.seconds <= 15.0
+
+
+def test_an_opening_pick_diverging_at_the_rules_lr_leaves_its_time_to_the_safe_rule() -> None:
+    """Twice the lr diverges (the loss turns inf within steps): the opening pair of bf16 at the
+    next batch up stops early, and the time it leaves goes to the safe rule's pair, bf16 at the
+    base batch, validated on every seed; the larger batch's trial says it diverged."""
+    land = landscape(schema_version=2, **{"parity.diverge_lr_above": 1.5})
+    for seed in range(3):
+        run = simulate(spec("15s"), land, seed=seed)
+        cfg = run.config
+        assert cfg.evidence.validated, cfg.evidence.validation_note
+        assert (cfg.precision, cfg.batch_size) == ("bf16", 64)
+        outcomes = {
+            t.params.get("batch_size"): record(t).outcome for t in run.store.study.get_trials()
+        }
+        assert outcomes[128] == Outcome.DIVERGED
+        assert run.seconds <= 15.0
 
 
 def test_a_ceiling_not_measured_for_lack_of_time_is_not_shown_as_a_limit() -> None:
     """A 22-second bf16 search on a 4 GiB device measures no ceiling (and the opening pair's
-    peak, 1 GiB at bs=64, vouches for no larger batch within half the memory): the sampler's
-    larger batches are pruned above the base batch, and the reason says the ceiling was not
-    measured (a user reading "above the bf16 ceiling 64" alone would take bs=128 for too large
+    peak, 1.7 GiB at bs=128, vouches for no larger batch within half the memory): the
+    sampler's larger batches are pruned above it, and the reason says the ceiling was not
+    measured (a user reading "above the bf16 ceiling 128" alone would take bs=256 for too large
     to run)."""
     small = landscape(memory_total_bytes=4 * GiB)
     run = simulate(spec("22s", space={"precisions": ["bf16"]}), small, seed=0)
@@ -688,14 +734,15 @@ def test_a_budget_too_short_for_a_reference_a_trial_and_a_pair_validates_the_saf
 ) -> None:
     """Runs that each pay 2.4 s of set-up, a worker that starts in 6 s, 18-25 s in all: a
     reference, a trial and a validation pair (six set-ups) do not fit, so the search opens with
-    one pair, the safe pick (bf16 at the base batch, else the AMP recipe run to fp16's horizon)
-    beside the fp32 reference, and that pair validates it on every seed, inside the budget
-    (before, the reference and the trial took the time its pair needed: fp32 on every seed)."""
+    one pair, its opening pick (bf16 at the next batch up, lr by the rule; else the AMP recipe
+    at the base batch, run to fp16's horizon) beside the fp32 reference, and that pair
+    validates it on every seed, inside the budget (before, the reference and the trial took the
+    time its pair needed: fp32 on every seed)."""
     short = spec(budget, space={"precisions": precisions})
     safe = "bf16" if "bf16" in precisions else "fp16"
     for run in validated_on_every_seed(short, slow_builds(start=6.0), 3):
         cfg = run.config
-        assert (cfg.precision, cfg.batch_size) == (safe, 64)
+        assert (cfg.precision, cfg.batch_size) == (safe, 128 if safe == "bf16" else 64)
         assert cfg.evidence.paired_blocks >= 6
         first = run.store.study.trials[0]
         assert first.params["precision"] == safe and first.state == TrialState.COMPLETE

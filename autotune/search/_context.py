@@ -63,9 +63,10 @@ class Findings:
     compile_seconds: dict[str, list[float]] = field(default_factory=dict)
     # Where the job's time went, by phase (seconds); see :meth:`SearchContext.clock`.
     spent: dict[str, float] = field(default_factory=dict)
-    # A short budget's opening pair (the safe rule's candidate beside the reference): its
-    # candidate's first trial and first validation pair, until they take it.
-    opening: PairedResult | None = None
+    # A short budget's opening pairs (the safe rule's candidate beside the reference, then its
+    # mode at the next batch up): each candidate's first trial and first validation pair,
+    # until they take it.
+    openings: list[PairedResult] = field(default_factory=list)
     # What other processes take of this machine's CPU while the search runs.
     contention: CpuContention = field(default_factory=CpuContention, repr=False)
     _clocks: list[list] = field(default_factory=list, repr=False)

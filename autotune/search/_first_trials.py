@@ -16,7 +16,13 @@ from autotune.study.reference import ReferenceRecord
 from autotune.study.store import StudyStore
 from autotune.study.trials import TrialRecord, record
 
-__all__ = ["enqueue_base_trials", "enqueue_between", "enqueue_larger_batches", "safe_pick"]
+__all__ = [
+    "enqueue_base_trials",
+    "enqueue_between",
+    "enqueue_larger_batches",
+    "opening_picks",
+    "safe_pick",
+]
 
 
 _WAVE_ONE = ("bf16", "fp16", "tf32")
@@ -28,14 +34,43 @@ def safe_pick(ctx: SearchContext, modes: list[str]) -> Candidate | None:
     return ctx.space.candidate(mode, ctx.space.base_batch) if mode else None
 
 
+def opening_picks(ctx: SearchContext, modes: list[str]) -> list[Candidate]:
+    """A short budget's opening picks, in order: bf16 at the ladder's next batch above the
+    base (the lr by the workload's rule), then the safe rule's pick.
+
+    One pair is what a short budget affords, and a larger batch is where its gain most often
+    lies: where launches bind a small batch, every mode runs alike at the base batch. A pick
+    that stops early (diverges at the rule's lr, or runs out of memory) leaves its time to the
+    next. fp16 opens at the base batch: its verdict must run past its overflow horizon, and a
+    larger batch's steps reach it later.
+    """
+    pick = safe_pick(ctx, modes)
+    if pick is None:
+        return []
+    batch = min((b for b in ctx.space.ladder if b > pick.batch_size), default=None)
+    if pick.precision != "bf16" or batch is None:
+        return [pick]
+    return [ctx.space.candidate(pick.precision, batch), pick]
+
+
 def enqueue_base_trials(ctx: SearchContext, store: StudyStore, modes: list[str]) -> None:
     """Wave 1: each mode but fp32 (the reference itself) at the base batch; the safe rule's
     picks first (bf16, then the AMP recipe), so a short budget measures them."""
     base = ctx.space.base_batch
+
+    def role(mode: str) -> str:
+        return Role.AMP_RECIPE if mode == "fp16" else Role.at_base(mode)
+
+    # The opening pairs' candidates first, in their order: their arms stand for the first
+    # trials asked.
+    for pair in ctx.found.openings:
+        c = pair.candidate.candidate
+        at_base = TrialRecord(role=role(c.precision)) if c.batch_size == base else None
+        store.enqueue(ctx.space.params(c.precision, c.batch_size), at_base, skip_if_exists=True)
     for mode in sorted(modes, key=lambda m: _WAVE_ONE.index(m) if m in _WAVE_ONE else 9):
         if mode != "fp32":
-            role = Role.AMP_RECIPE if mode == "fp16" else Role.at_base(mode)
-            store.enqueue(ctx.space.params(mode, base), TrialRecord(role=role), skip_if_exists=True)
+            rec = TrialRecord(role=role(mode))
+            store.enqueue(ctx.space.params(mode, base), rec, skip_if_exists=True)
 
 
 def enqueue_larger_batches(

@@ -440,17 +440,19 @@ def raise_ceiling(ctx: SearchContext, store: StudyStore, trial: FrozenTrial) -> 
 
 
 def ceiling_from_opening(ctx: SearchContext, store: StudyStore, arm: ProbeResult) -> None:
-    """A short budget's ceiling phase tried nothing: the opening pair's candidate arm, its peak
+    """A short budget's ceiling phase tried nothing: an opening pair's candidate arm, its peak
     scaled with the batch, vouches for its mode's larger batches as a ceiling's first try does
-    (within half the memory budget), and the search may try them."""
+    (within half the memory budget), and for its own batch, and the search may try them."""
     mode, start = arm.candidate.precision, arm.candidate.batch_size
     budget = ctx.facts.memory_budget(ctx.spec.memory_margin)
-    if ctx.found.ceilings.get(mode) != start or not _fits(arm, budget):
+    old = ctx.found.ceilings.get(mode, 0)
+    if old > start or not _fits(arm, budget):
         return
     reach = jump_size(arm, start, max(ctx.space.ladder), budget, math.inf)
-    if reach <= start:
+    if reach <= old:
         return
-    _raise(ctx, store, mode, start, reach, "the opening pair's peak, scaled")
+    why = f"not measured above it: the opening pair's peak at bs={start}, scaled, vouches for it"
+    _raise(ctx, store, mode, old, reach, why)
     logger.info("ceiling {} = {} (the opening pair's peak at bs={}, scaled)", mode, reach, start)
 
 

@@ -40,7 +40,7 @@ from autotune.search._first_trials import (
     enqueue_base_trials,
     enqueue_between,
     enqueue_larger_batches,
-    safe_pick,
+    opening_picks,
 )
 from autotune.search._hardware import ceiling_from_opening, check_hardware, find_ceilings
 from autotune.search._knob_trials import (
@@ -197,10 +197,10 @@ def run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> PhasesDone:
     # The sampler's space from here on: the choices fixed with the study, a new context for it.
     ctx = replace(ctx, space=space_for(ctx.spec, choices, ctx.facts, rule))
     refs = ReferenceKeeper(ctx, store)
-    opening = safe_pick(ctx, [m for m in choices if m in modes]) if short else None
+    opening = opening_picks(ctx, [m for m in choices if m in modes]) if short else []
     reference = establish(ctx, refs, opening)
-    if ctx.found.opening is not None:
-        ceiling_from_opening(ctx, store, ctx.found.opening.candidate)
+    for pair in ctx.found.openings:
+        ceiling_from_opening(ctx, store, pair.candidate)
     enqueue_base_trials(ctx, store, [m for m in choices if m in modes])
     enqueue_diagnosed_islands(ctx, store, modes)
     end_at = hard_end = ctx.budget.total - WRITE_RESERVE

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 import socket
+from collections.abc import Sequence
 
 from loguru import logger
 
 from autotune.errors import DeviceError
 from autotune.infra import clock
 from autotune.measure.parity import parity_gap
-from autotune.measure.result import ProbeResult
+from autotune.measure.result import PairedResult, ProbeResult
 from autotune.schema.enums import Outcome, Phase
 from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.search._budget import (
@@ -150,10 +151,11 @@ class ReferenceKeeper:
         if self.record is not None:
             self.store.set_reference(*self.where, self.record)
 
-    def establish(self, opening: Candidate | None = None) -> ReferenceRecord:
+    def establish(self, opening: Sequence[Candidate] = ()) -> ReferenceRecord:
         """The reference with its loss curve: the long first run, or the stored one measured
         again now (a resumed run, or another worker on this machine); with ``opening`` (a
-        short budget's safe pick), the first run is that candidate's pair with it.
+        short budget's picks), the first run is a pick's pair with it: the first pick's, or the
+        next one's where the one before stopped early.
 
         Raises:
             ReferenceUnavailable: the reference run did not complete.
@@ -170,13 +172,13 @@ class ReferenceKeeper:
             self.measure()
             self._settle()
             return self.record
-        if opening is not None and (result := self._open(cand, opening)) is not None:
+        if opening and (result := self._open(cand, opening)) is not None:
             return self._first(cand, result)
         settings = self._alone(cand)
         result = ctx.run_probe(cand, settings)
         cold = result.ok and result.truncated and not result.blocks
         # A pair stopped at its hard limit (its record dropped) was the first try already.
-        retry = opening is None or ctx.found.opening is not None
+        retry = not opening or bool(ctx.found.openings)
         retry = retry and ctx.budget.left() >= _LEAST + _AFTER
         if retry and (cold or (result.outcome == Outcome.CRASHED and not ctx.should_stop())):
             # Cut inside its warm-up, or stopped at its hard limit: on a busy machine a fresh
@@ -265,10 +267,54 @@ class ReferenceKeeper:
         self._settle()  # confirmed here, not inside the first trial (a short budget: not at all)
         return self.record
 
-    def _open(self, cand: Candidate, opening: Candidate) -> ProbeResult | None:
-        """The opening pair: ``opening`` beside the reference in most of what is left, its arms
-        past fp16's overflow horizon where it is fp16, kept in ``ctx.found.opening``; its reference
-        arm, or None where that arm did not complete (the reference then runs alone)."""
+    def _open(self, cand: Candidate, picks: Sequence[Candidate]) -> ProbeResult | None:
+        """The opening pair: a pick beside the reference in most of what is left, its arms past
+        fp16's overflow horizon where it is fp16, kept in ``ctx.found.openings``: the first
+        pick's, and the next one's where a pick's arm stopped early (diverged, or out of memory)
+        and another pair fits. The last pair's reference arm, or None where that arm did not
+        complete (the reference then runs alone)."""
+        ctx = self.ctx
+        for i, pick in enumerate(picks):
+            paired, timeout = self._pair(cand, pick)
+            ctx.found.openings.append(paired)
+            arm, failed = paired.reference, paired.candidate
+            if not arm.ok and arm.timed_out:
+                # Stopped at its hard limit: two arms' set-up did not fit in what a short
+                # budget left, or a build or a step hangs. The reference alone tells which (a
+                # hang raises there); neither arm stands for a trial.
+                logger.info("the opening pair did not finish within its {:.0f}s: measuring the "
+                            "reference alone", timeout)  # fmt: skip
+                ctx.found.openings.remove(paired)
+                self._unmeasured = (
+                    f"the opening pair, the fp32 reference beside {pick.precision}, was stopped "
+                    f"at its hard limit of {timeout:.0f}s: its two set-ups did not fit, or a "
+                    f"build or a step hangs (autotune probe --workload {ctx.workload} --device "
+                    f"{ctx.device} tells which)"
+                )
+                return None
+            # The next pair fits where what is left covers what this one's set-ups took and the
+            # reference's floor of pairs after them.
+            need = max(failed.wall_seconds, arm.wall_seconds) + REFERENCE_FLOOR
+            early = not failed.ok and not failed.timed_out
+            if not early or i + 1 == len(picks) or ctx.budget.left() - WRITE_RESERVE < need:
+                break
+            logger.info("the opening pick stopped early ({}): pairing the next one, {} bs={}",
+                        failed.reason, picks[i + 1].precision, picks[i + 1].batch_size)  # fmt: skip
+        probe = ctx.spec.probe
+        short = len(arm.losses) < probe.warmup_steps + probe.steps
+        # No timed block: its figure is its warm-up's (first-use costs), not a step's.
+        untimed = not arm.blocks
+        if not arm.ok or arm.throughput <= 0 or untimed or (short and ctx.budget.left() > _ALONE):
+            # Stopped early (its candidate diverged or ran out of memory): too short a curve,
+            # where a run alone still fits.
+            logger.info("the opening pair's reference arm ran {} steps: measuring the reference "
+                        "alone", len(arm.losses))  # fmt: skip
+            return None
+        return arm
+
+    def _pair(self, cand: Candidate, opening: Candidate) -> tuple[PairedResult, float]:
+        """``opening`` paired with the reference ``cand`` in most of what is left; the pair and
+        its hard limit."""
         ctx, probe = self.ctx, self.ctx.spec.probe
         # fp16's arms run past its overflow horizon, the candidate's last steps alone where the
         # time left is what they need.
@@ -288,31 +334,7 @@ class ReferenceKeeper:
         timeout = min(share + ctx.hard_grace(), left - 1.0)
         paired = ctx.run_compare(opening, cand, settings, timeout=timeout)
         logger.info("opening pair, the reference beside the safe pick: {}", paired.summary())
-        ctx.found.opening, arm = paired, paired.reference
-        if not arm.ok and arm.timed_out:
-            # Stopped at its hard limit: two arms' set-up did not fit in what a short budget
-            # left, or a build or a step hangs. The reference alone tells which (a hang raises
-            # there); neither arm stands for a trial.
-            logger.info("the opening pair did not finish within its {:.0f}s: measuring the "
-                        "reference alone", timeout)  # fmt: skip
-            ctx.found.opening = None
-            self._unmeasured = (
-                f"the opening pair, the fp32 reference beside {opening.precision}, was stopped "
-                f"at its hard limit of {timeout:.0f}s: its two set-ups did not fit, or a build or "
-                f"a step hangs (autotune probe --workload {ctx.workload} --device {ctx.device} "
-                "tells which)"
-            )
-            return None
-        short = len(arm.losses) < probe.warmup_steps + probe.steps
-        # No timed block: its figure is its warm-up's (first-use costs), not a step's.
-        untimed = not arm.blocks
-        if not arm.ok or arm.throughput <= 0 or untimed or (short and ctx.budget.left() > _ALONE):
-            # Stopped early (its candidate diverged or ran out of memory): too short a curve,
-            # where a run alone still fits.
-            logger.info("the opening pair's reference arm ran {} steps: measuring the reference "
-                        "alone", len(arm.losses))  # fmt: skip
-            return None
-        return arm
+        return paired, timeout
 
     def refresh_after(self) -> float:
         """Seconds a measurement stays fresh: a few typical trials, shorter after drift."""
@@ -450,7 +472,7 @@ class ReferenceKeeper:
 
 
 def establish(
-    ctx: SearchContext, refs: ReferenceKeeper, opening: Candidate | None
+    ctx: SearchContext, refs: ReferenceKeeper, opening: Sequence[Candidate] = ()
 ) -> ReferenceRecord:
     """The fp32 reference, measured first: without it there is nothing to compare with."""
     try:

@@ -19,7 +19,7 @@ from autotune.search._validation_time import (
     compiling,
     endurance_seconds,
     in_pair_seconds,
-    opened,
+    opening_of,
     setup_seconds,
     six_pairs,
 )
@@ -141,11 +141,11 @@ def paired_rerun(
     fp16 one's candidate runs on alone after its pairs to ``horizon`` steps (where it has not
     run ``ran`` steps already), and one still short of it whose pair would be accepted then
     runs alone to it in what is left of its share."""
-    if (opening := ctx.found.opening) is not None and opened(ctx, trial):
-        # Its pair was the search's opening: measured before any trial, so not chosen for its
-        # figures; the first rerun of its candidate is that pair, paid already (``share`` is
-        # for fp16's run alone, where the pair fell short of its horizon).
-        ctx.found.opening = None
+    if (opening := opening_of(ctx, trial)) is not None:
+        # Its pair was one of the search's opening pairs: measured before any trial, so not
+        # chosen for its figures; the first rerun of its candidate is that pair, paid already
+        # (``share`` is for fp16's run alone, where the pair fell short of its horizon).
+        ctx.found.openings.remove(opening)
         wall = opening.candidate.wall_seconds
         rerun = gapped(ctx, reference, Rerun(trial, opening, share=wall, horizon=horizon))
         return _endure(ctx, reference, rerun, trial, share=share)

@@ -261,9 +261,10 @@ def candidates(
         ruled_out=ruled_out,
         parity_tolerance=ctx.spec.parity_tolerance,
     )
-    # The opening pair's pick costs validation nothing: the standby, where it is the faster.
-    first = next((t for t in done if opened(ctx, t) and t not in picked), None)
-    if first is not None and first not in ruled_out and is_feasible(first):
+    # An opening pair's pick costs validation nothing: the standby, where it is the faster.
+    for first in (t for t in done if opened(ctx, t) and t not in picked):
+        if first in ruled_out or not is_feasible(first):
+            continue
         speed = record(first).speedup or 0.0
         if speed >= min_speedup and (standby is None or speed >= (record(standby).speedup or 0)):
             standby = first

@@ -75,23 +75,25 @@ class TrialStep:
         self.refs = refs
         # Trials in a row whose candidate was measured already (see EXHAUSTED).
         self.twins_in_row = 0
-        # The opening pair's candidate arm, until its trial takes it as its probe.
-        self._opening = ctx.found.opening.candidate if ctx.found.opening is not None else None
+        # The opening pairs' candidate arms, in order, until their trials take them as probes.
+        self._openings = [pair.candidate for pair in ctx.found.openings]
 
     @property
     def opening_waits(self) -> bool:
-        """Does the opening pair's arm still wait for its trial (which costs no time)?"""
-        return self._opening is not None
+        """Does an opening pair's arm still wait for its trial (which costs no time)?"""
+        return bool(self._openings)
 
     # ---- the step ------------------------------------------------------------------------------
 
     def run(self, trial: optuna.Trial, modes: list[str], left: float) -> None:
         """Probe one trial and tell the study how it went."""
         ctx = self.ctx
-        # The opening arm stands for the first trial asked (the safe pick, queued first) or for
-        # none: the search waits for no other.
-        opening, self._opening = self._opening, None
         cand = ctx.space.suggest(trial)
+        # The opening arms stand for the first trials asked (queued first, in their order) or
+        # for none: the search waits for no other.
+        opening = self._openings.pop(0) if self._openings else None
+        if opening is not None and opening.candidate != cand:
+            opening, self._openings = None, []
         role = record(trial).role
         TrialRecord(
             learning_rate=cand.learning_rate, lr_scaling=ctx.space.rule, worker=owner_id()

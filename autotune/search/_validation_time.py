@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from optuna.trial import FrozenTrial
 
+from autotune.measure.result import PairedResult
 from autotune.measure.stats import MIN_VALUES
 from autotune.search._context import SearchContext
 from autotune.search._risk import steps_run
@@ -19,6 +20,7 @@ __all__ = [
     "in_pair_seconds",
     "least_pair",
     "opened",
+    "opening_of",
     "per_pair",
     "proof_seconds",
     "rerun_need",
@@ -52,10 +54,19 @@ def per_pair(ctx: SearchContext) -> float:
     return 2.5 * ratio * ctx.typical_probe(default=0.0) + 1.0
 
 
+def opening_of(ctx: SearchContext, trial: FrozenTrial) -> PairedResult | None:
+    """``trial``'s opening pair (its first validation pair, measured before any trial), where
+    the search opened with one for its candidate and no rerun took it yet."""
+    pairs = [p for p in ctx.found.openings if p.ok]
+    if not pairs or "precision" not in trial.params:
+        return None
+    cand = candidate(trial)
+    return next((p for p in pairs if p.candidate.candidate == cand), None)
+
+
 def opened(ctx: SearchContext, trial: FrozenTrial) -> bool:
-    """Is ``trial``'s first validation pair the search's opening pair, still untaken?"""
-    pair = ctx.found.opening
-    return pair is not None and pair.ok and pair.candidate.candidate == candidate(trial)
+    """Is ``trial``'s first validation pair one of the search's opening pairs, still untaken?"""
+    return opening_of(ctx, trial) is not None
 
 
 def rerun_need(ctx: SearchContext, trial: FrozenTrial, horizon: int) -> float:
