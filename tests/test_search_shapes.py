@@ -918,3 +918,15 @@ def test_throughput_that_peaks_between_the_leader_and_a_slower_larger_batch_is_f
     batch between a leader and a larger one that did not lead is tried too."""
     cfg = _validated_safe(366, 44.5, seed)
     assert (cfg.precision, cfg.batch_size) == ("fp16", 512)
+
+
+def test_a_validation_pair_whose_set_ups_outlast_its_share_ends_within_the_budget() -> None:
+    """The generated family's member 450, 26.9 s: the opening pair (bf16 at 2x the base batch)
+    is refused on parity, bf16 at the base batch is measured in the 3 s left to the search,
+    and its validation pair gets 6.9 s, less than its two arms' set-ups take. It is stopped at
+    the budget's end, and the search ends within its budget (before, the pair ran on to
+    27.1 s)."""
+    land, study_spec = _generated(450, 26.92)
+    run = simulate(study_spec, land, seed=15)
+    assert run.seconds <= study_spec.budget
+    assert run.config is not None

@@ -267,7 +267,9 @@ def run_pair(  # noqa: PLR0913 - one pair's settings, from validation alone
         settings.model_copy(
             update={"time_limit": max(1.0, timed - 1.0), "min_time": min_time, "precision": 0.005}
         ),
-        timeout=share + ctx.hard_grace(),
+        # Stopped at the budget's end at the latest: two set-ups that outlast a short share
+        # must not take the run past its budget.
+        timeout=min(share + ctx.hard_grace(), max(1.0, ctx.budget.left())),
     )
     logger.info("validation of {}: {}", trial.number, paired.summary())
     return paired
