@@ -748,6 +748,19 @@ def test_a_budget_too_short_for_a_reference_a_trial_and_a_pair_validates_the_saf
         assert first.params["precision"] == safe and first.state == TrialState.COMPLETE
 
 
+def test_a_budget_with_room_for_one_pair_only_opens_with_the_safe_rules_pick() -> None:
+    """A worker that starts in 6 s, 14 s in all: 8 s are left, too little for a second pair
+    after a larger pick that diverged, so the search opens with bf16 at the base batch, tries
+    no larger batch, and validates it (opened with the larger pick at any budget, the
+    generated family0-0165, 15 s, ended with no config on every seed: the pick diverged and
+    the safe rule's pair got too little time to measure a pair)."""
+    changes = {"timing.worker_start_seconds": 6.0, "parity.diverge_lr_above": 1.5}
+    land = landscape(schema_version=2, **changes)
+    for run in validated_on_every_seed(spec("14s"), land, 3):
+        assert (run.config.precision, run.config.batch_size) == ("bf16", 64)
+        assert all(t.params.get("batch_size") != 128 for t in run.store.study.get_trials())
+
+
 def _generated(number: int, budget: float) -> tuple[Landscape, Any]:
     """The family's member ``number`` and a spec over the modes it runs, ``budget`` seconds."""
     land = family(number + 1)[number]

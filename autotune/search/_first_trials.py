@@ -10,6 +10,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.schema.enums import Outcome, Role
 from autotune.schema.spec import Candidate
+from autotune.search._budget import OPENING_LEAST
 from autotune.search._context import SearchContext
 from autotune.search._shortlist import eligible
 from autotune.study.reference import ReferenceRecord
@@ -26,6 +27,9 @@ __all__ = [
 
 
 _WAVE_ONE = ("bf16", "fp16", "tf32")
+# Seconds left at the least for a short budget to open with a larger pick than the safe
+# rule's: room for a second pair after the first stopped early.
+_TWO_PAIRS = 1.5 * OPENING_LEAST
 
 
 def safe_pick(ctx: SearchContext, modes: list[str]) -> Candidate | None:
@@ -48,7 +52,9 @@ def opening_picks(ctx: SearchContext, modes: list[str]) -> list[Candidate]:
     if pick is None:
         return []
     batch = min((b for b in ctx.space.ladder if b > pick.batch_size), default=None)
-    if pick.precision != "bf16" or batch is None:
+    # Where what is left could not pay a second pair after one stopped early, the safe rule's
+    # pick alone: a larger pick that diverged would leave no config at all.
+    if pick.precision != "bf16" or batch is None or ctx.budget.left() < _TWO_PAIRS:
         return [pick]
     return [ctx.space.candidate(pick.precision, batch), pick]
 

@@ -292,11 +292,11 @@ class ReferenceKeeper:
                     f"{ctx.device} tells which)"
                 )
                 return None
-            # The next pair fits where what is left covers what this one's set-ups took and the
-            # reference's floor of pairs after them.
+            # The next pair fits where its time limit covers what this one's set-ups took and
+            # the reference's floor of pairs after them.
             need = max(failed.wall_seconds, arm.wall_seconds) + REFERENCE_FLOOR
             early = not failed.ok and not failed.timed_out
-            if not early or i + 1 == len(picks) or ctx.budget.left() - WRITE_RESERVE < need:
+            if not early or i + 1 == len(picks) or self._limit() < need:
                 break
             logger.info("the opening pick stopped early ({}): pairing the next one, {} bs={}",
                         failed.reason, picks[i + 1].precision, picks[i + 1].batch_size)  # fmt: skip
@@ -312,6 +312,10 @@ class ReferenceKeeper:
             return None
         return arm
 
+    def _limit(self) -> float:
+        """An opening pair's time limit: most of what is left, a second kept for its end."""
+        return max(1.0, _OPENING_SHARE * (self.ctx.budget.left() - WRITE_RESERVE) - 1.0)
+
     def _pair(self, cand: Candidate, opening: Candidate) -> tuple[PairedResult, float]:
         """``opening`` paired with the reference ``cand`` in most of what is left; the pair and
         its hard limit."""
@@ -325,7 +329,7 @@ class ReferenceKeeper:
             update={
                 "steps": max(ctx.spec.validation.steps, alone),
                 "alone_steps": alone,
-                "time_limit": max(1.0, share - 1.0),
+                "time_limit": self._limit(),
                 "min_time": ctx.default_min_time,
                 "precision": 0.01,
             }
