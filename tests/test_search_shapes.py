@@ -22,7 +22,7 @@ from autotune.schema.spec import Candidate, parse_spec
 from autotune.search import Budget, BudgetTooShort, run_search
 from autotune.search._risk import kept_lr, safe_scale
 from autotune.search._space import Space
-from autotune.sim import Landscape, SimulatedRunner, family, simulate
+from autotune.sim import Landscape, SimulatedRunner, family, load_landscape, simulate
 from autotune.study.store import StudyStore
 from autotune.study.trials import TrialRecord, record
 
@@ -943,3 +943,34 @@ def test_a_validation_pair_whose_set_ups_outlast_its_share_ends_within_the_budge
     run = simulate(study_spec, land, seed=15)
     assert run.seconds <= study_spec.budget
     assert run.config is not None
+
+
+@pytest.mark.parametrize(
+    ("name", "budget", "seed", "batch"),
+    [
+        ("cpu-tiny_convnet", 26.0, 2, 128),
+        ("a100-resnet18", 28.0, 1, 1024),
+        # bs=1024 measured faster, refused on parity after its pair: the opening pick's.
+        ("a100-resnet18", 26.0, 0, 256),
+    ],
+)
+def test_a_faster_candidate_gets_the_time_an_opening_pick_does_not_need(
+    name: str, budget: float, seed: int, batch: int
+) -> None:
+    """A short budget's opening pair validates bf16 at twice the base batch before any trial;
+    the search then measures a larger batch, faster. Validation kept the opening pick's least
+    pair for it, though that pair is paid, and gave the faster one no time ("0s left for it":
+    the opening pick's config, with seconds unspent); the opening pick is still accepted for
+    free where the faster one is refused. Now the faster one is validated."""
+    land = load_landscape(name)
+    modes = [p for p in land.modes if p not in land.unsupported]
+    study_spec = parse_spec(
+        {"name": "shapes", "workload": land.workload, "budget": budget,
+         "space": {"precisions": modes}}
+    )  # fmt: skip
+    run = simulate(study_spec, land, seed=seed)
+    cfg = run.config
+    assert cfg.evidence.validated, cfg.evidence.validation_note
+    assert (cfg.precision, cfg.batch_size) == ("bf16", batch)
+    assert land.truth(cfg.candidate()).parity_gap <= 0.05
+    assert run.seconds <= budget

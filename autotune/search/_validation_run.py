@@ -163,22 +163,19 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
             t for t in order[i + 1 :] if t not in ruled and not (accepted and t is standby)
         ]
         needs = [rerun_need(ctx, t, horizon_of(t)) for t in rest]
-        # What the ones after it must keep: each its least, fp16's horizon included.
-        keep = sum(
-            1.5 * least_seconds(ctx, t) + proof_seconds(ctx, t, horizon_of(t)) for t in rest[1:]
-        )
+        # What the ones after it must keep: each its least, fp16's horizon included (an
+        # opening pair's pick only the latter: its pair is paid).
+        keep = sum(_least(ctx, t, horizon_of(t), spare=1.5) for t in rest[1:])
         # At least what it needs to be measured at all, where that is left: a share short of
         # it skips it for certain, and a better candidate goes unmeasured for a worse one.
         horizon = horizon_of(trial)
-        least = least_seconds(ctx, trial) + proof_seconds(ctx, trial, horizon)
+        least = _least(ctx, trial, horizon)
         floor = left
         if not accepted and not is_feasible(trial):
             # One the search found off parity takes its least only from what the feasible
             # ones after it do not need: it is the likelier to be refused.
             floor -= sum(
-                1.5 * least_seconds(ctx, t) + proof_seconds(ctx, t, horizon_of(t))
-                for t in rest[1:]
-                if is_feasible(t)
+                _least(ctx, t, horizon_of(t), spare=1.5) for t in rest[1:] if is_feasible(t)
             )
         room = max(left - keep, min(floor, least))
         # At most twice its need: what it leaves goes to the next round, should it fail.
@@ -193,6 +190,14 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         if rerun.paired is not None or rerun.endurance is not None:
             _rule_out(ruled, rerun)
     return out
+
+
+def _least(ctx: SearchContext, trial: FrozenTrial, horizon: int, spare: float = 1.0) -> float:
+    """The least a candidate's validation takes: its least pair, ``spare`` times over (none for
+    an opening pair's pick, whose pair is paid: accepted or not, it costs nothing more), and
+    fp16's run to its horizon."""
+    pair = 0.0 if opened(ctx, trial) else spare * least_seconds(ctx, trial)
+    return pair + proof_seconds(ctx, trial, horizon)
 
 
 def _rule_out(ruled: RuledOut, rerun: Rerun) -> None:
