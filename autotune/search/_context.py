@@ -63,9 +63,9 @@ class Findings:
     compile_seconds: dict[str, list[float]] = field(default_factory=dict)
     # Where the job's time went, by phase (seconds); see :meth:`SearchContext.clock`.
     spent: dict[str, float] = field(default_factory=dict)
-    # A short budget's opening pairs (the safe rule's candidate beside the reference, then its
-    # mode at the next batch up): each candidate's first trial and first validation pair,
-    # until they take it.
+    # A short budget's opening pairs (bf16 at the next batch up beside the reference, then the
+    # safe rule's pick where that one stopped early): each candidate's first trial and first
+    # validation pair, until they take it.
     openings: list[PairedResult] = field(default_factory=list)
     # What other processes take of this machine's CPU while the search runs.
     contention: CpuContention = field(default_factory=CpuContention, repr=False)

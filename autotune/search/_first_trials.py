@@ -61,7 +61,8 @@ def opening_picks(ctx: SearchContext, modes: list[str]) -> list[Candidate]:
 
 def enqueue_base_trials(ctx: SearchContext, store: StudyStore, modes: list[str]) -> None:
     """Wave 1: each mode but fp32 (the reference itself) at the base batch; the safe rule's
-    picks first (bf16, then the AMP recipe), so a short budget measures them."""
+    picks first (bf16, then the AMP recipe), so a short budget measures them, and the opening
+    pairs' picks before all (their arms are those trials' probes)."""
     base = ctx.space.base_batch
 
     def role(mode: str) -> str:

@@ -337,7 +337,7 @@ class ReferenceKeeper:
         # Stopped at the budget's end at the latest (a second for the worker to stop).
         timeout = min(share + ctx.hard_grace(), left - 1.0)
         paired = ctx.run_compare(opening, cand, settings, timeout=timeout)
-        logger.info("opening pair, the reference beside the safe pick: {}", paired.summary())
+        logger.info("opening pair, the reference beside the opening pick: {}", paired.summary())
         return paired, timeout
 
     def refresh_after(self) -> float:
