@@ -974,3 +974,16 @@ def test_a_faster_candidate_gets_the_time_an_opening_pick_does_not_need(
     assert (cfg.precision, cfg.batch_size) == ("bf16", batch)
     assert land.truth(cfg.candidate()).parity_gap <= 0.05
     assert run.seconds <= budget
+
+
+def test_a_leader_passed_over_for_the_feasible_ones_says_so_not_0s_left() -> None:
+    """The generated family's member 248, 76 s: fp16 at 4x the base batch leads (3.1x) but the
+    search found it off parity (+7.5% at the probe's horizon), and the 27 s validation had left
+    went to fp16 at 2x and the safe ones after it. Its note said "not validated: 0s left for
+    it", as if the budget had run out; it names what took its time."""
+    cfg = _validated_safe(248, 76.4, 0)
+    note = cfg.evidence.validation_note
+    passed_over = note.split("fp16 bs=512")[1]
+    assert "the search found it off parity (+7.5%" in passed_over
+    assert "left went to the candidates it found within parity" in passed_over
+    assert "0s left for it" not in note

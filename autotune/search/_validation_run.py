@@ -48,7 +48,7 @@ from autotune.search._validation_time import (
 )
 from autotune.study.reference import ReferenceRecord
 from autotune.study.store import StudyStore
-from autotune.study.trials import is_feasible
+from autotune.study.trials import is_feasible, record
 
 __all__ = ["validate"]
 
@@ -171,7 +171,8 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         horizon = horizon_of(trial)
         least = _least(ctx, trial, horizon)
         floor = left
-        if not accepted and not is_feasible(trial):
+        off_parity = not accepted and not is_feasible(trial)
+        if off_parity:
             # One the search found off parity takes its least only from what the feasible
             # ones after it do not need: it is the likelier to be refused.
             floor -= sum(
@@ -186,10 +187,25 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
             out.append(Rerun(trial, None, share=share))
             continue
         rerun = paired_rerun(ctx, trial, reference, share=share, horizon=horizon)
+        skipped = rerun.paired is None and rerun.endurance is None and not rerun.beyond_budget
+        if off_parity and room < least and skipped:
+            # Its share went to those after it: its note says so, not "0s left for it".
+            rerun = replace(rerun, skipped=_behind(trial, left))
         out.append(rerun)
         if rerun.paired is not None or rerun.endurance is not None:
             _rule_out(ruled, rerun)
     return out
+
+
+def _behind(trial: FrozenTrial, left: float) -> str:
+    """Why a candidate the search found off parity was not measured: the time left went to
+    those it found within parity, the likelier to be accepted."""
+    gap = record(trial).parity_gap
+    read = f" ({gap:+.1%} at the probe's horizon)" if gap is not None else ""
+    return (
+        f"not validated: the search found it off parity{read}, and the {left:.0f}s left went "
+        "to the candidates it found within parity; give the search more time"
+    )
 
 
 def _least(ctx: SearchContext, trial: FrozenTrial, horizon: int, spare: float = 1.0) -> float:
