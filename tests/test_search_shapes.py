@@ -987,3 +987,26 @@ def test_a_leader_passed_over_for_the_feasible_ones_says_so_not_0s_left() -> Non
     assert "the search found it off parity (+7.5%" in passed_over
     assert "left went to the candidates it found within parity" in passed_over
     assert "0s left for it" not in note
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fp16_islands_are_tried_at_the_next_batch_up_before_the_ceiling(seed: int) -> None:
+    """The generated family's member 142, 63 s: fp16 overflows at step 99 at the base batch,
+    bf16 runs 0.94x there and its larger batches sit near the tolerance. The diagnosis names
+    the module to keep in fp32; its islands were tried at the diverged point (0.91x, slower)
+    and at fp16's ceiling, 8x the batch (2.2x, off parity early, its 500 steps alone 24 s: more
+    than an fp16 run alone may take): an fp32 fallback on every seed. At 2x the batch, tried
+    before the ceiling, they run 1.7x within the tolerance and are validated."""
+    cfg = _validated_safe(142, 63.2, seed)
+    assert cfg.precision == "fp16" and cfg.fp32_modules and cfg.batch_size == 256
+
+
+def test_a_diagnosis_keeps_the_restart_it_may_cost_not_half_of_what_is_spare() -> None:
+    """The generated family's member 12, 51 s, fp16 only: fp16 overflows at step 54 and only fp32
+    islands cure it. After the first trial 17 s were spare for the diagnosis (7 s) and an
+    islands trial (4.5 s); keeping half of it for a restart after a diagnosis stopped at its
+    limit (the worker's start took 3 s) skipped the diagnosis, and fp32's larger batches at
+    about 1.0x left an fp32 fallback. What is kept is the restart's time: fp16 with its islands
+    is validated at the base batch (1.8x)."""
+    cfg = _validated_safe(12, 51.2, 0)
+    assert cfg.precision == "fp16" and cfg.fp32_modules

@@ -78,8 +78,8 @@ def diagnose_failures(
 ) -> dict[str, Any] | None:
     """Diagnose a diverged fp16 trial layer by layer, once per study: ``trial``, or the worst
     diverged one. Its cost is about twice the diverged probe's (two passes a step, hooks);
-    skipped when the budget (or ``spare``) cannot spare twice that (one stopped at its limit
-    costs a worker's restart too) and ``then`` seconds more.
+    skipped when the budget (or ``spare``) cannot spare that, ``then`` seconds more, and what a
+    worker's restart takes (one stopped at its limit costs it).
 
     Returns:
         The stored summary (with ``fp32_modules`` and the ``islands`` decision), or None when
@@ -94,8 +94,9 @@ def diagnose_failures(
     left = ctx.budget.left() - WRITE_RESERVE if spare is None else spare
     cost = max(1.0, 2 * (record(trial).probe_seconds or ctx.typical_probe(default=5.0)))
     # A diagnosis stopped at its limit costs the worker's restart too, about what its start
-    # took: half of what is spare is kept for it, or that much where the start took more.
-    keep = max((left - then) / 2, ctx.found.spent.get(Phase.START, 0.0))
+    # took: that much is kept for it (half of what was spare, kept before, skipped diagnoses
+    # that fit, and a search of fp16 only fell back where its islands ran 1.8x).
+    keep = max(1.0, ctx.found.spent.get(Phase.START, 0.0))
     room = left - then - keep
     if room < cost:
         return None
@@ -135,15 +136,20 @@ def diagnose_failures(
 
 
 def _enqueue_islands(ctx: SearchContext, store: StudyStore, trial: Any, modules: list[str]) -> None:
-    """fp16 with the modules in fp32: at the diverged trial's point, and at fp16's ceiling."""
+    """fp16 with the modules in fp32: at the diverged trial's point, at the ladder's next
+    batch above it, then at fp16's ceiling. The next batch up before the ceiling: fp16's
+    verdict runs to its overflow horizon, which a larger batch's slower steps take longer to
+    reach, and a larger batch carries the larger lasting gap (fp16 with its islands at 8x the
+    base batch, measured alone, was refused for the 24 s its 500 steps would take and left an
+    fp32 fallback where 2x was safe at 1.7x)."""
     points = [{**trial.params, "fp32_islands": ISLANDS_CHOICES[1]}]
     fitting = [b for b in ctx.space.ladder if b <= ctx.found.ceilings.get("fp16", 0)]
-    if fitting and max(fitting) != trial.params.get("batch_size"):
-        points.append(
-            {**ctx.space.params("fp16", max(fitting)), "fp32_islands": ISLANDS_CHOICES[1]}
-        )
+    at = trial.params.get("batch_size", 0)
+    up = next((b for b in fitting if b > at), None)
+    for batch in dict.fromkeys(b for b in (up, max(fitting, default=None)) if b and b != at):
+        points.append({**ctx.space.params("fp16", batch), "fp32_islands": ISLANDS_CHOICES[1]})
     for i, params in enumerate(points):
-        # The diverged trial's own point keeps its lr (a kept one too); the ceiling's is new.
+        # The diverged trial's own point keeps its lr (a kept one too); the others' are new.
         if i == 0:
             rec = record(trial).settings(fp32_modules=modules, role=Role.FP32_ISLANDS)
         else:
