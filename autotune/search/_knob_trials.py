@@ -97,6 +97,9 @@ def diagnose_failures(
     # took: that much is kept for it (half of what was spare, kept before, skipped diagnoses
     # that fit, and a search of fp16 only fell back where its islands ran 1.8x).
     keep = max(1.0, ctx.found.spent.get(Phase.START, 0.0))
+    if spare is not None and "bf16" not in ctx.space.precisions:
+        # In the search phase, the time after it (validation's) takes the restart first.
+        keep = max(0.0, keep - (ctx.budget.left() - WRITE_RESERVE - spare))
     room = left - then - keep
     if room < cost:
         return None
