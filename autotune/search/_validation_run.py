@@ -171,13 +171,12 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         horizon = horizon_of(trial)
         least = _least(ctx, trial, horizon)
         floor = left
-        off_parity = not accepted and not is_feasible(trial)
+        # One the search found off parity takes its least only from what the feasible ones
+        # after it do not need: it is the likelier to be refused.
+        within = [t for t in rest[1:] if is_feasible(t)]
+        off_parity = not accepted and not is_feasible(trial) and bool(within)
         if off_parity:
-            # One the search found off parity takes its least only from what the feasible
-            # ones after it do not need: it is the likelier to be refused.
-            floor -= sum(
-                _least(ctx, t, horizon_of(t), spare=1.5) for t in rest[1:] if is_feasible(t)
-            )
+            floor -= sum(_least(ctx, t, horizon_of(t), spare=1.5) for t in within)
         room = max(left - keep, min(floor, least))
         # At most twice its need: what it leaves goes to the next round, should it fail.
         share = min(max(left * needs[0] / max(sum(needs), 1e-9), needs[0]), room, 2 * needs[0])
