@@ -1035,3 +1035,26 @@ def test_an_fp16_opening_pair_gets_the_time_its_500_steps_need(seed: int) -> Non
     recipe is validated (1.74x), still within the budget."""
     cfg = _validated_safe(18, 14.2, seed)
     assert cfg.precision == "fp16" and cfg.batch_size == 128
+
+
+def test_a_faster_candidate_paired_for_less_time_wins_over_a_steadier_lower_bound() -> None:
+    """The generated family's member 498, 95 s: fp16 at 2x the base batch runs 2.33x, at the
+    base batch 2.23x. The larger one's pair had 11 blocks (its run alone to fp16's overflow
+    horizon took the rest of its share): 2.31x (2.15-2.51); the base batch's 44: 2.23x
+    (2.16-2.30). The best lower bound alone took the base batch. Lower bounds within a run's
+    change (3%) of each other tie, and a figure more than that above the steadier one's wins;
+    the note says why."""
+    cfg = _validated_safe(498, 95.2, 2)
+    assert (cfg.precision, cfg.batch_size) == ("fp16", 256)
+    assert "more than 3% above the 2.23x" in cfg.evidence.validation_note
+    assert "of fp16 bs=128" in cfg.evidence.validation_note
+
+
+def test_a_figure_within_a_runs_change_of_the_steadier_one_does_not_win() -> None:
+    """The generated family's member 28, 71 s: tf32 at 2x the batch with the lr kept measured
+    1.57x (1.47-1.67) over 7 blocks, its parity read over 33 steps, before its lasting gap
+    from the kept lr (+7%) had shown; bf16 at the base batch 1.54x (1.50-1.59) over 16. Within
+    3% of each other the two are one figure: the better-measured one stays the winner."""
+    cfg = _validated_safe(28, 70.9, 19)
+    assert (cfg.precision, cfg.batch_size) == ("bf16", 128)
+    assert "the best lower bound of those that cleared" in cfg.evidence.validation_note

@@ -227,6 +227,23 @@ def test_the_winner_of_several_is_claimed_with_an_interval_that_holds_for_all_at
     assert alone.winner is reruns[2]
 
 
+def test_a_figure_more_than_a_runs_change_faster_wins_over_the_best_lower_bound() -> None:
+    """A candidate paired for less time has the wider interval: 2.31x (2.15-2.51) loses to
+    2.23x (2.16-2.30) on the lower bound alone. Their lower bounds within 3% of each other
+    (what a figure moves from one run to the next) tie, and more than 3% faster it wins, the
+    steadier one kept for the note; a figure within 3% leaves the best lower bound the
+    winner."""
+    wide = paired(trial(0, 2.31), 2.31, 2.15, 2.51)
+    steady = paired(trial(1, 2.23), 2.23, 2.16, 2.30)
+    chosen = select([steady, wide], min_speedup=1.05, parity_tolerance=0.05)
+    assert chosen.winner is not None and chosen.winner.trial.number == 0
+    assert chosen.steadiest is not None and chosen.steadiest.trial.number == 1
+    close = paired(trial(2, 2.28), 2.28, 2.12, 2.48)
+    chosen = select([steady, close], min_speedup=1.05, parity_tolerance=0.05)
+    assert chosen.winner is not None and chosen.winner.trial.number == 1
+    assert chosen.steadiest is None
+
+
 def test_a_rerun_that_loses_parity_is_rejected_with_the_gap_its_bound_and_the_seed_spread() -> None:
     bad = _curves(trial(0, 2.0), [1.2] * 80)
     chosen = select([bad], min_speedup=1.05, parity_tolerance=0.05, seed_noise=0.01)

@@ -12,10 +12,11 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.measure.knobs import break_even_steps
 from autotune.measure.parity import samples_seen
 from autotune.measure.result import PairedResult
+from autotune.measure.stats import CLAIM_FLOOR
 from autotune.schema.config import Evidence, GradScalerSettings, TrialCounts, TunedConfig
 from autotune.schema.spec import Candidate, StudySpec
 from autotune.search._context import SearchContext
-from autotune.search._validate import Rerun, Selection, parity_terms
+from autotune.search._validate import Rerun, Selection, parity_terms, speedup_of
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import (
     Rejection,
@@ -147,7 +148,8 @@ def build_config(  # noqa: PLR0913 - what the phases found, each named at the on
         # How the winner was validated, then what validation did not measure (a note about
         # another candidate alone read as the validated config's own).
         notes = selection.notes if selection is not None else []
-        note = "; ".join([_winner_note(spec, winner, seed_noise), *dict.fromkeys(notes)])
+        steadiest = selection.steadiest if selection is not None else None
+        note = "; ".join([_winner_note(spec, winner, seed_noise, steadiest), *dict.fromkeys(notes)])
         evidence = _winner_evidence(winner, reference, amp, common, note=note)
     else:
         cand = reference.candidate()
@@ -175,20 +177,31 @@ def build_config(  # noqa: PLR0913 - what the phases found, each named at the on
     )
 
 
-def _winner_note(spec: StudySpec, winner: Rerun, seed_noise: float) -> str:
-    """How the winner was validated."""
+def _winner_note(
+    spec: StudySpec, winner: Rerun, seed_noise: float, steadiest: Rerun | None = None
+) -> str:
+    """How the winner was validated, and why it won: the best lower bound, or (``steadiest``
+    its holder) a figure more than a run-to-run change above that one's."""
     paired = winner.paired
     assert paired is not None
     c = paired.candidate
     projected = winner.projected[0] if winner.projected else None
     seen = samples_seen(winner.gap_samples, winner.run_samples, projected)
     runs = f" over {winner.runs} paired runs" if winner.runs > 1 else ""
+    bar = f"{spec.validation.min_speedup:.2f}x"
+    why = f"the winner has the best lower bound of those that cleared {bar}"
+    if steadiest is not None and steadiest.paired is not None:
+        s = steadiest.paired
+        why = (
+            f"the winner measured {speedup_of(winner):.2f}x, more than {CLAIM_FLOOR:.0%} above "
+            f"the {speedup_of(steadiest):.2f}x ({s.speedup_low:.2f}–{s.speedup_high:.2f}) of "
+            f"{label(steadiest.trial.params)}, which has the best lower bound of those that "
+            f"cleared {bar}"
+        )
     return (
         f"{paired.pairs} timed blocks interleaved with the fp32 reference's{runs}, seed "
         f"{c.seed}, {c.timed_steps} steps (parity{seen}: "
-        f"{parity_terms(spec.parity_tolerance, seed_noise)}); the winner has the best lower "
-        "bound of those "
-        f"that cleared {spec.validation.min_speedup:.2f}x"
+        f"{parity_terms(spec.parity_tolerance, seed_noise)}); {why}"
     )
 
 
