@@ -43,7 +43,9 @@ def _search_at_reference(
         )
 
 
-def _search_with_slow_reference(tmp_path: Path, land: Landscape, slowdowns: list[float]) -> Any:
+def _search_with_slow_reference(
+    tmp_path: Path, land: Landscape, slowdowns: list[float], budget: str = "2m"
+) -> Any:
     """A search whose first reference probes run ``slowdowns`` times slower: the first is the
     long curve run, as a neighbour's burst or a warm-up the reference alone suffers slows it."""
 
@@ -51,7 +53,7 @@ def _search_with_slow_reference(tmp_path: Path, land: Landscape, slowdowns: list
         for i, factor in enumerate(slowdowns):
             runner.slow_at[runner.probes + 1 + i] = factor
 
-    return _search_at_reference(tmp_path, SimulatedRunner(land), "2m", slow)
+    return _search_at_reference(tmp_path, SimulatedRunner(land), budget, slow)
 
 
 def _assert_speedups_true_and_named(result: Any, land: Landscape) -> None:
@@ -92,9 +94,13 @@ def test_a_reference_slow_twice_alike_is_measured_again_when_a_trial_disagrees(
 ) -> None:
     """A burst over the reference's first two measurements: they agree with each other, but
     fp16 at the reference's own batch then reads ~30x, which no precision change gives — the
-    reference is measured again before that speedup is stored."""
+    reference is measured again before that speedup is stored. (10 minutes: slowed, the first
+    run takes its whole time limit, 15% of a shorter budget, and a first run is confirmed only
+    where six runs of its length are left; unconfirmed, the next trial is the one the second
+    burst slows.)"""
     land = landscape()
-    result = _search_with_slow_reference(tmp_path, land, [20.0, 20.0])
+    result = _search_with_slow_reference(tmp_path, land, [20.0, 20.0], "10m")
+    assert len(result.reference.measurements) >= 3  # the first, its confirmation, the one after
     _assert_speedups_true_and_named(result, land)
 
 

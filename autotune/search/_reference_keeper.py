@@ -57,8 +57,12 @@ _REFRESH_MAX = 120.0
 # curve (for the seed-to-seed gap), not the long curve.
 _REMEASURE_SHARE = 0.5
 # The first run is confirmed only where this many runs of its length are left: the
-# confirmation, a first trial and one validation pair (two arms).
-_CONFIRM_RUNS = 4
+# confirmation, a first trial, one validation pair (two arms) and about two more for an fp16
+# candidate's run to its overflow horizon beside its pair, or a second trial. At four, a 38 s
+# budget's confirmation (3.8 s) left the AMP recipe's pair too short for its 500 steps, and
+# the search fell back with 11 s unspent. Unconfirmed, the trials rank against the one
+# measurement (each validation pair measures the reference again beside its candidate).
+_CONFIRM_RUNS = 6
 # Two measurements of the same work more than this factor apart are no run-to-run noise: the
 # noisiest machine recorded (a laptop CPU, 12% from run to run) keeps about 98% of honest pairs
 # within it. One of them ran during a warm-up or a neighbour's burst.
