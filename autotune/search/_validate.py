@@ -103,8 +103,8 @@ class Selection:
     accepted: list[Rerun] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    # The one with the best lower bound, where the winner is another whose lower bound ties
-    # with it and whose figure is the higher (None where it is the winner).
+    # The one with the best lower bound, where the winner is another whose lower bound lies
+    # within the claim floor of it and whose figure is higher by more (None where it wins).
     steadiest: Rerun | None = None
 
 
@@ -116,9 +116,9 @@ def select(
     seed_noise: float = 0.0,
 ) -> Selection:
     """Choose among paired reruns: at least six pairs, parity kept, lower bound above
-    ``min_speedup``; the best lower bound wins, unless another's ties with it and its figure
-    is the higher, each by more than :data:`~autotune.measure.stats.CLAIM_FLOOR`. Pure: it
-    reads only the reruns.
+    ``min_speedup``; the best lower bound wins, unless another's lies within
+    :data:`~autotune.measure.stats.CLAIM_FLOOR` of it (a tie) and its figure is more than that
+    above. Pure: it reads only the reruns.
 
     A rerun with fewer pairs than a 95% interval needs (:data:`autotune.measure.stats.MIN_VALUES`)
     is refused whatever its figures: its "interval" is the range of a few ratios, and its lower
@@ -345,10 +345,10 @@ def for_choice(rerun: Rerun, among: int) -> Rerun:
 
 
 def _winner(accepted: list[Rerun], steadiest: Rerun) -> Rerun:
-    """``steadiest`` (the best lower bound), unless another's lower bound ties with it and its
-    figure is the higher, each by more than a figure moves from one run to the next
-    (:data:`~autotune.measure.stats.CLAIM_FLOOR`): lower bounds within that of each other say
-    nothing about which is faster. A candidate paired for less time has the wider interval:
+    """``steadiest`` (the best lower bound), unless another's lower bound lies within what a
+    figure moves from one run to the next (:data:`~autotune.measure.stats.CLAIM_FLOOR`) of it
+    and its figure is more than that above: lower bounds that close say nothing about which
+    is faster. A candidate paired for less time has the wider interval:
     an fp16 batch whose run alone to its overflow horizon took most of its share measured
     2.31x (2.15-2.51) over 11 pairs, and the lower bound alone took the smaller batch's 2.23x
     (2.16-2.30), truly 2.33x against 2.23x. Figures within the floor are one figure, and the
