@@ -443,27 +443,13 @@ def _more_pairs(
         or paired.speedup < min_speedup * (1 + CLAIM_FLOOR)
     ):
         return rerun
-    trial, seconds = rerun.trial, compiling(rerun.trial)
     if paired.pairs < MIN_VALUES:
-        share = min(LONGER * rerun.share, _to_end(ctx))
-        if share <= rerun.share or share < _least(ctx, trial, rerun.horizon):
-            return rerun
-        logger.info(
-            "validation of {}: {:.2f}x over {} pairs, fewer than the {} an interval needs: "
-            "measuring it again over a longer look",
-            trial.number,
-            paired.speedup,
-            paired.pairs,
-            MIN_VALUES,
-        )
-        again = paired_rerun(ctx, trial, reference, share=share, horizon=rerun.horizon,
-                             ran=covered(rerun))  # fmt: skip
-        return again if again.paired is not None else rerun
+        return _look_again(ctx, reference, rerun)
     verdict = judge("", rerun, min_speedup=min_speedup, parity_tolerance=spec.parity_tolerance,
                     seed_noise=noise)  # fmt: skip
     if verdict is None or verdict.kind != "speed":
         return rerun
-    share = _again_share(ctx, rerun)
+    trial, seconds, share = rerun.trial, compiling(rerun.trial), _again_share(ctx, rerun)
     if share is None:
         return rerun
     logger.info(
@@ -480,6 +466,28 @@ def _more_pairs(
     if not again.ok or again.pairs == 0:
         return rerun
     return replace(rerun, paired=pooled(paired, again), runs=2)
+
+
+def _look_again(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) -> Rerun:
+    """:func:`_more_pairs` for a rerun cut short of the pairs an interval needs: measured
+    afresh over up to ``LONGER`` times its share (to the budget's end), where that is more
+    than its first share and covers its least; the new look stands for it."""
+    trial, paired = rerun.trial, rerun.paired
+    assert paired is not None
+    share = min(LONGER * rerun.share, _to_end(ctx))
+    if share <= rerun.share or share < _least(ctx, trial, rerun.horizon):
+        return rerun
+    logger.info(
+        "validation of {}: {:.2f}x over {} pairs, fewer than the {} an interval needs: "
+        "measuring it again over a longer look",
+        trial.number,
+        paired.speedup,
+        paired.pairs,
+        MIN_VALUES,
+    )
+    again = paired_rerun(ctx, trial, reference, share=share, horizon=rerun.horizon,
+                         ran=covered(rerun))  # fmt: skip
+    return again if again.paired is not None else rerun
 
 
 def _to_end(ctx: SearchContext) -> float:
