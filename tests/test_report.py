@@ -251,10 +251,13 @@ def test_text_summary(searched: SimpleNamespace) -> None:
     assert f"winner: {cfg.precision} bs={cfg.batch_size}" in text
     assert "fp32 reference: fp32 bs=32" in text
     assert "timing noise: " in text
-    # The search's trials: the config validation stood behind is a trial of its own.
+    # The search's trials: the config validation stood behind is a trial of its own, and a
+    # trial that reused an earlier one's measurement measured nothing (counted apart).
     search = [t for t in searched.result.store.trials() if not record(t).tuned_config]
-    complete = sum(t.state == TrialState.COMPLETE for t in search)
+    copies = [t for t in search if record(t).duplicate_of is not None]
+    complete = sum(t.state == TrialState.COMPLETE for t in search if t not in copies)
     assert f"trials: {complete} complete" in text
+    assert bool(copies) == (f"{len(copies)} reused an earlier trial's measurement" in text)
 
 
 @pytest.fixture

@@ -228,6 +228,33 @@ def test_report_text(finished: dict[str, Finished], kind: str, tmp_path: Path) -
         assert line_with(text, "why:").strip() == f"why: {ev.validation_note}"
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_trial_counts_agree_and_count_reused_measurements_apart(
+    finished: dict[str, Finished], kind: str, tmp_path: Path
+) -> None:
+    """The search's trials as the summary, `autotune report --text` and the config count them:
+    a trial whose parameters an earlier one had reused that one's measurement and measured
+    nothing. Counted in with the measured ones, the summary said "21 complete" where the
+    progress line had said 5 complete and 16 reused."""
+    study = finished[kind]
+    trials = [t for t in StudyStore(optuna.load_study(study_name=study.name,
+                                                      storage=study.storage)).trials()]  # fmt: skip
+    copies = [t for t in trials if t.user_attrs.get("duplicate_of") is not None]
+    assert copies or kind == "fallback"  # the validated search's sampler proposed repeats
+    crowned = {t.number for t in trials if t.user_attrs.get("tuned_config")}
+    measured = [t for t in trials if t not in copies and t.number not in crowned]
+    complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in measured)
+    pruned = sum(t.state == optuna.trial.TrialState.PRUNED for t in measured)
+    counts = f"{len(copies)} reused an earlier trial's measurement"
+    report = cli("report", study.name, "--storage", study.storage, "--out", str(tmp_path), "--text")
+    for text in (flat(study.summary), report):
+        line = line_with(text, "trials: ")
+        assert f"trials: {complete} complete" in line and f", {pruned} pruned" in line, line
+        assert (counts in line) == bool(copies) and ("reused" in line) == bool(copies), line
+    t = study.record.evidence.trials
+    assert (t.complete, t.pruned) == (complete, pruned)
+
+
 # ---- the service: `autotune status` and the page ------------------------------------------
 
 

@@ -254,7 +254,7 @@ _STATE_STYLE = {
 
 
 def _trials(counts: dict[str, int]) -> str:
-    order = ("complete", "pruned", "fail", "not_run", "running", "waiting")
+    order = ("complete", "pruned", "fail", "not_run", "reused", "running", "waiting")
     return " ".join(f"{counts[k]} {k}" for k in order if counts.get(k)) or "—"
 
 

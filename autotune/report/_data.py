@@ -23,12 +23,19 @@ from autotune.study.trials import (
     DEFAULT_INIT_SCALE,
     TrialRecord,
     feasible_trials,
-    is_feasible,
     record,
     role_trials,
+    trial_counts,
 )
 
-__all__ = ["DEFAULT_STORAGE", "ReportData", "collect", "load_study", "measured_interval"]
+__all__ = [
+    "DEFAULT_STORAGE",
+    "ReportData",
+    "collect",
+    "counts_text",
+    "load_study",
+    "measured_interval",
+]
 
 # The spec's default, so `autotune report tiny` finds what `autotune search` wrote.
 DEFAULT_STORAGE: str = StudySpec.model_fields["storage"].default
@@ -136,20 +143,21 @@ class ReportData:
         return None, None, None
 
     def counts(self) -> dict[str, int]:
-        """Trials by state, infeasible (COMPLETE but breaking parity) counted apart too, and
-        failed ones that never ran (queued, then the search ended: no parameters) apart."""
-        out = {"complete": 0, "infeasible": 0, "pruned": 0, "failed": 0, "not_run": 0, "other": 0}
-        for t in self.trials:
-            if t.state == TrialState.COMPLETE:
-                out["complete"] += 1
-                out["infeasible"] += not is_feasible(t)
-            elif t.state == TrialState.PRUNED:
-                out["pruned"] += 1
-            elif t.state == TrialState.FAIL:
-                out["failed" if t.params else "not_run"] += 1
-            else:
-                out["other"] += 1
-        return out
+        """Trials by state: see :func:`trial_counts`."""
+        return trial_counts(self.trials)
+
+
+def counts_text(c: dict[str, int]) -> str:
+    """``4 complete (1 infeasible), 2 pruned, 0 failed, 3 reused an earlier trial's
+    measurement``: what :func:`~autotune.study.trials.trial_counts` counted, the empty extras
+    left out."""
+    return (
+        f"{c['complete']} complete ({c['infeasible']} infeasible), {c['pruned']} pruned, "
+        f"{c['failed']} failed"
+        + (f", {c['not_run']} queued but never run" if c["not_run"] else "")
+        + (f", {c['reused']} reused an earlier trial's measurement" if c["reused"] else "")
+        + (f", {c['other']} not finished" if c["other"] else "")
+    )
 
 
 def measured_interval(m: ReferenceMeasurement) -> tuple[float | None, float | None]:

@@ -7,7 +7,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.parity import samples_seen
-from autotune.report._data import ReportData, measured_interval
+from autotune.report._data import ReportData, counts_text, measured_interval
 from autotune.report._evidence import reference_figure, speed_line, validation_figure
 from autotune.report._format import (
     busy_text,
@@ -320,13 +320,7 @@ def _facts(data: ReportData) -> str:
     items: list[tuple[str, str]] = [
         ("workload", str(spec.get("workload", "?"))),
         ("budget", f"{spec.get('budget', '?')} · objective: {_OBJECTIVES[data.objective]}"),
-        (
-            "trials",
-            f"{c['complete']} complete ({c['infeasible']} infeasible), {c['pruned']} pruned, "
-            f"{c['failed']} failed"
-            + (f", {c['not_run']} queued but never run" if c["not_run"] else "")
-            + (f", {c['other']} not finished" if c["other"] else ""),
-        ),
+        ("trials", counts_text(c)),
     ]
     if cfg is not None:
         env = cfg.environment

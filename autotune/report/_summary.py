@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotune.execution.contention import NOTABLE, cores, others_text
+from autotune.report._data import counts_text
 from autotune.report._format import (
     kept_lr_text,
     noise_text,
@@ -25,7 +26,7 @@ from autotune.report.progress import scale_text
 from autotune.schema.enums import Role
 from autotune.schema.workload_spec import workload_label
 from autotune.study.reference import ReferenceRecord
-from autotune.study.trials import display_outcome, record, role_trials
+from autotune.study.trials import display_outcome, record, role_trials, trial_counts
 
 __all__ = ["print_summary"]
 
@@ -273,9 +274,8 @@ def print_summary(result: Any, console: Console) -> None:
     if result.rejected:
         console.print("[bold]main rejections:[/]")
         _items(console, [str(r) for r in result.rejected[:6]])
-    t = ev.trials
     console.print(
-        f"trials: {t.complete} complete, {t.pruned} pruned, {t.failed} failed; "
+        f"trials: {counts_text(trial_counts(result.store.trials()))}; "
         f"lr scaling: {ev.lr_scaling}{kept_lr_text(cfg)}; {result.elapsed:.1f}s elapsed",
         highlight=False,
     )

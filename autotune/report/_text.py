@@ -5,7 +5,7 @@ from __future__ import annotations
 from optuna.trial import TrialState
 
 from autotune.measure.parity import samples_seen
-from autotune.report._data import ReportData, measured_interval
+from autotune.report._data import ReportData, counts_text, measured_interval
 from autotune.report._format import (
     busy_text,
     ceiling_text,
@@ -67,12 +67,7 @@ def render_text(data: ReportData) -> str:
         lines.append(f"others' load: {busy}")
     lines.append(_amp_recipe_line(data))
     c = data.counts()
-    lines.append(
-        f"trials: {c['complete']} complete ({c['infeasible']} infeasible), {c['pruned']} pruned, "
-        f"{c['failed']} failed"
-        + (f", {c['not_run']} queued but never run" if c["not_run"] else "")
-        + (f", {c['other']} not finished" if c["other"] else "")
-    )
+    lines.append(f"trials: {counts_text(c)}")
     lines += _best_trial_lines(data)
     found = cfg.evidence.fp16_diagnosis if cfg is not None else None
     if found:

@@ -3,7 +3,6 @@ nothing cleared it, with evidence that describes what was really measured."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,6 +23,7 @@ from autotune.study.trials import (
     feasible_trials,
     label,
     record,
+    trial_counts,
 )
 
 __all__ = ["baseline", "build_config", "compile_evidence", "counts"]
@@ -34,13 +34,11 @@ FALLING_BACK = "falling back to the fp32 reference, the safe mode"
 
 
 def counts(trials: Iterable[FrozenTrial]) -> TrialCounts:
-    """The search's trials by state (not the configs an earlier run crowned, see store_config)."""
-    states = Counter(t.state for t in trials if not record(t).tuned_config)
-    return TrialCounts(
-        complete=states[TrialState.COMPLETE],
-        pruned=states[TrialState.PRUNED],
-        failed=states[TrialState.FAIL],
-    )
+    """The trials the search measured, by state, as every surface counts them
+    (:func:`~autotune.study.trials.trial_counts`): not the configs an earlier run crowned, not
+    a twin that reused an earlier trial's measurement, not one queued and never run."""
+    c = trial_counts(trials)
+    return TrialCounts(complete=c["complete"], pruned=c["pruned"], failed=c["failed"])
 
 
 def baseline(trial: FrozenTrial | None) -> dict[str, Any]:

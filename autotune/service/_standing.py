@@ -88,8 +88,10 @@ def read_standing(store: StudyStore) -> StudyStanding:
         key = t.state.name.lower()
         if t.state == TrialState.FAIL and record(t).outcome == Outcome.NOT_RUN:
             key = "not_run"  # queued and never started: no failure of the workload's
+        elif record(t).duplicate_of is not None and t.state.is_finished():
+            key = Outcome.REUSED  # an earlier trial's measurement: nothing was measured
         out.trials[key] = out.trials.get(key, 0) + 1
-        outcome = display_outcome(t)
+        outcome = Outcome.REUSED if key == Outcome.REUSED else display_outcome(t)
         if outcome is not None:
             out.by_outcome[outcome] = out.by_outcome.get(outcome, 0) + 1
     ref = latest_reference(store)

@@ -36,6 +36,7 @@ __all__ = [
     "role_trials",
     "set_constraints",
     "stored_ceilings",
+    "trial_counts",
     "worst_diverged",
     "write_attrs",
 ]
@@ -434,3 +435,29 @@ class Rejection(BaseModel):
             return f"{self.label}: failed validation: {self.detail}"
         text = f"{self.label}: {self.count} {self.kind}"
         return text + (f" (e.g. {self.detail})" if self.detail else "")
+
+
+def trial_counts(trials: Iterable[FrozenTrial]) -> dict[str, int]:
+    """Trials by state, infeasible (COMPLETE but breaking parity) counted apart too; failed ones
+    that never ran (queued, then the search ended: no parameters) and ones that reused an
+    earlier trial's measurement (the same parameters: nothing was measured) apart."""
+    out = {
+        "complete": 0, "infeasible": 0, "pruned": 0, "failed": 0, "not_run": 0, "reused": 0,
+        "other": 0,
+    }  # fmt: skip
+    for t in trials:
+        rec = record(t)
+        if rec.tuned_config:
+            continue  # a config an earlier run crowned, not a trial of the search
+        if rec.duplicate_of is not None and t.state.is_finished():
+            out["reused"] += 1
+        elif t.state == TrialState.COMPLETE:
+            out["complete"] += 1
+            out["infeasible"] += not is_feasible(t)
+        elif t.state == TrialState.PRUNED:
+            out["pruned"] += 1
+        elif t.state == TrialState.FAIL:
+            out["failed" if t.params else "not_run"] += 1
+        else:
+            out["other"] += 1
+    return out
