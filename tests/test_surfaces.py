@@ -234,8 +234,9 @@ def test_trial_counts_agree_and_count_reused_measurements_apart(
 ) -> None:
     """The search's trials as the summary, `autotune report --text` and the config count them:
     a trial whose parameters an earlier one had reused that one's measurement and measured
-    nothing. Counted in with the measured ones, the summary said "21 complete" where the
-    progress line had said 5 complete and 16 reused."""
+    nothing. Counted in with the measured ones (by their twin's state), `make search`'s summary
+    said "21 complete, 28 pruned" where its progress line had said 3 complete, 22 pruned and
+    24 reused."""
     study = finished[kind]
     trials = [t for t in StudyStore(optuna.load_study(study_name=study.name,
                                                       storage=study.storage)).trials()]  # fmt: skip
