@@ -40,7 +40,10 @@ class StudyProgress(_Model):
     phase: str | None = Field(default=None, description="ceilings, search or validation")
     trials: dict[str, int] = Field(
         default_factory=dict,
-        description="trial counts by state: complete, pruned, fail, not_run (queued, never started), reused (an earlier trial's measurement)...",
+        description=(
+            "trial counts by state: complete, pruned, fail, not_run (queued, never started), "
+            "reused (an earlier trial's measurement: nothing measured)..."
+        ),
     )
     budget_seconds: float
     budget_used_seconds: float = Field(description="probe time spent; queue time is not counted")
