@@ -238,8 +238,7 @@ def test_trial_counts_agree_and_count_reused_measurements_apart(
     said "21 complete, 28 pruned" where its progress line had said 3 complete, 22 pruned and
     24 reused."""
     study = finished[kind]
-    trials = [t for t in StudyStore(optuna.load_study(study_name=study.name,
-                                                      storage=study.storage)).trials()]  # fmt: skip
+    trials = StudyStore(optuna.load_study(study_name=study.name, storage=study.storage)).trials()
     copies = [t for t in trials if t.user_attrs.get("duplicate_of") is not None]
     assert copies or kind == "fallback"  # the validated search's sampler proposed repeats
     crowned = {t.number for t in trials if t.user_attrs.get("tuned_config")}

@@ -438,7 +438,6 @@ def _more_pairs(
         paired is None
         or not paired.ok
         or paired.speedup is None
-        or paired.pairs == 0
         or rerun.runs > 1
         or paired.speedup < min_speedup * (1 + CLAIM_FLOOR)
     ):

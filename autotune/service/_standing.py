@@ -88,7 +88,7 @@ def read_standing(store: StudyStore) -> StudyStanding:
         key = t.state.name.lower()
         if t.state == TrialState.FAIL and record(t).outcome == Outcome.NOT_RUN:
             key = "not_run"  # queued and never started: no failure of the workload's
-        elif record(t).duplicate_of is not None and t.state.is_finished():
+        elif record(t).duplicate_of is not None:
             key = Outcome.REUSED  # an earlier trial's measurement: nothing was measured
         out.trials[key] = out.trials.get(key, 0) + 1
         outcome = Outcome.REUSED if key == Outcome.REUSED else display_outcome(t)

@@ -449,7 +449,7 @@ def trial_counts(trials: Iterable[FrozenTrial]) -> dict[str, int]:
         rec = record(t)
         if rec.tuned_config:
             continue  # a config an earlier run crowned, not a trial of the search
-        if rec.duplicate_of is not None and t.state.is_finished():
+        if rec.duplicate_of is not None:
             out["reused"] += 1
         elif t.state == TrialState.COMPLETE:
             out["complete"] += 1
