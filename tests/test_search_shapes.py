@@ -246,15 +246,19 @@ def test_an_opening_pick_diverging_at_the_rules_lr_leaves_its_time_to_the_safe_r
 
 
 def test_a_ceiling_not_measured_for_lack_of_time_is_not_shown_as_a_limit() -> None:
-    """A 22-second bf16 search on a 4 GiB device measures no ceiling (and the opening pair's
-    peak, 1.7 GiB at bs=128, vouches for no larger batch within half the memory): the
-    sampler's larger batches are pruned above it, and the reason says the ceiling was not
-    measured (a user reading "above the bf16 ceiling 128" alone would take bs=256 for too large
-    to run)."""
+    """A 22-second bf16 search on a 4 GiB device measures no ceiling, and the opening pair's
+    peak, 1.7 GiB at bs=128, vouches for no larger batch within half the memory: the sampler's
+    larger batches were pruned above the ceiling 128 (a user reading "above the bf16 ceiling
+    128" would take bs=256 for too large to run). The search's own trials at the base batch
+    and at 128 give the line through their peaks, which puts bs=256 at 3.1 of the 3.2 GiB kept
+    for it: the ceiling rises, bs=256 is tried and validated, and it fits with the margin. A
+    trial still above a ceiling never measured says so."""
     small = landscape(memory_total_bytes=4 * GiB)
     run = simulate(spec("22s", space={"precisions": ["bf16"]}), small, seed=0)
+    cfg = run.config
+    assert cfg.evidence.validated, cfg.evidence.validation_note
+    assert cfg.batch_size == 256 and small.truth(cfg.candidate()).fits
     above = [t for t in run.store.trials() if t.user_attrs.get("outcome") == "above_ceiling"]
-    assert above
     assert all("not measured" in t.user_attrs["reason"] for t in above)
 
 
@@ -416,8 +420,10 @@ def test_the_search_raises_a_ceiling_its_own_trials_measured_room_above() -> Non
     """The ceiling phase, out of time after one try, scales that try's peak with the batch:
     with 4 GB that do not grow with it (weights, optimizer state) and 2.4 MB a sample, it
     stopped fp16 at 256 where 1024 takes 6.8 GB of the 15 GB kept for it. Two trials of the
-    mode, at two sizes, give the line; the ceiling rises to the largest size it keeps within
-    half the memory budget, a ceiling set by memory stays, and one size alone says nothing."""
+    mode, at its ceiling and a smaller size (whichever ran last), give the line; the ceiling
+    rises to the largest size it keeps within 90% of the memory budget (a try past it runs out
+    of memory and lowers the ceiling again), a ceiling set by memory stays, and one size alone
+    says nothing."""
     from types import SimpleNamespace
 
     from autotune.search._context import Findings
@@ -459,9 +465,15 @@ def test_the_search_raises_a_ceiling_its_own_trials_measured_room_above() -> Non
     study = study_with({128: 4.56, 256: 4.86}, "time")
     assert raise_ceiling(ctx, StudyStore(study), at_ceiling(study)) == 1024
     assert ctx.found.ceilings["fp16"] == 1024 and "fp16 batch>256" not in ctx.found.cut
-    # A steeper line stops where it would pass half the budget (512: 12 GB; 1024: 24 GB).
+    # The smaller trial ran last: the line is the same.
     ctx.found.ceilings["fp16"] = 256
-    study = study_with({128: 3.0, 256: 6.0}, "time")
+    study = study_with({256: 4.86, 128: 4.56}, "time")
+    smaller = next(t for t in study.trials if t.params["batch_size"] == 128)
+    assert raise_ceiling(ctx, StudyStore(study), smaller) == 1024
+    # A steeper line stops where it would pass 90% of the budget, 27 GB (512: 15 GB; 1024:
+    # 30 GB).
+    ctx.found.ceilings["fp16"] = 256
+    study = study_with({128: 3.75, 256: 7.5}, "time")
     assert raise_ceiling(ctx, StudyStore(study), at_ceiling(study)) == 512
     assert ctx.found.cut["fp16 batch>512"].startswith("fp16 ceiling is 512")
     for peaks, limit in (({128: 4.56, 256: 4.86}, "memory"), ({256: 4.86}, "time")):
@@ -895,6 +907,34 @@ def test_a_leader_cut_short_of_its_pairs_is_measured_again_with_what_is_left() -
     cfg = _validated_safe(286, 122.4, seed=0)
     assert (cfg.precision, cfg.batch_size) == ("fp16", 256)
     assert cfg.evidence.speedup > 2.0
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_ceiling_the_phase_left_at_the_base_batch_for_lack_of_time_is_raised_by_a_trial_below(
+    seed: int,
+) -> None:
+    """The generated family's member 229, 60 s: the ceiling phase had time for one try per
+    mode, at the base batch, whose peak scaled with the batch vouched for nothing larger: every
+    ceiling was the base batch ("limited by time"), and the search ended at bf16 at the base
+    batch (1.8x) where bf16 at 4x the batch runs 3.06x. A try below the base batch gives the
+    mode a second peak, and the line through the two raises the ceiling: bf16 at 4x the batch
+    is tried and validated."""
+    cfg = _validated_safe(229, 60.0, seed)
+    assert (cfg.precision, cfg.batch_size) == ("bf16", 512)
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+def test_a_candidate_whose_figure_could_not_clear_the_bar_leaves_validation_to_one_that_could(
+    seed: int,
+) -> None:
+    """The generated family's member 216, 42 s: bf16 at 2x the batch led (2.0x) and tf32 at
+    the base batch followed at 1.05x in the search. A claim is never tighter than 3%, so that
+    figure's lower bound could not clear 1.05x, yet it took 8 s of validation, and the leader,
+    held to 5 s, ran 5 pairs where 6 are needed: an fp32 fallback. A figure that cannot clear
+    the bar once claimed is not shortlisted: the leader gets the time and is validated."""
+    cfg = _validated_safe(216, 42.0, seed)
+    assert (cfg.precision, cfg.batch_size) == ("bf16", 256)
+    assert cfg.evidence.speedup > 1.9
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -15,6 +15,7 @@ from autotune.measure.stats import CLAIM_FLOOR
 from autotune.schema.config import Evidence, GradScalerSettings, TrialCounts, TunedConfig
 from autotune.schema.spec import Candidate, StudySpec
 from autotune.search._context import SearchContext
+from autotune.search._shortlist import claimable
 from autotune.search._validate import Rerun, Selection, parity_terms, speedup_of
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import (
@@ -260,8 +261,9 @@ def _fallback_evidence(
     min_speedup = spec.validation.min_speedup
     if selection is None:
         why = (
-            f"no feasible candidate's speedup reached {min_speedup:.2f}x the fp32 "
-            "reference in the search"
+            f"no feasible candidate's speedup reached {claimable(min_speedup):.2f}x the fp32 "
+            f"reference in the search (a claim is never tighter than ±{CLAIM_FLOOR:.0%}: below "
+            f"that, no lower bound clears {min_speedup:.2f}x)"
         )
     else:
         why = f"no candidate's validated lower bound cleared {min_speedup:.2f}x"

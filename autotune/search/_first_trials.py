@@ -12,6 +12,7 @@ from autotune.schema.enums import Outcome, Role
 from autotune.schema.spec import Candidate
 from autotune.search._budget import OPENING_LEAST
 from autotune.search._context import SearchContext
+from autotune.search._hardware import time_limited
 from autotune.search._shortlist import eligible
 from autotune.study.reference import ReferenceRecord
 from autotune.study.store import StudyStore
@@ -108,11 +109,21 @@ def enqueue_larger_batches(
         near = next((b for b in fitting if b > base), None)
         top = max(fitting, default=None)
         batches = [b for b in dict.fromkeys((near, top)) if b is not None and b != base]
+        if not batches and time_limited(ctx, store, mode) and not _any_above(ctx, base):
+            # The ceiling phase ran out of time at the base batch, every mode's: a try below it
+            # gives the mode a second peak, and the line through the two may raise its
+            # ceiling (raise_ceiling), whose new top is tried next.
+            batches = [b for b in fitting[-2:-1] if b < base]
         for batch in batches:
             store.enqueue(ctx.space.params(mode, batch), skip_if_exists=True)
         if batches:
             return not ctx.found.wave_two
     return True
+
+
+def _any_above(ctx: SearchContext, base: int) -> bool:
+    """Whether any mode's ceiling lies above the base batch: a larger batch to try as it is."""
+    return any(c > base for c in ctx.found.ceilings.values())
 
 
 def enqueue_between(ctx: SearchContext, store: StudyStore) -> None:

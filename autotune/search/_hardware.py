@@ -27,6 +27,7 @@ __all__ = [
     "jump_size",
     "lower_ceiling",
     "raise_ceiling",
+    "time_limited",
     "vouched_size",
 ]
 
@@ -42,6 +43,10 @@ _TWINS = {"tf32": "fp32", "fp16": "bf16"}
 # A skipped-to size's peak memory, scaled from the first try, may use this share of the budget:
 # the margin for what does not scale with the batch (workspaces, allocator rounding).
 _JUMP_MEMORY_SHARE = 0.5
+# A size the line through two measured peaks reaches may use this share of the budget: the line
+# holds what does not scale with the batch apart, and a try past the budget runs out of memory
+# at the margin and lowers the ceiling again.
+_LINE_MEMORY_SHARE = 0.9
 
 
 def check_hardware(ctx: SearchContext, modes: list[str]) -> list[str]:
@@ -386,24 +391,32 @@ def lower_ceiling(ctx: SearchContext, store: StudyStore, mode: str, batch_size: 
         store.set_ceiling_limits(*where, {**store.ceiling_limits(*where), mode: "memory"})
 
 
+def time_limited(ctx: SearchContext, store: StudyStore, mode: str) -> bool:
+    """Whether ``mode``'s ceiling is where the ceiling phase ran out of time (not memory, the
+    margin or the space's cap): the search's own peaks may raise it."""
+    return store.ceiling_limits(*_where(ctx)).get(mode) == "time"
+
+
 def raise_ceiling(ctx: SearchContext, store: StudyStore, trial: FrozenTrial) -> int | None:
-    """A trial at a mode's ceiling, where the ceiling phase ran out of time: the peaks the
-    search's own trials of that mode measured at two batch sizes (this one the larger) give
+    """A trial at or below a mode's ceiling, where the ceiling phase ran out of time: the peaks
+    the search's own trials of that mode measured at its ceiling and at a smaller size give
     the memory a batch takes, a fixed part and a part per sample, and the ceiling rises to the
-    largest size of the ladder that line keeps within half the memory budget. The proportional
-    rule of the ceiling phase, from one size, charges the fixed part (weights, optimizer state,
-    workspaces) to every sample: with 4.4 GB fixed and 2.4 MB a sample it stopped at 256 where
-    1024 takes 6.8 GB of the 15 GB kept for it. Returns the new ceiling, or None where it stays (an OOM in the search
-    still lowers it)."""
+    largest size of the ladder that line keeps within 90% of the memory budget (a try past the
+    budget runs out of memory at the margin, and lowers it again). The proportional rule of the
+    ceiling phase, from one size, charges the fixed part (weights, optimizer state, workspaces)
+    to every sample: with 4.4 GB fixed and 2.4 MB a sample it stopped at 256 where 1024 takes
+    6.8 GB of the 15 GB kept for it. Returns the new ceiling, or None where it stays (an OOM in
+    the search still lowers it)."""
     p = trial.params
-    mode, bs = p.get("precision"), p.get("batch_size")
-    if not isinstance(mode, str) or not isinstance(bs, int) or bs != ctx.found.ceilings.get(mode):
+    mode, size = p.get("precision"), p.get("batch_size")
+    if not isinstance(mode, str) or not isinstance(size, int):
+        return None
+    bs = ctx.found.ceilings.get(mode)
+    if bs is None or size > bs:
         return None
     if record(trial).fp32_modules:
         return None
-    where = _where(ctx)
-    limits = store.ceiling_limits(*where)
-    if limits.get(mode) != "time":
+    if not time_limited(ctx, store, mode):
         return None  # memory or the margin set it, or it is the space's cap already
     budget = ctx.facts.memory_budget(ctx.spec.memory_margin)
     knobs = {k: v for k, v in p.items() if k in ("compile", "compile_mode", "channels_last")}
@@ -417,14 +430,14 @@ def raise_ceiling(ctx: SearchContext, store: StudyStore, trial: FrozenTrial) -> 
             and rec.peak_memory_bytes
             and not rec.fp32_modules
         ):
-            size = int(t.params["batch_size"])
-            peaks[size] = max(peaks.get(size, 0), rec.peak_memory_bytes)
+            at = int(t.params["batch_size"])
+            peaks[at] = max(peaks.get(at, 0), rec.peak_memory_bytes)
     smaller = [b for b in peaks if b < bs]
     if budget is None or bs not in peaks or not smaller:
         return None
     lo = max(smaller)
     per_sample = max(0.0, (peaks[bs] - peaks[lo]) / (bs - lo))
-    room = _JUMP_MEMORY_SHARE * budget
+    room = _LINE_MEMORY_SHARE * budget
     fits = [b for b in ctx.space.ladder if b > bs and peaks[bs] + per_sample * (b - bs) <= room]
     if not fits:
         return None
