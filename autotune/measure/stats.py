@@ -13,6 +13,7 @@ __all__ = [
     "HOPELESS",
     "MIN_VALUES",
     "Estimate",
+    "claimable",
     "median_interval",
     "min_values",
     "paired_ratios",
@@ -245,6 +246,19 @@ def _lag_one(xs: Sequence[float]) -> float:
 # truth lay up to 2.6% from its figure: at ±1% and ±2% a few claims in 1,800 searches missed
 # it, at ±3% none (benchmarks/search_sim.py).
 CLAIM_FLOOR = 0.03
+
+
+def claimable(bar: float, floor: float = CLAIM_FLOOR) -> float:
+    """The least figure whose claimed interval (:func:`claimed`, never tighter than ``floor``)
+    can have its lower bound clear ``bar``: below it, no number of pairs helps. In the search,
+    tf32 at 1.05x took 8 s of a 42 s budget's validation beside bf16 at 2x the batch, whose
+    share then held 5 pairs of the 6 an interval needs: an fp32 fallback.
+
+    Example:
+        >>> round(claimable(1.05), 4)
+        1.0815
+    """
+    return bar * (1 + floor)
 
 
 def claimed(est: Estimate, floor: float = CLAIM_FLOOR) -> Estimate:

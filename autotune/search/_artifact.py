@@ -11,11 +11,10 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.measure.knobs import break_even_steps
 from autotune.measure.parity import samples_seen
 from autotune.measure.result import PairedResult
-from autotune.measure.stats import CLAIM_FLOOR
+from autotune.measure.stats import CLAIM_FLOOR, claimable
 from autotune.schema.config import Evidence, GradScalerSettings, TrialCounts, TunedConfig
 from autotune.schema.spec import Candidate, StudySpec
 from autotune.search._context import SearchContext
-from autotune.search._shortlist import claimable
 from autotune.search._validate import Rerun, Selection, parity_terms, speedup_of
 from autotune.study.reference import ReferenceRecord
 from autotune.study.trials import (

@@ -113,7 +113,7 @@ def enqueue_larger_batches(
             # The ceiling phase ran out of time at the base batch, every mode's: a try below it
             # gives the mode a second peak, and the line through the two may raise its
             # ceiling (raise_ceiling), whose new top is tried next.
-            batches = [b for b in fitting[-2:-1] if b < base]
+            batches = [b for b in fitting if b < base][-1:]
         for batch in batches:
             store.enqueue(ctx.space.params(mode, batch), skip_if_exists=True)
         if batches:

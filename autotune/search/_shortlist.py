@@ -8,7 +8,7 @@ from typing import cast
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.parity import clearly_off
-from autotune.measure.stats import CLAIM_FLOOR
+from autotune.measure.stats import claimable
 from autotune.search._context import SearchContext
 from autotune.search._risk import carries_risk, overflow_step, settings_key, unproven
 from autotune.search._validation_time import opened
@@ -19,7 +19,6 @@ from autotune.study.trials import candidate, constraints, feasible_trials, is_fe
 __all__ = [
     "CLOSE",
     "candidates",
-    "claimable",
     "eligible",
     "safe_standby",
     "shortlist",
@@ -206,20 +205,6 @@ def _curve_settings(trial: FrozenTrial) -> tuple[object, ...]:
 # probe can read a real win as none (the Hugging Face example's fp32 at twice the batch, 1.04x
 # in the search and 1.31x in full, with 69 s of 90 s unspent).
 CLOSE = 1.0
-
-
-def claimable(min_speedup: float) -> float:
-    """The least search figure worth validation's time: a claim is never tighter than
-    :data:`~autotune.measure.stats.CLAIM_FLOOR`, so below ``min_speedup`` times one plus it,
-    no lower bound clears ``min_speedup``. tf32 at 1.05x in the search took 8 s of a 42 s
-    budget's validation beside bf16 at 2x the batch, whose share then held 5 pairs of the 6 an
-    interval needs: an fp32 fallback.
-
-    Example:
-        >>> round(claimable(1.05), 4)
-        1.0815
-    """
-    return min_speedup * (1 + CLAIM_FLOOR)
 
 
 def _shortlist(

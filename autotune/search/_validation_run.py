@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.measure.parity import clearly_off
 from autotune.measure.result import PairedResult, pooled
-from autotune.measure.stats import CLAIM_FLOOR, MIN_VALUES
+from autotune.measure.stats import MIN_VALUES, claimable
 from autotune.schema.enums import Outcome
 from autotune.search._budget import WRITE_RESERVE
 from autotune.search._context import SearchContext
@@ -74,7 +74,8 @@ def validate(
     tol, min_speedup = ctx.spec.parity_tolerance, ctx.spec.validation.min_speedup
     ruled, reruns = RuledOut(), list[Rerun]()
     selection: Selection | None = None
-    noise, ref_run, end = reference.seed_noise(tol), None, end_at
+    # The seed's band as every verdict below counts it (one draw is no band: reference_arm).
+    (ref_run, noise), end = reference_arm([], reference, tol), end_at
     close = False
     while True:
         leaders, standby = candidates(ctx, store, reference, ruled, close=close)
@@ -439,7 +440,7 @@ def _more_pairs(
         or not paired.ok
         or paired.speedup is None
         or rerun.runs > 1
-        or paired.speedup < min_speedup * (1 + CLAIM_FLOOR)
+        or paired.speedup < claimable(min_speedup)
     ):
         return rerun
     if paired.pairs < MIN_VALUES:
