@@ -76,6 +76,22 @@ def test_a_divergence_that_names_a_safe_scale_leads_to_a_trial_at_it() -> None:
         assert not truth_of(land, cfg).diverges, cfg.candidate().init_scale
 
 
+def test_grad_scalers_back_off_from_the_default_scale_does_not_refuse_fp16() -> None:
+    """GradScaler's default 2^16 is six halvings above what this model's gradients fit: each
+    run's first steps skip while the scale backs off, as torch documents, and a long run then
+    trains. fp16's run alone to its overflow horizon (warmed three steps, no settling) counted
+    those steps as a skip rate and refused it ("GradScaler skipped 4 of 10 steps after warmup"),
+    and the config fell back to fp32 on two seeds of three; now it is fp16 on each."""
+    land = landscape(**{"fp16.safe_init_scale": 2.0**10})
+    for seed in range(3):
+        run = simulate(spec("90s", space={"precisions": ["fp32", "fp16"]}), land, seed=seed)
+        cfg = run.config
+        assert cfg.evidence.validated, cfg.evidence.validation_note
+        assert cfg.precision == "fp16", cfg.evidence.rejected
+        assert not truth_of(land, cfg).diverges
+        assert not [r for r in cfg.evidence.rejected if "GradScaler skipped" in r]
+
+
 def test_a_loss_that_blew_up_names_no_scale_to_try() -> None:
     """On an H200, fp16 at a batch whose linear-rule lr diverged in fp32 too ("loss=31.19 at
     step 1 is above 10x the initial 2.528") was tried again at six lower scales: a skipped
@@ -891,10 +907,10 @@ def test_an_opening_pair_that_timed_nothing_leaves_no_reference_to_divide_by() -
 
 def test_a_candidate_after_an_accepted_one_gets_no_pair_too_short_to_measure() -> None:
     """The generated family's member 448, 42 s: fp16 at 2x the base batch is accepted (2.25x)
-    with 8 s left, and fp16 at the base batch follows, whose set-ups and six pairs need 8.6 s.
+    with 8 s left, and fp16 at the base batch follows, whose set-ups and six pairs need 8.4 s.
     Its pair measured nothing and ended 0.1 s past the budget. With one accepted, a pair too
     short for an interval is not started: the search ends within its budget, same config."""
-    cfg = _validated_safe(448, 41.9, seed=1)
+    cfg = _validated_safe(448, 41.9, seed=0)
     assert (cfg.precision, cfg.batch_size) == ("fp16", 256)
 
 
@@ -1110,7 +1126,7 @@ def test_a_faster_candidate_paired_for_less_time_wins_over_a_steadier_lower_boun
     the note says why."""
     cfg = _validated_safe(498, 95.2, 2)
     assert (cfg.precision, cfg.batch_size) == ("fp16", 256)
-    assert "more than 3% above the 2.23x" in cfg.evidence.validation_note
+    assert "more than 3% above the 2.2" in cfg.evidence.validation_note  # 2.23-2.24x
     assert "of fp16 bs=128" in cfg.evidence.validation_note
 
 

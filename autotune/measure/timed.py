@@ -252,11 +252,32 @@ class TimedRun:
             if self.over_time():
                 self.truncated = True
                 return False
+        if not self._back_off():
+            return False
         if self.min_time > 0 and not self._settle():
             return False
         self.warm_steps = engine.steps
         self.skipped_at_start = engine.skipped
         self.block_steps = self._block_size(self.warm_seconds or self.first_step or 0.0)
+        return True
+
+    def _back_off(self) -> bool:
+        """GradScaler's back-off from its init_scale, run as warm-up: while every step so far
+        was skipped, the scale is still halving towards one the gradients fit, and a skip rate
+        counted over those steps calls a run diverged that only started high (an fp16 run alone
+        after its pairs, warmed three steps and not settled, counted 4 of the 7 steps from 2^16
+        to 2^9 and was refused, where the search's settled probe of it had passed). False when
+        the run ended: the scale fell below 1 (no scale fits), or out of time."""
+        engine = self.engine
+        if not engine.mode.scales_loss:
+            return True
+        while engine.steps and engine.skipped == engine.steps:
+            if self._diverged(self._check(engine.steps - 1, timed=False)):
+                return False
+            if self.over_time():
+                self.truncated = True
+                return False
+            self.warm_wall += engine.run_steps(1).seconds
         return True
 
     def _warm_chunk(self, left: int) -> int:

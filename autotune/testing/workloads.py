@@ -31,6 +31,7 @@ __all__ = [
     "non_scalar_loss",
     "oom_above_64",
     "resnet18_capped",
+    "skipping",
     "sleepy",
     "tiny_gradients",
 ]
@@ -168,6 +169,30 @@ def tiny_gradients() -> Workload:
     wl.loss = loss
     wl.build_optimizer = lambda params, lr: torch.optim.Adam(params, lr=lr, eps=1e-30)
     wl.base_lr = 1e-3
+    return wl
+
+
+def skipping() -> Workload:
+    """The tiny MLP whose gradients are not finite on every other step at any scale (a term
+    whose derivative is 0/0 there): fp16's GradScaler skips half its steps however low its
+    scale falls, a lasting skip rate, not a back-off from a high init_scale. fp16 only: fp32 and
+    bf16 would apply the NaN."""
+    wl = tiny_mlp()
+    wl.name = "skipping"
+    wl.description = "tiny MLP whose every other step's gradients are NaN: fp16 skips half"
+    calls = [0]
+
+    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        out = nn.functional.cross_entropy(model(x), y)
+        calls[0] += 1
+        if calls[0] % 2 == 0:
+            p = next(model.parameters())
+            zero = (p - p.detach()).sum()
+            out = out + torch.sqrt(zero * zero)  # sqrt(z^2)' = z / |z|: 0/0 at z = 0
+        return out
+
+    wl.loss = loss
     return wl
 
 
