@@ -135,8 +135,7 @@ class TimedRun:
         self.scales: list[tuple[int, float]] = []
         self.first_step: float | None = None
         self.warm_seconds = 0.0
-        # Wall time and steps of the whole warm-up, and the first step's time when it compiled
-        # (the time limit counts from after it).
+        # The whole warm-up's wall time and steps; the first step's time if it compiled.
         self.warm_wall = 0.0
         self.warm_steps = 0
         self.compile_shift = 0.0
@@ -252,9 +251,7 @@ class TimedRun:
             if self.over_time():
                 self.truncated = True
                 return False
-        if not self._back_off():
-            return False
-        if self.min_time > 0 and not self._settle():
+        if not self._back_off() or (self.min_time > 0 and not self._settle()):
             return False
         self.warm_steps = engine.steps
         self.skipped_at_start = engine.skipped
@@ -262,16 +259,11 @@ class TimedRun:
         return True
 
     def _back_off(self) -> bool:
-        """GradScaler's back-off from its init_scale, run as warm-up: while every step so far
-        was skipped, the scale is still halving towards one the gradients fit, and a skip rate
-        counted over those steps calls a run diverged that only started high (an fp16 run alone
-        after its pairs, warmed three steps and not settled, counted 4 of the 7 steps from 2^16
-        to 2^9 and was refused, where the search's settled probe of it had passed). False when
-        the run ended: the scale fell below 1 (no scale fits), or out of time."""
+        """GradScaler's back-off from its init_scale, as warm-up: while every step so far was
+        skipped, the scale still halves towards one the gradients fit (not a skip rate). False
+        when the run ended: the scale fell below 1 (no scale fits), or out of time."""
         engine = self.engine
-        if not engine.mode.scales_loss:
-            return True
-        while engine.steps and engine.skipped == engine.steps:
+        while engine.mode.scales_loss and engine.steps and engine.skipped == engine.steps:
             if self._diverged(self._check(engine.steps - 1, timed=False)):
                 return False
             if self.over_time():

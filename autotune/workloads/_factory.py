@@ -42,6 +42,7 @@ TESTING_NAMES = (
     "non_scalar_loss",
     "oom_above_64",
     "resnet18_capped",
+    "skipping",
     "sleepy",
     "tiny_gradients",
 )
