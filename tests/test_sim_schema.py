@@ -14,7 +14,7 @@ from _sim import WORKLOAD, landscape
 from autotune.errors import SpecError
 from autotune.infra.clock import VirtualClock
 from autotune.schema.enums import Outcome
-from autotune.schema.spec import Candidate, ProbeSettings, parse_spec
+from autotune.schema.spec import Candidate, EarlyStop, ProbeSettings, parse_spec
 from autotune.search._knob_trials import islands_plan
 from autotune.sim import Landscape, SimulatedRunner, load_landscape, shipped_landscapes, simulate
 from autotune.sim._engine import Bursts, SimEngine
@@ -140,6 +140,21 @@ def test_an_init_scale_above_the_safe_one_backs_off_in_a_probes_warm_up() -> Non
     assert found is not None
     lower = [r for r in found["recommendations"] if r["kind"] == "lower_init_scale"]
     assert lower and lower[0]["init_scale"] == 128.0
+
+
+def test_a_back_off_of_slow_steps_starts_none_that_would_end_past_the_time_limit() -> None:
+    """fp16 at 30 samples/s (2 s a step) backing off twelve halvings to 2^4: a search's probe
+    with a 12 s limit starts no back-off step its time cannot hold (one started at 10 s ran to
+    14 s), as no warm-up step does."""
+    land = landscape(**{"fp16.safe_init_scale": 2.0**4})
+    mode = land.modes["fp16"]
+    slow = mode.model_copy(update={"throughput": dict.fromkeys(mode.throughput, 30.0)})
+    land = land.model_copy(update={"modes": {**land.modes, "fp16": slow}})
+    settings = ProbeSettings(steps=20, warmup_steps=3, min_time=0, time_limit=12.0)
+    result = SimulatedRunner(land).run(
+        land.workload, fp16(64), settings, early_stop=EarlyStop(below=1.0)
+    )
+    assert result.wall_seconds <= settings.time_limit, result.summary()
 
 
 @pytest.mark.parametrize(("rate", "diverges"), [(0.3, True), (0.01, True), (1e-5, False)])

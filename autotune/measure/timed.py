@@ -259,14 +259,13 @@ class TimedRun:
         return True
 
     def _back_off(self) -> bool:
-        """GradScaler's back-off from its init_scale, as warm-up: while every step so far was
-        skipped, the scale still halves towards one the gradients fit (not a skip rate). False
-        when the run ended: the scale fell below 1 (no scale fits), or out of time."""
+        """GradScaler's back-off from its init_scale, warm-up while every step so far skipped (not
+        a skip rate). False when the run ended: scale below 1, or no time for a step."""
         engine = self.engine
         while engine.mode.scales_loss and engine.steps and engine.skipped == engine.steps:
             if self._diverged(self._check(engine.steps - 1, timed=False)):
                 return False
-            if self.over_time():
+            if self.over_time() or not self._warm_chunk(1):  # a slow step that would not fit
                 self.truncated = True
                 return False
             self.warm_wall += engine.run_steps(1).seconds
