@@ -925,6 +925,19 @@ def test_a_leader_cut_short_of_its_pairs_is_measured_again_with_what_is_left() -
     assert cfg.evidence.speedup > 2.0
 
 
+def test_a_leader_found_within_parity_keeps_no_time_for_one_found_off_it() -> None:
+    """The generated family's member 286, 122 s, seed 2: fp16 at 2x the base batch leads
+    (2.5x, within parity in the search), fp16 at 8x follows (2.3x, off parity at the probe's
+    horizon) and the AMP recipe. The leader's share kept what the 8x batch's pair and its
+    500-step run alone need at the least (about 27 s): it got 5 pairs, its longer look 16, and
+    parity over 33,000 samples refused it at an upper bound of +5.2%; the AMP recipe's 1.4x
+    shipped. One the search found off parity keeps nothing from a leader found within it: the
+    leader's own pair is long enough, and its 2.4x win is validated."""
+    cfg = _validated_safe(286, 122.4, seed=2)
+    assert (cfg.precision, cfg.batch_size) == ("fp16", 256)
+    assert cfg.evidence.speedup > 2.0
+
+
 @pytest.mark.parametrize("seed", [0, 3])
 def test_a_ceiling_the_phase_left_at_the_base_batch_for_lack_of_time_is_raised_by_a_trial_below(
     seed: int,
