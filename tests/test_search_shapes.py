@@ -776,17 +776,28 @@ def test_a_budget_too_short_for_a_reference_a_trial_and_a_pair_validates_the_saf
         assert first.params["precision"] == safe and first.state == TrialState.COMPLETE
 
 
-def test_a_budget_with_room_for_one_pair_only_opens_with_the_safe_rules_pick() -> None:
-    """A worker that starts in 6 s, 14 s in all: 8 s are left, too little for a second pair
-    after a larger pick that diverged, so the search opens with bf16 at the base batch, tries
-    no larger batch, and validates it (opened with the larger pick at any budget, the
-    generated family0-0165, 15 s, ended with no config on every seed: the pick diverged and
-    the safe rule's pair got too little time to measure a pair)."""
+def test_a_larger_opening_pick_that_diverges_leaves_a_second_pair_to_the_safe_rule() -> None:
+    """A worker that starts in 6 s, 14 s in all: 8 s are left, room for one pair and a short
+    second one. The search opens with bf16 at 2x the base batch, whose rule's lr diverges at its
+    third step, and pairs the safe rule's pick next in what is left: bf16 at the base batch is
+    validated, within the budget."""
     changes = {"timing.worker_start_seconds": 6.0, "parity.diverge_lr_above": 1.5}
     land = landscape(schema_version=2, **changes)
     for run in validated_on_every_seed(spec("14s"), land, 3):
         assert (run.config.precision, run.config.batch_size) == ("bf16", 64)
-        assert all(t.params.get("batch_size") != 128 for t in run.store.study.get_trials())
+        larger = [t for t in run.store.study.get_trials() if t.params.get("batch_size") == 128]
+        assert larger and record(larger[0]).outcome == "diverged"
+
+
+def test_a_budget_with_room_for_one_pair_opens_with_the_larger_batch() -> None:
+    """The generated family's member 82 at 10% of its grid's time (13.6 s; about 8 s left
+    after the worker's start): bf16 at the base batch runs no faster than fp32 (launches bind
+    it), and bf16 at 2x the batch runs 2.1x. Opened with the safe rule's pick alone, as it
+    was with under 9 s left, every seed fell back to fp32; opened with the larger pick, bf16
+    at 2x the batch is validated on every seed."""
+    for seed in range(3):
+        cfg = _validated_safe(82, 13.64, seed)
+        assert (cfg.precision, cfg.batch_size) == ("bf16", 256)
 
 
 def _generated(number: int, budget: float) -> tuple[Landscape, Any]:

@@ -10,7 +10,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.schema.enums import Outcome, Role
 from autotune.schema.spec import Candidate
-from autotune.search._budget import OPENING_LEAST
 from autotune.search._context import SearchContext
 from autotune.search._hardware import time_limited
 from autotune.search._shortlist import eligible
@@ -28,9 +27,6 @@ __all__ = [
 
 
 _WAVE_ONE = ("bf16", "fp16", "tf32")
-# Seconds left at the least for a short budget to open with a larger pick than the safe
-# rule's: room for a second pair after the first stopped early.
-_TWO_PAIRS = 1.5 * OPENING_LEAST
 
 
 def safe_pick(ctx: SearchContext, modes: list[str]) -> Candidate | None:
@@ -46,16 +42,18 @@ def opening_picks(ctx: SearchContext, modes: list[str]) -> list[Candidate]:
     One pair is what a short budget affords, and a larger batch is where its gain most often
     lies: where launches bind a small batch, every mode runs alike at the base batch. A pick
     that stops early (diverges at the rule's lr, or runs out of memory) leaves its time to the
-    next. fp16 opens at the base batch: its verdict must run past its overflow horizon, and a
-    larger batch's steps reach it later.
+    next, where its pair still fits. It opens so however little is left: where only one pair
+    fits, a larger pick that diverges leaves no config, but the safe rule's pick alone there
+    so often stops below ``min_speedup`` that the larger pick wins more (the generated family
+    at 10% of its grids' time: median 88.3% -> 88.8% of the optimum, 22 fewer runs with no
+    config, five landscapes lower). fp16 opens at the base batch: its verdict must run past
+    its overflow horizon, and a larger batch's steps reach it later.
     """
     pick = safe_pick(ctx, modes)
     if pick is None:
         return []
     batch = min((b for b in ctx.space.ladder if b > pick.batch_size), default=None)
-    # Where what is left could not pay a second pair after one stopped early, the safe rule's
-    # pick alone: a larger pick that diverged would leave no config at all.
-    if pick.precision != "bf16" or batch is None or ctx.budget.left() < _TWO_PAIRS:
+    if pick.precision != "bf16" or batch is None:
         return [pick]
     return [ctx.space.candidate(pick.precision, batch), pick]
 
