@@ -49,6 +49,7 @@ __all__ = [
     "speedup_of",
     "shortlist",
     "measure_spread",
+    "pooled_gap",
     "projected_within",
     "validation_reserve",
 ]
@@ -229,6 +230,24 @@ def gap_bound(rerun: Rerun, seed_noise: float = 0.0) -> float:
     assert rerun.gap is not None
     error = math.hypot(rerun.gap_error, seed_noise / math.sqrt(rerun.seeds))
     return rerun.gap[0] + UPPER * error
+
+
+def pooled_gap(first: Rerun, second: Rerun, spread: float) -> tuple[float, float]:
+    """Two seeds' gaps as one, and its error: each gap weighted by its own variance (its
+    curves' step noise and the seed's ``spread``), and the error of that mean, the seed's share
+    in it counted again by the bound (:func:`gap_bound`; a spread measured from a few repeats
+    can be half what it is). A short second pair's noisy read no longer outweighs a long first
+    one's (+3.4% over 38 pairs and +4.9% over 16, truly +3.1%: refused at their plain mean).
+    Where the two lie further apart than their noise allows (two standard errors of their
+    difference), the spread is wider than measured: their plain mean, half their distance its
+    error (+3.0% and +4.6% at one batch whose true gap was 5.25%)."""
+    assert first.gap is not None and second.gap is not None
+    (g1, e1), (g2, e2) = (first.gap[0], first.gap_error), (second.gap[0], second.gap_error)
+    v1, v2 = e1 * e1 + spread * spread, e2 * e2 + spread * spread
+    if min(v1, v2) <= 0 or abs(g1 - g2) > 2 * math.sqrt(v1 + v2):
+        return (g1 + g2) / 2, max(math.hypot(e1, e2), abs(g1 - g2)) / 2
+    w1, w2 = 1 / v1, 1 / v2
+    return (w1 * g1 + w2 * g2) / (w1 + w2), math.sqrt(1 / (w1 + w2))
 
 
 def projected_within(rerun: Rerun, parity_tolerance: float, seed_noise: float = 0.0) -> bool:

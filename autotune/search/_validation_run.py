@@ -37,6 +37,7 @@ from autotune.search._validate import (
     gap_bound,
     judge,
     parity_bar,
+    pooled_gap,
     projected_within,
     select,
 )
@@ -385,12 +386,8 @@ def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise:
     )
     if other.gap is None:
         return rerun
-    gap = ((rerun.gap[0] + other.gap[0]) / 2, rerun.gap[1], rerun.gap[2])
-    # The mean's standard error: from the curves' step noise, or from how far the two seeds'
-    # gaps lie apart, whichever is larger (two draws of this very comparison: the reference's
-    # few repeats can put a seed's spread at half what it is here, +3.0% and +4.6% at one
-    # batch whose true gap was 5.25%).
-    error = max(math.hypot(rerun.gap_error, other.gap_error), abs(rerun.gap[0] - other.gap[0])) / 2
+    mean, error = pooled_gap(rerun, other, spread)
+    gap = (mean, rerun.gap[1], rerun.gap[2])
     # The projection stands where both seeds' gaps fade so: the worse of the two.
     projected = None
     if rerun.projected is not None and other.projected is not None:
