@@ -350,9 +350,9 @@ def _recheck(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise
 def _reseed(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun, noise: float) -> Rerun:
     """A fast enough candidate whose parity verdict one seed's draw could turn (its gap's bound
     within a seed's spread of the bar, either side) is paired once more at another seed, time
-    allowing (up to the budget's end): its gap is then the mean of two seeds' gaps, each its
-    own draw of the seed's offset. One refused on an unlucky draw may pass; one a lucky draw
-    carried under the bar is caught by the second."""
+    allowing (up to the budget's end): its gap is then two seeds' gaps pooled, each its own
+    draw of the seed's offset (:func:`~autotune.search._validate.pooled_gap`). One refused on
+    an unlucky draw may pass; one a lucky draw carried under the bar is caught by the second."""
     paired, tol = rerun.paired, ctx.spec.parity_tolerance
     if paired is None or not paired.ok or rerun.gap is None or rerun.seeds > 1:
         return rerun
