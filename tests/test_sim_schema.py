@@ -157,6 +157,25 @@ def test_a_back_off_of_slow_steps_starts_none_that_would_end_past_the_time_limit
     assert result.wall_seconds <= settings.time_limit, result.summary()
 
 
+def test_a_first_step_is_judged_as_a_step_only_past_the_first_use_costs_allowed() -> None:
+    """A first step that took 12 s of first-use costs (a GPU loading and tuning a mode's
+    kernels) before millisecond steps: judged by its time alone it would read as a step at
+    5 samples/s and stop a candidate running thousands. A search's probe judges a first step
+    only past the first-use costs its rule allows (a CPU's: none is passed on a GPU); a step
+    still hopeless past them stops the probe after it, without a second."""
+    land = landscape(**{"timing.first_step_seconds": 12.0})
+    settings = ProbeSettings(steps=20, warmup_steps=3, min_time=0, time_limit=60.0)
+    runner = SimulatedRunner(land)
+    best = 4 * runner.run(land.workload, fp16(64), settings).throughput
+    gpu = runner.run(land.workload, fp16(64), settings, early_stop=EarlyStop(below=best / 5))
+    assert gpu.outcome == Outcome.COMPLETED, gpu.reason
+    # The same first step where only 1 s of first-use costs is allowed: hopeless, stopped.
+    rule = EarlyStop(below=best / 5, first_use=1.0)
+    cpu = runner.run(land.workload, fp16(64), settings, early_stop=rule)
+    assert cpu.outcome == Outcome.SLOWER and cpu.reason.startswith("its first step took")
+    assert cpu.timed_steps + cpu.warmup_steps == 1  # its first step alone
+
+
 @pytest.mark.parametrize(("rate", "diverges"), [(0.3, True), (0.01, True), (1e-5, False)])
 def test_lasting_skips_diverge_where_they_outrun_the_scalers_regrowth(
     rate: float, diverges: bool

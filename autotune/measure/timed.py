@@ -101,11 +101,9 @@ class TimedRun:
     :meth:`warm_up` and :meth:`block` are public so a paired run can interleave two of these.
 
     Args:
-        engine: the run's engine (built by :meth:`warm_up`).
-        settings: lengths, thresholds, time limit.
-        started: ``timer()`` at the probe's start (the time limit counts from it).
-        timer: the clock the time limit reads; ``time.perf_counter`` (a simulated device passes
-            its virtual clock, whose engine's blocks advance it).
+        engine: the run's engine (built by :meth:`warm_up`); settings: lengths, thresholds, time
+            limit; started: ``timer()`` at the probe's start (the time limit counts from it);
+            timer: the clock the time limit reads (a simulated device passes its virtual one).
     """
 
     def __init__(
@@ -128,24 +126,18 @@ class TimedRun:
         self.blocks: list[Block] = []
         # The first ``_counted`` blocks' steps and rates (blocks are only appended: read after
         # every block, each is counted once), and the blocks' seconds summed.
-        self._counted = 0
-        self._steps = 0
-        self._seconds_sum = 0.0
+        self._counted, self._steps, self._seconds_sum = 0, 0, 0.0
         self._rates: list[float] = []
         self.scales: list[tuple[int, float]] = []
         self.first_step: float | None = None
         self.warm_seconds = 0.0
         # The whole warm-up's wall time and steps; the first step's time if it compiled.
-        self.warm_wall = 0.0
-        self.warm_steps = 0
-        self.compile_shift = 0.0
-        self.block_steps = 1
-        self.skipped_at_start = 0
+        self.warm_wall, self.warm_steps, self.compile_shift = 0.0, 0, 0.0
+        self.block_steps, self.skipped_at_start = 1, 0
         # The share of device memory kept free while the run runs (memory_cap); None: no cap.
         self.memory_margin: float | None = getattr(settings, "memory_margin", None)
         self.outcome, self.reason = Outcome.COMPLETED, ""
-        self.truncated = False
-        self.check_seconds = 0.0
+        self.truncated, self.check_seconds = False, 0.0
 
     # ---- what the policy checks -------------------------------------------------------------
 
@@ -221,6 +213,8 @@ class TimedRun:
                 # Compiling is charged to the budget, not to the measurement's time limit.
                 self.compile_shift = self.first_step
                 self.started += self.first_step
+            elif self._hopeless(self.first_step, first=True):
+                return False
             left = warmup - 1
             while True:
                 if (engine.steps % settings.check_every == 0 or not left) and self._diverged(
@@ -246,7 +240,7 @@ class TimedRun:
                 self.warm_wall += block.seconds
                 self.warm_seconds = block.step_time
                 left -= chunk
-                if self._hopeless(block):
+                if self._hopeless(block.step_time):
                     return False
             if self.over_time():
                 self.truncated = True
@@ -273,10 +267,10 @@ class TimedRun:
 
     def _warm_chunk(self, left: int) -> int:
         """Warm-up steps to run next, of the ``left`` still to run: up to the next check, no
-        more than the time limit holds by the last step's time (a CPU's fp16 ResNet-18 step
-        takes 13 s: four in one chunk ran 50 s past its limit), one at a time where a step is
-        slow (each is checked against the best), and, for a search's trial, 0 where not even one
-        more slow step fits (past the hard limit the worker is killed and started again)."""
+        more than the time limit holds by the last step's time (four 13 s steps in one chunk ran
+        50 s past it), one at a time where a step is slow (each checked against the best), and,
+        for a search's trial, 0 where not one more slow step fits (past the hard limit the
+        worker is killed)."""
         settings = self.settings
         chunk = min(left, settings.check_every - self.engine.steps % settings.check_every)
         slow = _SLOW_STEP_SHARE * settings.time_limit
@@ -292,24 +286,31 @@ class TimedRun:
             return 0 if warm > room and self.early_stop is not None else 1
         return max(1, min(chunk, int(room / warm)))
 
-    def _hopeless(self, block: Block) -> bool:
-        """A slow warm step (past the first, which carries first-use costs) whose run cannot
-        come near the best: its rate under ``1 / HOPELESS`` of the best's, which no
-        neighbour's burst explains (a CPU's fp16 ResNet-18 ran 10 samples/s beside bf16's 637,
-        through 69 s of warm-up). Not for a compiled model, whose warm steps may recompile."""
+    def _hopeless(self, step_time: float, *, first: bool = False) -> bool:
+        """A slow step whose run cannot come near the best: its rate under ``1 / HOPELESS`` of
+        the best's, which no neighbour's burst explains (a CPU's fp16 ResNet-18 ran 10
+        samples/s beside bf16's 637). A warm one; or the ``first``, less the first-use costs its
+        rule allows (that CPU's 20 s first step took a second one, 20 s more of a 3-minute
+        budget, to be stopped). Not for a compiled model, whose steps may compile again."""
         rule = self.early_stop
         if rule is None or rule.below is None or self.engine.candidate.compile:
             return False
-        if block.step_time <= _SLOW_STEP_SHARE * self.settings.time_limit:
+        allowed = rule.first_use
+        if first:
+            if allowed is None:
+                return False
+            step_time -= allowed
+        if step_time <= _SLOW_STEP_SHARE * self.settings.time_limit:
             return False  # quick steps: the timed blocks' early stop decides at little cost
-        rate = self.engine.candidate.batch_size / block.step_time
+        rate = self.engine.candidate.batch_size / step_time
         if rate * HOPELESS >= rule.below:
             return False
         self.outcome = Outcome.SLOWER
         self.reason = (
-            f"a warm step ran at {rate:,.1f} samples/s, under 1/{HOPELESS:g} of the best's "
-            f"lower bound, {rule.below:,.0f} samples/s"
-        )
+            f"its first step took {self.first_step:.1f}s: less {allowed:.1f}s for first-use "
+            "costs, a step runs at most at" if first else "a warm step ran at"
+        ) + (f" {rate:,.1f} samples/s, under 1/{HOPELESS:g} of the best's lower bound, "
+             f"{rule.below:,.0f} samples/s")  # fmt: skip
         return True
 
     def _settle(self) -> bool:

@@ -244,9 +244,8 @@ _PER_RUN = {"time_limit", "min_time", "precision", "early_stop", "memory_margin"
 class EarlyStop(_Model):
     """When a probe may stop before its timed phase is done: set by the search, per trial.
 
-    A probe whose throughput's interval lies clearly below the best candidate's, or whose loss
-    is clearly off the fp32 reference's, has answered its question; the rest of its time is
-    better spent on another candidate.
+    A probe clearly slower than the best candidate, or clearly off the fp32 reference's loss,
+    has answered its question: its time is better spent on another candidate.
 
     Example:
         >>> EarlyStop(below=1240.0).after_blocks
@@ -255,13 +254,14 @@ class EarlyStop(_Model):
 
     # Stop once the throughput interval's upper bound is below this many samples/s ...
     below: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    # ... judged after at least this many timed blocks (and half of min_time).
+    # ... judged after at least this many timed blocks (and half of min_time); the first step
+    # judged too, less these seconds for its first-use costs (None: not the first step).
     after_blocks: int = Field(default=5, ge=1)
+    first_use: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     # Stop once the loss is more than this far above the reference's (relative gap), by twice
     # the gap's standard error from both curves' step-to-step noise (measure/timed.py) ...
     parity_gap: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    # ... at equal samples seen, once this many samples are seen: the fidelity at which a
-    # short curve already says enough.
+    # ... at equal samples seen, from this many samples on (where a short curve says enough).
     parity_samples: int = Field(default=0, ge=0)
     # The reference's loss curve and batch size.
     reference_losses: list[float] = Field(default_factory=list)

@@ -22,6 +22,7 @@ from autotune.search._probe_settings import trial_settings
 from autotune.search._reference_keeper import ReferenceKeeper
 from autotune.search._risk import cannot_compile, carries_risk, not_worth
 from autotune.search._shortlist import slower_bar
+from autotune.search._validation_time import setup_seconds
 from autotune.study import study_keys
 from autotune.study.reference import ReferenceMeasurement, ReferenceRecord
 from autotune.study.storage import owner_id
@@ -261,6 +262,9 @@ class TrialStep:
         tol = self.ctx.spec.parity_tolerance
         return EarlyStop(
             below=below,
+            first_use=first_use(
+                self.ctx, self.store.trials((TrialState.COMPLETE, TrialState.PRUNED))
+            ),
             parity_gap=clearly_off(tol, cand.batch_size / ref.batch_size) + ref.seed_noise(tol),
             parity_samples=horizon // 2,
             reference_losses=ref.finite_losses,
@@ -503,3 +507,14 @@ def _half_width(value: float, low: float | None, high: float | None) -> float:
     if not value or low is None or high is None:
         return 0.0
     return max(0.0, (high - low) / 2 / value)
+
+
+def first_use(ctx: SearchContext, trials: list[FrozenTrial]) -> float | None:
+    """The first-use costs a first step may carry before it is judged as a step: twice the most
+    any measured trial spent before its steps, and a second (a CPU's fp16 ResNet-18: 24 s for
+    its first step, as long for the next). None before any was measured, and off a CPU: a
+    GPU's first step in a mode may load and tune that mode's own kernels for seconds."""
+    setups = [setup_seconds(t) for t in trials if record(t).throughput]
+    if not setups or not ctx.device.startswith("cpu"):
+        return None
+    return 2 * max(setups) + 1.0
