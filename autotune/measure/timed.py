@@ -287,30 +287,29 @@ class TimedRun:
         return max(1, min(chunk, int(room / warm)))
 
     def _hopeless(self, step_time: float, *, first: bool = False) -> bool:
-        """A slow step whose run cannot come near the best: its rate under ``1 / HOPELESS`` of
-        the best's, which no neighbour's burst explains (a CPU's fp16 ResNet-18 ran 10
-        samples/s beside bf16's 637). A warm one; or the ``first``, less the first-use costs its
-        rule allows (that CPU's 20 s first step took a second one, 20 s more of a 3-minute
-        budget, to be stopped). Not for a compiled model, whose steps may compile again."""
+        """A slow step whose rate is under ``1 / HOPELESS`` of the best's, which no burst explains
+        (a CPU's fp16 ResNet-18: 10 samples/s beside bf16's 637): a warm one, or the ``first``
+        less the first-use costs its rule allows. Not for a compiled model (it may recompile)."""
         rule = self.early_stop
         if rule is None or rule.below is None or self.engine.candidate.compile:
             return False
         allowed = rule.first_use
-        if first:
-            if allowed is None:
-                return False
-            step_time -= allowed
+        if first:  # (none allowed: not judged)
+            step_time -= allowed if allowed is not None else math.inf
         if step_time <= _SLOW_STEP_SHARE * self.settings.time_limit:
             return False  # quick steps: the timed blocks' early stop decides at little cost
         rate = self.engine.candidate.batch_size / step_time
         if rate * HOPELESS >= rule.below:
             return False
         self.outcome = Outcome.SLOWER
+        head = "a warm step ran at"
+        if first:
+            head = f"its first step took {self.first_step:.1f}s: less {allowed:.1f}s for first-use "
+            head += "costs, a step runs at most at"
         self.reason = (
-            f"its first step took {self.first_step:.1f}s: less {allowed:.1f}s for first-use "
-            "costs, a step runs at most at" if first else "a warm step ran at"
-        ) + (f" {rate:,.1f} samples/s, under 1/{HOPELESS:g} of the best's lower bound, "
-             f"{rule.below:,.0f} samples/s")  # fmt: skip
+            f"{head} {rate:,.1f} samples/s, under 1/{HOPELESS:g} of the best's lower bound, "
+            f"{rule.below:,.0f} samples/s"
+        )
         return True
 
     def _settle(self) -> bool:

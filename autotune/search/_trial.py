@@ -514,7 +514,7 @@ def first_use(ctx: SearchContext, trials: list[FrozenTrial]) -> float | None:
     any measured trial spent before its steps, and a second (a CPU's fp16 ResNet-18: 24 s for
     its first step, as long for the next). None before any was measured, and off a CPU: a
     GPU's first step in a mode may load and tune that mode's own kernels for seconds."""
-    setups = [setup_seconds(t) for t in trials if record(t).throughput]
-    if not setups or not ctx.device.startswith("cpu"):
+    if not ctx.device.startswith("cpu"):
         return None
-    return 2 * max(setups) + 1.0
+    setups = [setup_seconds(t) for t in trials if record(t).throughput]
+    return 2 * max(setups) + 1.0 if setups else None
