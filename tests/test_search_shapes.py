@@ -439,11 +439,12 @@ def test_the_search_raises_a_ceiling_its_own_trials_measured_room_above() -> Non
     mode, at its ceiling and a smaller size (whichever ran last), give the line; the ceiling
     rises to the largest size it keeps within 90% of the memory budget (a try past it runs out
     of memory and lowers the ceiling again), a ceiling set by memory stays, and one size alone
-    says nothing."""
+    gives no line. Where the ceiling's own size alone was measured, its peak scaled with the
+    batch vouches as a ceiling's first try does (``scaled_ceiling``: within half the budget)."""
     from types import SimpleNamespace
 
     from autotune.search._context import Findings
-    from autotune.search._hardware import _key, raise_ceiling
+    from autotune.search._hardware import _key, raise_ceiling, scaled_ceiling
 
     gib = 2**30
     ctx: Any = SimpleNamespace(
@@ -497,6 +498,14 @@ def test_the_search_raises_a_ceiling_its_own_trials_measured_room_above() -> Non
         study = study_with(peaks, limit)
         assert raise_ceiling(ctx, StudyStore(study), at_ceiling(study)) is None
         assert ctx.found.ceilings["fp16"] == 256
+    # One size, scaled: 4.86 GB at 256 is 9.7 GB at 512, within half the 30 GB budget; 19.4 GB
+    # at 1024 is not. 8 GB at 256 vouches for nothing larger, nor does a ceiling set by memory.
+    for peaks, limit, new in (({256: 8.0}, "time", None), ({256: 4.86}, "memory", None),
+                              ({256: 4.86}, "time", 512)):  # fmt: skip
+        ctx.found.ceilings["fp16"] = 256
+        assert scaled_ceiling(ctx, StudyStore(study_with(peaks, limit)), "fp16") == new
+        assert ctx.found.ceilings["fp16"] == (new or 256)
+    assert ctx.found.cut["fp16 batch>512"].startswith("fp16 ceiling is 512")
 
 
 def test_the_fastest_candidate_is_measured_where_validation_holds_its_least() -> None:
@@ -974,6 +983,21 @@ def test_a_ceiling_the_phase_left_at_the_base_batch_for_lack_of_time_is_raised_b
     is tried and validated."""
     cfg = _validated_safe(229, 60.0, seed)
     assert (cfg.precision, cfg.batch_size) == ("bf16", 512)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_ceiling_left_at_the_base_batch_rises_by_the_first_trials_peak_with_no_try_below(
+    seed: int,
+) -> None:
+    """The generated family's member 132 (fp32 and fp16), 35.4 s: the ceiling phase had time
+    for fp32's one try, at the base batch, and fp16's ceiling stayed there untried. The AMP
+    recipe ran 1.04x; the search then tried fp16 at half the base batch for a second peak,
+    and when the line through the two raised the ceiling, 3 s were left: an fp32 fallback on
+    every seed, where fp16 at 2x the batch runs 2.0x and 4x 3.4x. The recipe's own peak,
+    scaled with the batch, vouches for 2x as a ceiling's first try does: fp16 at 2x is tried
+    next and validated."""
+    cfg = _validated_safe(132, 35.4, seed)
+    assert (cfg.precision, cfg.batch_size) == ("fp16", 256)
 
 
 @pytest.mark.parametrize("seed", [0, 4])

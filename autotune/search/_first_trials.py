@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.schema.enums import Outcome, Role
 from autotune.schema.spec import Candidate
 from autotune.search._context import SearchContext
-from autotune.search._hardware import time_limited
+from autotune.search._hardware import scaled_ceiling, time_limited
 from autotune.search._shortlist import eligible
 from autotune.study.reference import ReferenceRecord
 from autotune.study.store import StudyStore
@@ -108,10 +108,19 @@ def enqueue_larger_batches(
         top = max(fitting, default=None)
         batches = [b for b in dict.fromkeys((near, top)) if b is not None and b != base]
         if not batches and time_limited(ctx, store, mode) and not _any_above(ctx, base):
-            # The ceiling phase ran out of time at the base batch, every mode's: a try below it
-            # gives the mode a second peak, and the line through the two may raise its
-            # ceiling (raise_ceiling), whose new top is tried next.
-            batches = [b for b in fitting if b < base][-1:]
+            # The ceiling phase ran out of time at the base batch, every mode's: the mode's
+            # peak there, scaled with the batch, may vouch for larger ones (scaled_ceiling);
+            # where it does not, a try below it gives the mode a second peak, and the line
+            # through the two may raise its ceiling (raise_ceiling), whose new top is tried
+            # next. (A try below for a second peak cost a 35 s search the time its 2x batch,
+            # which the first peak vouched for, needed: an fp32 fallback where fp16 ran 2x.)
+            top = scaled_ceiling(ctx, store, mode)
+            near = next((b for b in ctx.space.ladder if b > base), None)
+            batches = (
+                [b for b in dict.fromkeys((near, top)) if b is not None and b <= top]
+                if top
+                else [b for b in fitting if b < base][-1:]
+            )
         for batch in batches:
             store.enqueue(ctx.space.params(mode, batch), skip_if_exists=True)
         if batches:

@@ -27,6 +27,7 @@ __all__ = [
     "jump_size",
     "lower_ceiling",
     "raise_ceiling",
+    "scaled_ceiling",
     "time_limited",
     "vouched_size",
 ]
@@ -419,21 +420,11 @@ def raise_ceiling(ctx: SearchContext, store: StudyStore, trial: FrozenTrial) -> 
     if not time_limited(ctx, store, mode):
         return None  # memory or the margin set it, or it is the space's cap already
     budget = ctx.facts.memory_budget(ctx.spec.memory_margin)
-    knobs = {k: v for k, v in p.items() if k in ("compile", "compile_mode", "channels_last")}
-    peaks: dict[int, int] = {}
-    for t in store.trials():
-        rec = record(t)
-        same = all(t.params.get(k) == v for k, v in knobs.items())
-        if (
-            t.params.get("precision") == mode
-            and same
-            and rec.peak_memory_bytes
-            and not rec.fp32_modules
-        ):
-            at = int(t.params["batch_size"])
-            peaks[at] = max(peaks.get(at, 0), rec.peak_memory_bytes)
+    peaks = _peaks(store, mode, {k: v for k, v in p.items() if k in _KNOBS})
+    if budget is None or bs not in peaks:
+        return None
     smaller = [b for b in peaks if b < bs]
-    if budget is None or bs not in peaks or not smaller:
+    if not smaller:
         return None
     lo = max(smaller)
     per_sample = max(0.0, (peaks[bs] - peaks[lo]) / (bs - lo))
@@ -448,6 +439,49 @@ def raise_ceiling(ctx: SearchContext, store: StudyStore, trial: FrozenTrial) -> 
         "more a sample; bs={} takes about {:.0f} MiB of the {:.0f} MiB kept for it",
         mode, bs, new, lo, bs, peaks[lo] / 2**20, peaks[bs] / 2**20, per_sample / 2**20, new,
         (peaks[bs] + per_sample * (new - bs)) / 2**20, room / 2**20,
+    )  # fmt: skip
+    return new
+
+
+# The knobs a trial's peak memory depends on beside its precision and batch.
+_KNOBS = ("compile", "compile_mode", "channels_last")
+
+
+def _peaks(store: StudyStore, mode: str, knobs: dict[str, object]) -> dict[int, int]:
+    """The largest peak the search's trials of ``mode`` (with ``knobs``, no fp32 islands)
+    measured at each batch size."""
+    peaks: dict[int, int] = {}
+    for t in store.trials():
+        rec = record(t)
+        same = all(t.params.get(k) == v for k, v in knobs.items())
+        ours = t.params.get("precision") == mode and same and not rec.fp32_modules
+        if ours and rec.peak_memory_bytes:
+            at = int(t.params["batch_size"])
+            peaks[at] = max(peaks.get(at, 0), rec.peak_memory_bytes)
+    return peaks
+
+
+def scaled_ceiling(ctx: SearchContext, store: StudyStore, mode: str) -> int | None:
+    """A ceiling the ceiling phase left for lack of time, its own size alone measured by the
+    search's trials: the largest peak there, scaled with the batch, vouches for what it keeps
+    within half the memory budget, as a ceiling's first try does, and the ceiling rises that
+    far (no try below it is needed for a second peak). Returns the new ceiling, or None where
+    it stays."""
+    bs = ctx.found.ceilings.get(mode)
+    budget = ctx.facts.memory_budget(ctx.spec.memory_margin)
+    if bs is None or budget is None or not time_limited(ctx, store, mode):
+        return None
+    peak = _peaks(store, mode, {}).get(bs)
+    room = _JUMP_MEMORY_SHARE * budget
+    scaled = [b for b in ctx.space.ladder if peak and b > bs and peak * b <= room * bs]
+    if not peak or not scaled:
+        return None
+    new = max(scaled)
+    _raise(ctx, store, mode, bs, new, f"its peak at bs={bs}, scaled, vouches for it")
+    logger.info(
+        "{} ceiling {} → {}: its peak at bs={} ({:.0f} MiB), scaled with the batch, leaves half "
+        "the memory budget free there",
+        mode, bs, new, bs, peak / 2**20,
     )  # fmt: skip
     return new
 
