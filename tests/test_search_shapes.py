@@ -443,8 +443,9 @@ def test_the_search_raises_a_ceiling_its_own_trials_measured_room_above() -> Non
     batch vouches as a ceiling's first try does (``scaled_ceiling``: within half the budget)."""
     from types import SimpleNamespace
 
+    from autotune.search._ceiling_moves import raise_ceiling, scaled_ceiling
     from autotune.search._context import Findings
-    from autotune.search._hardware import _key, raise_ceiling, scaled_ceiling
+    from autotune.search._hardware import _key
 
     gib = 2**30
     ctx: Any = SimpleNamespace(

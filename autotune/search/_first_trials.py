@@ -10,8 +10,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.schema.enums import Outcome, Role
 from autotune.schema.spec import Candidate
+from autotune.search._ceiling_moves import scaled_ceiling, time_limited
 from autotune.search._context import SearchContext
-from autotune.search._hardware import scaled_ceiling, time_limited
 from autotune.search._shortlist import eligible
 from autotune.study.reference import ReferenceRecord
 from autotune.study.store import StudyStore
@@ -84,7 +84,7 @@ def enqueue_larger_batches(
 ) -> bool:
     """Wave 2, a mode at a time, each once nothing is left waiting: the mode fastest at the
     base batch first, its next batch above the base and its ceiling. A mode's trials may raise
-    its ceiling (:func:`autotune.search._hardware.raise_ceiling`), whose new top is then tried
+    its ceiling (:func:`autotune.search._ceiling_moves.raise_ceiling`), whose new top is then tried
     before the next mode's batches. True once every mode was offered; False while one waits."""
     if store.trials((TrialState.WAITING,)):
         return False

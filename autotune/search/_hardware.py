@@ -7,7 +7,6 @@ import socket
 from collections.abc import Callable
 
 from loguru import logger
-from optuna.trial import FrozenTrial
 
 from autotune.measure.ceilings import Ceiling, CeilingTry, find_ceiling
 from autotune.measure.result import ProbeResult
@@ -18,18 +17,15 @@ from autotune.search._context import SearchContext
 from autotune.search._events import CeilingFound, HardwareChecked, PhaseStarted
 from autotune.study.store import StudyStore
 from autotune.study.study_keys import ceilings_key
-from autotune.study.trials import record
 
 __all__ = [
-    "ceiling_from_opening",
     "check_hardware",
+    "JUMP_MEMORY_SHARE",
     "find_ceilings",
+    "fits_budget",
     "jump_size",
-    "lower_ceiling",
-    "raise_ceiling",
-    "scaled_ceiling",
-    "time_limited",
     "vouched_size",
+    "where_of",
 ]
 
 # An autocast mode fp32 vouched for past the base batch tries on only where its share holds
@@ -43,11 +39,7 @@ _TWINS = {"tf32": "fp32", "fp16": "bf16"}
 
 # A skipped-to size's peak memory, scaled from the first try, may use this share of the budget:
 # the margin for what does not scale with the batch (workspaces, allocator rounding).
-_JUMP_MEMORY_SHARE = 0.5
-# A size the line through two measured peaks reaches may use this share of the budget: the line
-# holds what does not scale with the batch apart, and a try past the budget runs out of memory
-# at the margin and lowers the ceiling again.
-_LINE_MEMORY_SHARE = 0.9
+JUMP_MEMORY_SHARE = 0.5
 
 
 def check_hardware(ctx: SearchContext, modes: list[str]) -> list[str]:
@@ -64,14 +56,15 @@ def check_hardware(ctx: SearchContext, modes: list[str]) -> list[str]:
     return runnable
 
 
-def _where(ctx: SearchContext) -> tuple[str, str]:
-    # Per machine and device: workers on other boxes may have other GPUs.
+def where_of(ctx: SearchContext) -> tuple[str, str]:
+    """The machine and device ceilings are stored for: workers on other boxes may have other
+    GPUs."""
     return socket.gethostname(), ctx.device
 
 
 def _key(ctx: SearchContext, *, limits: bool = False) -> str:
     # The study attribute this machine's and device's ceilings are stored under (tests write one).
-    return ceilings_key(*_where(ctx), limits=limits)
+    return ceilings_key(*where_of(ctx), limits=limits)
 
 
 def find_ceilings(
@@ -80,7 +73,7 @@ def find_ceilings(
     """Measure (or read back) each mode's batch ceiling into ``ctx.found.ceilings``, keeping ``keep``
     seconds of the budget for what comes after."""
     space = ctx.spec.space
-    where = _where(ctx)
+    where = where_of(ctx)
     stored = store.ceilings(*where)
     if stored is not None and all(m in stored for m in modes):
         ctx.found.ceilings.update({m: stored[m] for m in modes})
@@ -270,7 +263,7 @@ def jump_size(
         scale = min(size * 2, cap) / start
         # A try cut short in its warm-up timed no step: memory alone decides.
         slow = not first.truncated and 2 * (step or 0.0) * scale > limit
-        if peak * scale > _JUMP_MEMORY_SHARE * budget_bytes or slow:
+        if peak * scale > JUMP_MEMORY_SHARE * budget_bytes or slow:
             break
         size = min(size * 2, cap)
     return size
@@ -291,7 +284,7 @@ def vouched_size(fp32: Ceiling, budget_bytes: int | None) -> int:
     """
     if budget_bytes is None:
         return 0
-    room = _JUMP_MEMORY_SHARE * budget_bytes
+    room = JUMP_MEMORY_SHARE * budget_bytes
     ran = [t for t in fp32.tries if t.fits and t.peak_memory and t.peak_memory <= room]
     sizes = [t.batch_size for t in ran]
     # A ceiling taken without its try (a try's peak, scaled with the batch, left half the
@@ -301,7 +294,7 @@ def vouched_size(fp32: Ceiling, budget_bytes: int | None) -> int:
     return max(sizes, default=0)
 
 
-def _fits(result: ProbeResult, budget_bytes: int | None) -> bool:
+def fits_budget(result: ProbeResult, budget_bytes: int | None) -> bool:
     """What :func:`find_ceiling` calls a fit: it ran, and its peak left the margin free."""
     peak = result.peak_memory
     over = budget_bytes is not None and peak is not None and peak > budget_bytes
@@ -334,7 +327,9 @@ def _measure(  # noqa: PLR0913 - one mode's bounds, keyword-only, as find_ceilin
     # workspaces do not grow with it): what stays within half the budget needs no try of its
     # own (an OOM in the search lowers the ceiling all the same).
     reach = (
-        jump_size(first, start, cap, budget_bytes, math.inf) if _fits(first, budget_bytes) else 0
+        jump_size(first, start, cap, budget_bytes, math.inf)
+        if fits_budget(first, budget_bytes)
+        else 0
     )
     if reach >= cap > start:
         logger.info(
@@ -379,140 +374,3 @@ def _scaled(first: ProbeResult, size: int) -> ProbeResult:
             "step_time": step * scale if step else None,
         }
     )
-
-
-def lower_ceiling(ctx: SearchContext, store: StudyStore, mode: str, batch_size: int) -> None:
-    """An OOM at ``batch_size`` during the search: the mode's ceiling drops below it."""
-    lower = max([b for b in ctx.space.ladder if b < batch_size], default=0)
-    if lower < ctx.found.ceilings.get(mode, 0):
-        logger.info("{} bs={} → OOM, ceiling now {}", mode, batch_size, lower)
-        ctx.found.ceilings[mode] = lower
-        where = _where(ctx)
-        store.set_ceilings(*where, ctx.found.ceilings)
-        store.set_ceiling_limits(*where, {**store.ceiling_limits(*where), mode: "memory"})
-
-
-def time_limited(ctx: SearchContext, store: StudyStore, mode: str) -> bool:
-    """Whether ``mode``'s ceiling is where the ceiling phase ran out of time (not memory, the
-    margin or the space's cap): the search's own peaks may raise it."""
-    return store.ceiling_limits(*_where(ctx)).get(mode) == "time"
-
-
-def raise_ceiling(ctx: SearchContext, store: StudyStore, trial: FrozenTrial) -> int | None:
-    """A trial at or below a mode's ceiling, where the ceiling phase ran out of time: the peaks
-    the search's own trials of that mode measured at its ceiling and at a smaller size give
-    the memory a batch takes, a fixed part and a part per sample, and the ceiling rises to the
-    largest size of the ladder that line keeps within 90% of the memory budget (a try past the
-    budget runs out of memory at the margin, and lowers it again). The proportional rule of the
-    ceiling phase, from one size, charges the fixed part (weights, optimizer state, workspaces)
-    to every sample: with 4.4 GB fixed and 2.4 MB a sample it stopped at 256 where 1024 takes
-    6.8 GB of the 15 GB kept for it. Returns the new ceiling, or None where it stays (an OOM in
-    the search still lowers it)."""
-    p = trial.params
-    mode, size = p.get("precision"), p.get("batch_size")
-    if not isinstance(mode, str) or not isinstance(size, int):
-        return None
-    bs = ctx.found.ceilings.get(mode)
-    if bs is None or size > bs:
-        return None
-    if record(trial).fp32_modules:
-        return None
-    if not time_limited(ctx, store, mode):
-        return None  # memory or the margin set it, or it is the space's cap already
-    budget = ctx.facts.memory_budget(ctx.spec.memory_margin)
-    peaks = _peaks(store, mode, {k: v for k, v in p.items() if k in _KNOBS})
-    if budget is None or bs not in peaks:
-        return None
-    smaller = [b for b in peaks if b < bs]
-    if not smaller:
-        return None
-    lo = max(smaller)
-    per_sample = max(0.0, (peaks[bs] - peaks[lo]) / (bs - lo))
-    room = _LINE_MEMORY_SHARE * budget
-    fits = [b for b in ctx.space.ladder if b > bs and peaks[bs] + per_sample * (b - bs) <= room]
-    if not fits:
-        return None
-    new = max(fits)
-    _raise(ctx, store, mode, bs, new, f"raised from {bs} by the search's peaks")
-    logger.info(
-        "{} ceiling {} → {}: trials at bs={} and {} peaked at {:.0f} and {:.0f} MiB, {:.2f} MiB "
-        "more a sample; bs={} takes about {:.0f} MiB of the {:.0f} MiB kept for it",
-        mode, bs, new, lo, bs, peaks[lo] / 2**20, peaks[bs] / 2**20, per_sample / 2**20, new,
-        (peaks[bs] + per_sample * (new - bs)) / 2**20, room / 2**20,
-    )  # fmt: skip
-    return new
-
-
-# The knobs a trial's peak memory depends on beside its precision and batch.
-_KNOBS = ("compile", "compile_mode", "channels_last")
-
-
-def _peaks(store: StudyStore, mode: str, knobs: dict[str, object]) -> dict[int, int]:
-    """The largest peak the search's trials of ``mode`` (with ``knobs``, no fp32 islands)
-    measured at each batch size."""
-    peaks: dict[int, int] = {}
-    for t in store.trials():
-        rec = record(t)
-        same = all(t.params.get(k) == v for k, v in knobs.items())
-        ours = t.params.get("precision") == mode and same and not rec.fp32_modules
-        if ours and rec.peak_memory_bytes:
-            at = int(t.params["batch_size"])
-            peaks[at] = max(peaks.get(at, 0), rec.peak_memory_bytes)
-    return peaks
-
-
-def scaled_ceiling(ctx: SearchContext, store: StudyStore, mode: str) -> int | None:
-    """A ceiling the ceiling phase left for lack of time, its own size alone measured by the
-    search's trials: the largest peak there, scaled with the batch, vouches for what it keeps
-    within half the memory budget, as a ceiling's first try does, and the ceiling rises that
-    far (no try below it is needed for a second peak). Returns the new ceiling, or None where
-    it stays."""
-    bs = ctx.found.ceilings.get(mode)
-    budget = ctx.facts.memory_budget(ctx.spec.memory_margin)
-    if bs is None or budget is None or not time_limited(ctx, store, mode):
-        return None
-    peak = _peaks(store, mode, {}).get(bs)
-    room = _JUMP_MEMORY_SHARE * budget
-    scaled = [b for b in ctx.space.ladder if peak and b > bs and peak * b <= room * bs]
-    if not peak or not scaled:
-        return None
-    new = max(scaled)
-    _raise(ctx, store, mode, bs, new, f"its peak at bs={bs}, scaled, vouches for it")
-    logger.info(
-        "{} ceiling {} → {}: its peak at bs={} ({:.0f} MiB), scaled with the batch, leaves half "
-        "the memory budget free there",
-        mode, bs, new, bs, peak / 2**20,
-    )  # fmt: skip
-    return new
-
-
-def ceiling_from_opening(ctx: SearchContext, store: StudyStore, arm: ProbeResult) -> None:
-    """A short budget's ceiling phase tried nothing: an opening pair's candidate arm, its peak
-    scaled with the batch, vouches for its mode's larger batches as a ceiling's first try does
-    (within half the memory budget), and for its own batch, and the search may try them."""
-    mode, start = arm.candidate.precision, arm.candidate.batch_size
-    budget = ctx.facts.memory_budget(ctx.spec.memory_margin)
-    old = ctx.found.ceilings.get(mode, 0)
-    if old > start or not _fits(arm, budget):
-        return
-    reach = jump_size(arm, start, max(ctx.space.ladder), budget, math.inf)
-    if reach <= old:
-        return
-    why = f"not measured above it: the opening pair's peak at bs={start}, scaled, vouches for it"
-    _raise(ctx, store, mode, old, reach, why)
-    logger.info("ceiling {} = {} (the opening pair's peak at bs={}, scaled)", mode, reach, start)
-
-
-def _raise(  # noqa: PLR0913 - one raise, from raise_ceiling and ceiling_from_opening
-    ctx: SearchContext, store: StudyStore, mode: str, old: int, new: int, why: str
-) -> None:
-    """A ceiling the ceiling phase left at ``old`` for lack of time rises to ``new``: in the
-    search's context (what it cuts) and in the study (a resumed search reads it back)."""
-    ctx.found.ceilings[mode] = new
-    ctx.found.cut.pop(f"{mode} batch>{old}", None)
-    if new < ctx.spec.space.batch_size.max:
-        ctx.found.cut[f"{mode} batch>{new}"] = f"{mode} ceiling is {new} (limited by time; {why})"
-    where = _where(ctx)
-    limit = "cap" if new >= max(ctx.space.ladder) else "time"
-    store.set_ceilings(*where, ctx.found.ceilings)
-    store.set_ceiling_limits(*where, {**store.ceiling_limits(*where), mode: limit})

@@ -11,8 +11,8 @@ from optuna.trial import TrialState
 
 from autotune.schema.enums import Outcome, Phase, Role
 from autotune.search._budget import TRIAL_SHARE, WRITE_RESERVE
+from autotune.search._ceiling_moves import raise_ceiling
 from autotune.search._context import SearchContext
-from autotune.search._hardware import raise_ceiling
 from autotune.search._risk import kept_lr, safe_scale
 from autotune.search._space import ISLANDS_CHOICES
 from autotune.study.store import StudyStore

@@ -28,6 +28,7 @@ from autotune.search._budget import (
     finishing_seconds,
     window_id,
 )
+from autotune.search._ceiling_moves import ceiling_from_opening
 from autotune.search._context import SearchContext
 from autotune.search._coordination import (
     SETTLE_WAIT,
@@ -42,7 +43,7 @@ from autotune.search._first_trials import (
     enqueue_larger_batches,
     opening_picks,
 )
-from autotune.search._hardware import ceiling_from_opening, check_hardware, find_ceilings
+from autotune.search._hardware import check_hardware, find_ceilings
 from autotune.search._knob_trials import (
     after_trial,
     diagnose_failures,

@@ -15,9 +15,9 @@ from autotune.measure.result import ProbeResult
 from autotune.schema.enums import Outcome
 from autotune.schema.spec import Candidate, EarlyStop, ProbeSettings
 from autotune.search._budget import SearchStopped
+from autotune.search._ceiling_moves import lower_ceiling
 from autotune.search._context import SearchContext
 from autotune.search._events import Standing, TrialFinished, TrialStarted
-from autotune.search._hardware import lower_ceiling
 from autotune.search._probe_settings import trial_settings
 from autotune.search._reference_keeper import ReferenceKeeper
 from autotune.search._risk import cannot_compile, carries_risk, not_worth
