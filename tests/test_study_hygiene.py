@@ -46,7 +46,7 @@ def studies(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     storage = f"sqlite:///{tmp / 'tidy.db'}"
     short = search(storage, tmp / "out", "8s")
     first = short.get_trials()
-    resumed = search(storage, tmp / "out", "25s")
+    resumed = search(storage, tmp / "out", "40s")
     return SimpleNamespace(first=first, study=resumed, trials=resumed.get_trials())
 
 
