@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.measure.result import ProbeResult
 from autotune.search._context import SearchContext
-from autotune.search._hardware import JUMP_MEMORY_SHARE, fits_budget, jump_size, where_of
+from autotune.search._hardware import fits_budget, jump_size, scaled_fits, where_of
 from autotune.study.store import StudyStore
 from autotune.study.trials import record
 
@@ -139,9 +139,8 @@ def scaled_ceiling(ctx: SearchContext, store: StudyStore, mode: str) -> int | No
     peak = _peaks(store, mode, {}).get(bs)
     if not peak:
         return None
-    room = JUMP_MEMORY_SHARE * budget
     return _raise_to(
-        ctx, store, mode, bs, lambda b: peak * b <= room * bs,
+        ctx, store, mode, bs, lambda b: scaled_fits(peak, bs, b, budget),
         f"its peak at bs={bs}, scaled, vouches for it",
         lambda new: f"its peak at bs={bs} ({peak / 2**20:.0f} MiB), scaled with the batch, "
         "leaves half the memory budget free there",

@@ -103,10 +103,7 @@ def enqueue_larger_batches(
         ctx.found.wave_two = sorted(offered, key=_order(speed))
     while ctx.found.wave_two:
         mode = ctx.found.wave_two.pop(0)
-        fitting = [b for b in ctx.space.ladder if b <= ctx.found.ceilings.get(mode, 0)]
-        near = next((b for b in fitting if b > base), None)
-        top = max(fitting, default=None)
-        batches = [b for b in dict.fromkeys((near, top)) if b is not None and b != base]
+        batches = _above_base(ctx, mode)
         if not batches and time_limited(ctx, store, mode) and not _any_above(ctx, base):
             # The ceiling phase ran out of time at the base batch, every mode's: the mode's
             # peak there, scaled with the batch, may vouch for larger ones (scaled_ceiling);
@@ -114,18 +111,22 @@ def enqueue_larger_batches(
             # through the two may raise its ceiling (raise_ceiling), whose new top is tried
             # next. (A try below for a second peak cost a 35 s search the time its 2x batch,
             # which the first peak vouched for, needed: an fp32 fallback where fp16 ran 2x.)
-            top = scaled_ceiling(ctx, store, mode)
-            near = next((b for b in ctx.space.ladder if b > base), None)
-            batches = (
-                [b for b in dict.fromkeys((near, top)) if b is not None and b <= top]
-                if top
-                else [b for b in fitting if b < base][-1:]
-            )
+            below = [b for b in ctx.space.ladder if b < base][-1:]
+            batches = _above_base(ctx, mode) if scaled_ceiling(ctx, store, mode) else below
         for batch in batches:
             store.enqueue(ctx.space.params(mode, batch), skip_if_exists=True)
         if batches:
             return not ctx.found.wave_two
     return True
+
+
+def _above_base(ctx: SearchContext, mode: str) -> list[int]:
+    """What wave two tries of ``mode``: the ladder's next batch above the base and the mode's
+    ceiling, where they lie above the base."""
+    fitting = [b for b in ctx.space.ladder if b <= ctx.found.ceilings.get(mode, 0)]
+    near = next((b for b in fitting if b > ctx.space.base_batch), None)
+    top = max(fitting, default=None)
+    return [b for b in dict.fromkeys((near, top)) if b is not None and b != ctx.space.base_batch]
 
 
 def _any_above(ctx: SearchContext, base: int) -> bool:

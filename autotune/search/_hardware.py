@@ -20,10 +20,10 @@ from autotune.study.study_keys import ceilings_key
 
 __all__ = [
     "check_hardware",
-    "JUMP_MEMORY_SHARE",
     "find_ceilings",
     "fits_budget",
     "jump_size",
+    "scaled_fits",
     "vouched_size",
     "where_of",
 ]
@@ -39,7 +39,19 @@ _TWINS = {"tf32": "fp32", "fp16": "bf16"}
 
 # A skipped-to size's peak memory, scaled from the first try, may use this share of the budget:
 # the margin for what does not scale with the batch (workspaces, allocator rounding).
-JUMP_MEMORY_SHARE = 0.5
+_JUMP_MEMORY_SHARE = 0.5
+
+
+def scaled_fits(peak: float, at: int, size: int, budget_bytes: float) -> bool:
+    """Whether a peak measured at batch ``at``, taken as proportional to the batch, leaves half
+    of ``budget_bytes`` free at ``size``: an upper bound (weights, optimizer state and
+    workspaces do not grow with the batch), so such a size needs no try of its own.
+
+    Example:
+        >>> scaled_fits(2**20, 32, 256, 2**24), scaled_fits(2**20, 32, 512, 2**24)
+        (True, False)
+    """
+    return peak * size <= _JUMP_MEMORY_SHARE * budget_bytes * at
 
 
 def check_hardware(ctx: SearchContext, modes: list[str]) -> list[str]:
@@ -263,7 +275,7 @@ def jump_size(
         scale = min(size * 2, cap) / start
         # A try cut short in its warm-up timed no step: memory alone decides.
         slow = not first.truncated and 2 * (step or 0.0) * scale > limit
-        if peak * scale > JUMP_MEMORY_SHARE * budget_bytes or slow:
+        if not scaled_fits(peak, start, min(size * 2, cap), budget_bytes) or slow:
             break
         size = min(size * 2, cap)
     return size
@@ -284,12 +296,19 @@ def vouched_size(fp32: Ceiling, budget_bytes: int | None) -> int:
     """
     if budget_bytes is None:
         return 0
-    room = JUMP_MEMORY_SHARE * budget_bytes
-    ran = [t for t in fp32.tries if t.fits and t.peak_memory and t.peak_memory <= room]
+    ran = [
+        t
+        for t in fp32.tries
+        if t.fits
+        and t.peak_memory
+        and scaled_fits(t.peak_memory, t.batch_size, t.batch_size, budget_bytes)
+    ]
     sizes = [t.batch_size for t in ran]
     # A ceiling taken without its try (a try's peak, scaled with the batch, left half the
     # budget free there) vouches as far as a try would have.
-    if any((t.peak_memory or 0) * fp32.batch_size <= room * t.batch_size for t in ran):
+    if any(
+        scaled_fits(t.peak_memory or 0, t.batch_size, fp32.batch_size, budget_bytes) for t in ran
+    ):
         sizes.append(fp32.batch_size)
     return max(sizes, default=0)
 
