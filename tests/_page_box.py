@@ -9,14 +9,21 @@ than the wall's, so a study of minutes runs in seconds of waiting, not of comput
   make it): a study there stays in flight for minutes of real time, its trials coming about a
   second apart.
 - ``cuda:1`` holds 12 GiB of another process (pid 4242) and runs at full speed.
+
+While a file ``hold`` lies in FOLDER, the page's call for its view cookie (``POST
+/page/session``) waits for it to go; the answer to each call that waited then writes
+``released`` there: a test can click the page's Forget while the page's opening call is in
+flight.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -89,6 +96,22 @@ class Monitor:
         return ""
 
 
+def _hold_view_cookie(app: Any, folder: Path) -> None:
+    """The page's call for its view cookie held while ``folder / "hold"`` exists."""
+
+    @app.middleware("http")
+    async def hold(request: Any, call_next: Any) -> Any:
+        held = False
+        if request.method == "POST" and request.url.path == "/page/session":
+            while (folder / "hold").exists():
+                held = True
+                await asyncio.sleep(0.05)
+        response = await call_next(request)
+        if held:
+            (folder / "released").write_text("1")
+        return response
+
+
 def main(port: int, folder: Path, token_file: Path | None, private: bool = False) -> None:
     land = load_landscape("h100-resnet18")
     fast = FastClock(SPEED)
@@ -108,6 +131,7 @@ def main(port: int, folder: Path, token_file: Path | None, private: bool = False
         )
         monitor.service = service
         app = create_app(service, loopback_only=True, private=private)
+        _hold_view_cookie(app, folder)
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
         uvicorn.Server(config).run()
 

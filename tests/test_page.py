@@ -475,6 +475,19 @@ def test_a_private_service_s_page_reads_once_its_token_is_given(tmp_path: Path) 
         b.wait(f"{main}.includes('This service is private')", 20, "the page emptied")
         b.open(f"{url}/studies")
         assert "private" in b.js("document.body.innerText")
+        # Forgotten while the page, opened with its token, still waits for its view cookie:
+        # the cookie that call sets is ended after it, and the links stay refused (the page
+        # ended the cookie first, the late answer set it again, and the page went on reading).
+        b.open(f"{url}/")
+        b.js(f"sessionStorage.setItem('autotune-token', {json.dumps(TOKEN)})")
+        (tmp_path / "hold").write_text("")
+        b.open(f"{url}/")
+        b.js("document.getElementById('forget').click()")
+        (tmp_path / "hold").unlink()
+        wait_for(lambda: (tmp_path / "released").exists(), 20, "the held call's answer", log)
+        b.wait(f"{main}.includes('This service is private')", 20, "the page emptied again")
+        b.open(f"{url}/studies")
+        assert "private" in b.js("document.body.innerText")
     finally:
         b.close()
         api.close()

@@ -111,8 +111,13 @@ SCRIPT = """
   // cookie (reading only) so that the report and best.json links read too.
   const isPrivate = document.body.dataset.private === "true";
   const hidden = __PRIVATE_NOTE__;
-  const session = (end) => fetch(end ? "page/session/end" : "page/session",
-                                 { method: "POST", headers: end ? {} : auth() });
+  // One call at a time, in order: a Forget clicked while the page's opening call is in flight
+  // ends the view cookie after that call sets it, not before (the cookie outlived the token).
+  let calls = Promise.resolve();
+  const session = (end) => (calls = calls.catch(() => {}).then(() => fetch(
+    end ? "page/session/end" : "page/session", { method: "POST", headers: end ? {} : auth() })));
+  // Bumped when the token is given or forgotten: a fetch begun before then is not shown.
+  let epoch = 0;
   let pending = "", pendingUntil = 0, timer = 0, failures = 0;
 
   const say = (text, ok) => { notice.textContent = text; notice.className = ok ? "ok" : "bad"; };
@@ -138,11 +143,15 @@ SCRIPT = """
   const refresh = async () => {
     clearTimeout(timer);
     if (!document.hidden) {
+      const mine = epoch;
       try {
         const r = await fetch("page/live", { headers: auth(), cache: "no-store" });
+        if (mine !== epoch) return;  // the token changed meanwhile: a newer refresh shows it
         if (r.status === 401 && isPrivate) main.innerHTML = hidden;
         if (!r.ok) throw new Error(await detail(r));
-        main.innerHTML = await r.text();
+        const text = await r.text();
+        if (mine !== epoch) return;
+        main.innerHTML = text;
         failures = 0;
         live.textContent = "live, updated " + new Date().toLocaleTimeString();
         live.className = "ok";
@@ -178,15 +187,18 @@ SCRIPT = """
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const field = document.getElementById("token");
+      epoch += 1;
       if (field.value.trim()) store.setItem(KEY, field.value.trim());
       field.value = "";
       if (isPrivate) await session(false);
       refresh();
     });
     document.getElementById("forget").addEventListener("click", async () => {
+      epoch += 1;
       store.removeItem(KEY);
       if (isPrivate) {
         await session(true);
+        epoch += 1;  // (a refresh begun before the cookie ended may still have read with it)
         main.innerHTML = hidden;
       }
       refresh();
