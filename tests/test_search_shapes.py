@@ -928,17 +928,6 @@ def test_an_opening_pair_that_timed_nothing_leaves_no_reference_to_divide_by() -
             assert all(m.blocks > 0 for m in ref.measurements), ref.measurements
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_a_budget_whose_reference_alone_would_leave_nothing_opens_with_a_pair(seed: int) -> None:
-    """The generated family's member 2, 11.1 s: the worker starts in 5.3 s, and 5.8 s were
-    left, under the 6 s a pair needed then: the reference ran alone (2.1 s), nothing fit in
-    the 3.7 s after it, and the search wrote an fp32 fallback with them unspent. Where the
-    reference alone leaves too little for anything after it, a pick with no overflow horizon
-    to run opens with its pair: bf16 at 2x the batch (1.8x) is validated, within the budget."""
-    cfg = _validated_safe(2, 11.1, seed)
-    assert (cfg.precision, cfg.batch_size) == ("bf16", 256)
-
-
 def test_a_candidate_after_an_accepted_one_gets_no_pair_too_short_to_measure() -> None:
     """The generated family's member 448, 42 s: fp16 at 2x the base batch is accepted (2.25x)
     with 8 s left, and fp16 at the base batch follows, whose set-ups and six pairs need 8.4 s.

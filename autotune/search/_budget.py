@@ -17,7 +17,6 @@ __all__ = [
     "HARD_GRACE",
     "OPENING_LEAST",
     "OPENING_PLAN",
-    "PAIR_LEAST",
     "SAFE_PLAN",
     "TRIAL_SHARE",
     "VALIDATION_SHARE",
@@ -45,16 +44,8 @@ SAFE_PLAN = 4 * REFERENCE_FLOOR
 # candidate's validation (a reference, a trial and a pair, each with its own set-up, do not fit).
 OPENING_PLAN = 25.0
 # ... and at or above which one fits (two arms' set-up and six pairs; below it, the reference
-# runs alone), where the pick is fp16: its pair runs the candidate on to its overflow horizon.
+# runs alone).
 OPENING_LEAST = 2 * REFERENCE_FLOOR
-# ... and from this much left for another pick (the reference's floor and a second for the
-# pick's set-up). The reference alone leaves 1-3 s after it there, too little for anything:
-# at 5.8 s left (a 5.3 s worker start of an 11.1 s budget) it ran in 2.1 s and the search
-# wrote an fp32 fallback with 3.7 s unspent, where bf16 at 2x the batch beside it validates
-# at 1.8x. (An fp16 pick's pair from here measured nothing where two set-ups and its 500
-# steps did not fit, and the reference alone no longer fit after it: no config, in 489 runs
-# of the generated family's 10,000 at 10%, where the reference alone wrote a fallback.)
-PAIR_LEAST = REFERENCE_FLOOR + 1.0
 # A probe may overrun its soft limit by about one step; the hard limit adds this much.
 HARD_GRACE = 15.0
 # No ordinary trial may take more than this share of the budget.

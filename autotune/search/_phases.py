@@ -22,7 +22,6 @@ from autotune.search._artifact import build_config
 from autotune.search._budget import (
     OPENING_LEAST,
     OPENING_PLAN,
-    PAIR_LEAST,
     SAFE_PLAN,
     WRITE_RESERVE,
     SearchStopped,
@@ -190,8 +189,7 @@ def run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> PhasesDone:
     modes = check_hardware(ctx, list(ctx.spec.space.precisions))
     # Too short a budget for a reference, a trial and a pair: no ceilings, and the safe pick's
     # pair opens the search (see OPENING_PLAN).
-    left = ctx.budget.left()
-    short = PAIR_LEAST <= left < OPENING_PLAN
+    short = OPENING_LEAST <= ctx.budget.left() < OPENING_PLAN
     with ctx.clock(Phase.CEILINGS):
         find_ceilings(ctx, store, modes, keep=math.inf if short else SAFE_PLAN)
     modes = [m for m in modes if ctx.found.ceilings.get(m, 0) > 0]
@@ -201,8 +199,6 @@ def run_phases(ctx: SearchContext, store: StudyStore, rule: str) -> PhasesDone:
     ctx = replace(ctx, space=space_for(ctx.spec, choices, ctx.facts, rule))
     refs = ReferenceKeeper(ctx, store)
     opening = opening_picks(ctx, [m for m in choices if m in modes]) if short else []
-    if left < OPENING_LEAST and opening[:1] and opening[0].precision == "fp16":
-        opening = []  # (its pair runs on to fp16's overflow horizon: see PAIR_LEAST)
     reference = establish(ctx, refs, opening)
     for pair in ctx.found.openings:
         ceiling_from_opening(ctx, store, pair.candidate)
