@@ -11,9 +11,9 @@ than the wall's, so a study of minutes runs in seconds of waiting, not of comput
 - ``cuda:1`` holds 12 GiB of another process (pid 4242) and runs at full speed.
 
 While a file ``hold`` lies in FOLDER, the page's call for its view cookie (``POST
-/page/session``) waits for it to go; the answer to each call that waited then writes
-``released`` there: a test can click the page's Forget while the page's opening call is in
-flight.
+/page/session``) writes ``holding`` there and waits for it to go; the answer to each call that
+waited then writes ``released``: a test can click the page's Forget while the page's opening
+call is in flight.
 """
 
 from __future__ import annotations
@@ -104,6 +104,8 @@ def _hold_view_cookie(app: Any, folder: Path) -> None:
         held = False
         if request.method == "POST" and request.url.path == "/page/session":
             while (folder / "hold").exists():
+                if not held:
+                    (folder / "holding").write_text("1")
                 held = True
                 await asyncio.sleep(0.05)
         response = await call_next(request)
