@@ -848,6 +848,18 @@ def test_a_leader_the_search_found_off_parity_leaves_a_feasible_one_its_time(see
     assert cfg.precision == "bf16" and cfg.batch_size >= 256
 
 
+@pytest.mark.parametrize("seed", [0, 2])
+def test_where_validation_holds_one_candidate_the_likelier_accepted_goes_first(seed: int) -> None:
+    """The generated family's member 247 (a T4-like card), 33 s: fp16 at 8x the base batch
+    leads (3.1x, a lasting +5.7%: unsafe), read at the tolerance's edge in the search (+3.8% to
+    +6.4%); fp16 at 2x follows (2.9x, +2.0%, read +1-2%). The 10 s left for validation hold
+    one of them: the leader took them all, was refused, and 7 seeds of 8 fell back to fp32.
+    The one with a clear margin, within a tenth of the leader's speed, goes first: fp16 at 2x
+    is validated."""
+    cfg = _validated_safe(247, 33.2, seed)
+    assert (cfg.precision, cfg.batch_size) == ("fp16", 256)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_an_opening_pair_cut_by_a_short_budget_says_the_budget_not_the_workload(
     seed: int,
@@ -1061,14 +1073,16 @@ def test_without_bf16_a_budget_of_one_pair_validates_the_amp_recipe_from_it() ->
         assert (cfg.precision, cfg.batch_size) == ("fp16", 128)
 
 
-@pytest.mark.parametrize("seed", [0, 2, 3])
+@pytest.mark.parametrize("seed", [0, 3, 5])
 def test_throughput_that_peaks_between_the_leader_and_a_slower_larger_batch_is_found(
     seed: int,
 ) -> None:
     """The generated family's member 366, 44.5 s: fp16 runs 2.04x at bs=256, 2.13x at 512 and
     1.73x at 1024 (the step's memory traffic outgrows its launches). The search tried 128, 256
     and 1024, found 1024 slower than 256, and never tried 512: every seed shipped 256. The
-    batch between a leader and a larger one that did not lead is tried too."""
+    batch between a leader and a larger one that did not lead is tried too. (At seeds where
+    512's search read is past half the tolerance and validation's time holds one candidate,
+    256 goes first and ships: see the test of the likelier accepted going first.)"""
     cfg = _validated_safe(366, 44.5, seed)
     assert (cfg.precision, cfg.batch_size) == ("fp16", 512)
 

@@ -41,11 +41,11 @@ from autotune.search._validate import (
     projected_within,
     select,
 )
+from autotune.search._validation_order import least_needed, likelier_first
 from autotune.search._validation_time import (
     LONGER,
     compiling,
     opened,
-    proof_seconds,
     rerun_need,
 )
 from autotune.study.reference import ReferenceRecord
@@ -93,7 +93,9 @@ def validate(
                 )
         if not leaders:
             break
-        fresh = _round(ctx, store, reference, (leaders, standby), end, reruns, noise, ruled)
+        horizon_of = partial(verdict_horizon, ctx, store.trials())
+        queue = likelier_first(ctx, (leaders, standby), end - ctx.budget.elapsed(), horizon_of)
+        fresh = _round(ctx, store, reference, queue, end, reruns, noise, ruled)
         reruns += fresh
         ref_run, noise = reference_arm(reruns, reference, tol)
         reruns = _lengthen(ctx, reference, reruns, fresh, noise)
@@ -170,14 +172,14 @@ def _round(  # noqa: PLR0913 - one round's inputs, from validate alone
         # At least what it needs to be measured at all, where that is left: a share short of
         # it skips it for certain, and a better candidate goes unmeasured for a worse one.
         horizon = horizon_of(trial)
-        least = _least(ctx, trial, horizon)
+        least = least_needed(ctx, trial, horizon)
         floor = left
         # One the search found off parity takes its least only from what the feasible ones
         # after it do not need: it is the likelier to be refused.
         within = [t for t in rest[1:] if is_feasible(t)]
         off_parity = not accepted and not is_feasible(trial) and bool(within)
         if off_parity:
-            floor -= sum(_least(ctx, t, horizon_of(t), spare=1.5) for t in within)
+            floor -= sum(least_needed(ctx, t, horizon_of(t), spare=1.5) for t in within)
         room = max(left - keep, min(floor, least))
         # At most twice its need: what it leaves goes to the next round, should it fail.
         share = min(max(left * needs[0] / max(sum(needs), 1e-9), needs[0]), room, 2 * needs[0])
@@ -208,7 +210,7 @@ def _kept_after(
     the search found off parity after one it found within (the likelier refused: fp16 at 8x the
     batch kept 27 s for its 500 steps, and the 2.5x leader before it got 5 pairs)."""
     return sum(
-        _least(ctx, t, horizon_of(t), spare=1.5)
+        least_needed(ctx, t, horizon_of(t), spare=1.5)
         for t in later
         if is_feasible(t) or not is_feasible(trial)
     )
@@ -223,14 +225,6 @@ def _behind(trial: FrozenTrial, left: float) -> str:
         f"not validated: the search found it off parity{read}, and the {left:.0f}s left went "
         "to the candidates it found within parity; give the search more time"
     )
-
-
-def _least(ctx: SearchContext, trial: FrozenTrial, horizon: int, spare: float = 1.0) -> float:
-    """The least a candidate's validation takes: its least pair, ``spare`` times over (none for
-    an opening pair's pick, whose pair is paid: accepted or not, it costs nothing more), and
-    fp16's run to its horizon."""
-    pair = 0.0 if opened(ctx, trial) else spare * least_seconds(ctx, trial)
-    return pair + proof_seconds(ctx, trial, horizon)
 
 
 def _rule_out(ruled: RuledOut, rerun: Rerun) -> None:
@@ -488,7 +482,7 @@ def _look_again(ctx: SearchContext, reference: ReferenceRecord, rerun: Rerun) ->
     trial, paired = rerun.trial, rerun.paired
     assert paired is not None
     share = min(LONGER * rerun.share, _to_end(ctx))
-    if share <= rerun.share or share < _least(ctx, trial, rerun.horizon):
+    if share <= rerun.share or share < least_needed(ctx, trial, rerun.horizon):
         return rerun
     logger.info(
         "validation of {}: {:.2f}x over {} pairs, fewer than the {} an interval needs: "
