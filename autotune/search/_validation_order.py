@@ -35,45 +35,43 @@ def least_needed(ctx: SearchContext, trial: FrozenTrial, horizon: int, spare: fl
 
 def likelier_first(
     ctx: SearchContext,
-    queue: tuple[list[FrozenTrial], FrozenTrial | None],
+    leaders: list[FrozenTrial],
     left: float,
     horizon_of: Callable[[FrozenTrial], int],
-) -> tuple[list[FrozenTrial], FrozenTrial | None]:
-    """A round's ``(leaders, standby)``, the next candidate first where the ``left`` seconds
-    hold the least of only one of the first two, the leader's search read leaves it no clear
-    parity margin (past half the tolerance, or off parity), the next one's does, and the next
-    runs at least :data:`NEAR` of the leader's speed. Otherwise as given.
+) -> list[FrozenTrial]:
+    """A round's leaders, the second first where the ``left`` seconds hold the least of only
+    one of the first two, the first's search read leaves it no clear parity margin (past half
+    the tolerance, or off parity), the second's does, and the second runs at least
+    :data:`NEAR` of the first's speed. Otherwise as given.
 
     Where only one fits, the one measured is the one shipped or nothing is: a leader read at
     the tolerance's edge is as likely refused as not (the generated family at 30% of its
     grids' time: fp16 at twice the base batch read +4.9% in the search, took all 26 s left,
     was refused at +4.6% with an upper bound of +5.8%, and fp16 at the base batch, 1.95x and
-    +0.1%, was never measured: an fp32 fallback). A standby moved first leads the round (the
-    leader after it is still measured where its share holds its least). A leader whose fp16
-    run alone is past what a budget allows it is passed over in any case: nothing to move.
+    +0.1%, was never measured: an fp32 fallback); the first is still measured after the
+    second where its share holds its least. A leader whose fp16 run alone is past what a
+    budget allows it is passed over in any case: nothing to move. (The standby needs no such
+    turn: one at least as fast as ``min_speedup`` asks would be a leader, but for an opening
+    pair's pick, whose pair is paid.)
     """
-    leaders, standby = queue
-    order = leaders + ([standby] if standby is not None else [])
-    if len(order) < 2 or not ctx.maximize:
-        return queue
-    first, second = order[0], order[1]
+    if len(leaders) < 2 or not ctx.maximize:
+        return leaders
+    first, second = leaders[0], leaders[1]
     if left >= sum(least_needed(ctx, t, horizon_of(t)) for t in (first, second)):
-        return queue
+        return leaders
     if alone_seconds(ctx, first, horizon_of(first)) > ENDURANCE_SHARE * ctx.budget.total:
-        return queue
+        return leaders
     half = ctx.spec.parity_tolerance / 2
     read, margin = record(first).parity_gap, record(second).parity_gap
     edge = not is_feasible(first) or read is None or read > half
     clear = is_feasible(second) and margin is not None and margin <= half
     fast, near = record(first).speedup or 0.0, record(second).speedup or 0.0
     if not (edge and clear and near >= NEAR * fast):
-        return queue
+        return leaders
     logger.info(
-        "validation: {:.0f}s hold one candidate; measuring {} first ({:.2f}x, parity {:+.1%} in "
-        "the search) before {} ({:.2f}x, {}): the likelier to be accepted",
+        "validation: the {:.0f}s left hold one candidate's least; trial {} ({:.2f}x, parity "
+        "{:+.1%} in the search) goes before trial {} ({:.2f}x, {}): the likelier accepted",
         left, second.number, near, margin, first.number, fast,
         f"parity {read:+.1%}" if read is not None and is_feasible(first) else "off parity",
     )  # fmt: skip
-    if second is standby:
-        return [second, *leaders], None
-    return [second, first, *leaders[2:]], standby
+    return [second, first, *leaders[2:]]

@@ -94,8 +94,8 @@ def validate(
         if not leaders:
             break
         horizon_of = partial(verdict_horizon, ctx, store.trials())
-        queue = likelier_first(ctx, (leaders, standby), end - ctx.budget.elapsed(), horizon_of)
-        fresh = _round(ctx, store, reference, queue, end, reruns, noise, ruled)
+        leaders = likelier_first(ctx, leaders, end - ctx.budget.elapsed(), horizon_of)
+        fresh = _round(ctx, store, reference, (leaders, standby), end, reruns, noise, ruled)
         reruns += fresh
         ref_run, noise = reference_arm(reruns, reference, tol)
         reruns = _lengthen(ctx, reference, reruns, fresh, noise)
