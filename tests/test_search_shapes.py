@@ -812,9 +812,10 @@ def test_a_budget_with_room_for_one_pair_opens_with_the_larger_batch() -> None:
         assert (cfg.precision, cfg.batch_size) == ("bf16", 256)
 
 
-def _generated(number: int, budget: float) -> tuple[Landscape, Any]:
-    """The family's member ``number`` and a spec over the modes it runs, ``budget`` seconds."""
-    land = family(number + 1)[number]
+def _generated(number: int, budget: float, drawn: int = 0) -> tuple[Landscape, Any]:
+    """The family's member ``number`` (of the family drawn with seed ``drawn``) and a spec over
+    the modes it runs, ``budget`` seconds."""
+    land = family(number + 1, seed=drawn)[number]
     study_spec = parse_spec(
         {"name": f"f{number}", "workload": land.workload, "budget": budget,
          "space": {"precisions": list(land.modes)}}
@@ -822,10 +823,11 @@ def _generated(number: int, budget: float) -> tuple[Landscape, Any]:
     return land, study_spec
 
 
-def _validated_safe(number: int, budget: float, seed: int) -> Any:
-    """The config a search of the family's member ``number`` emits in ``budget`` seconds,
-    checked validated, within the tolerance by the truth and inside its budget."""
-    land, study_spec = _generated(number, budget)
+def _validated_safe(number: int, budget: float, seed: int, drawn: int = 0) -> Any:
+    """The config a search of the family's member ``number`` (drawn with seed ``drawn``) emits
+    in ``budget`` seconds, checked validated, within the tolerance by the truth and inside its
+    budget."""
+    land, study_spec = _generated(number, budget, drawn)
     run = simulate(study_spec, land, seed=seed)
     cfg = run.config
     assert cfg.evidence.validated, cfg.evidence.validation_note
@@ -870,14 +872,8 @@ def test_a_leader_at_the_edge_waits_and_the_likelier_accepted_gets_what_is_left(
     the base batch's share: each got 4-5 s and five pairs, both were refused for too few, an
     fp32 fallback. The leader now waits for the next round: bf16 at the base batch is
     validated."""
-    land = family(20, seed=7)[19]
-    study_spec = parse_spec(
-        {"name": "f7-19", "workload": land.workload, "budget": 34.5,
-         "space": {"precisions": list(land.modes)}}
-    )  # fmt: skip
-    run = simulate(study_spec, land, seed=seed)
-    assert run.config.evidence.validated, run.config.evidence.validation_note
-    assert (run.config.precision, run.config.batch_size) == ("bf16", 128)
+    cfg = _validated_safe(19, 34.5, seed, drawn=7)
+    assert (cfg.precision, cfg.batch_size) == ("bf16", 128)
 
 
 @pytest.mark.parametrize("seed", [4, 8])
