@@ -1129,7 +1129,9 @@ def test_a_validation_pair_whose_set_ups_outlast_its_share_ends_within_the_budge
     ("name", "budget", "seed", "batch"),
     [
         ("cpu-tiny_convnet", 26.0, 2, 128),
-        ("a100-resnet18", 27.0, 1, 1024),
+        # (Seed 1 read bs=1024's +4.0% as +3.3% over few steps, bound +5.0% since they are
+        # taken wider: refused after its pair, as the case below.)
+        ("a100-resnet18", 27.0, 2, 1024),
         # bs=1024 measured faster, refused on parity after its pair: the opening pick's.
         ("a100-resnet18", 26.0, 0, 256),
     ],
