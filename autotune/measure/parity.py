@@ -20,6 +20,9 @@ __all__ = [
 
 # Average the loss over the second half of the shared range: short probes are noisy per step.
 _WINDOW = 0.5
+# The standard errors a gap's bound is taken at, for which few_steps widens an error read
+# from few steps (the search's bounds and growth checks are all taken at two).
+_BOUND_Z = 2.0
 # A falling gap is projected past the curves only where each fifth's fall is at most this
 # share of the one before (an exponential fade with a time constant at most 0.9 times the
 # curves' horizon): a projection from a fade that slows less leans on the far tail of one.
@@ -137,7 +140,9 @@ def few_steps(differences: int) -> float:
         >>> round(few_steps(4), 2), round(few_steps(9), 2), round(few_steps(1000), 3)
         (1.41, 1.16, 1.001)
     """
-    return 1.0 + 1.25 / differences + 1.53 / differences**2
+    z, dof = _BOUND_Z, differences
+    t = z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+    return t / z
 
 
 def parity_gap(
