@@ -92,6 +92,17 @@ def test_format_duration_round_trips(seconds: float, text: str) -> None:
     assert parse_duration(text) == seconds
 
 
+@pytest.mark.parametrize("budget", [1799.6, 59.97, 26.8834051084697, 90.4])
+def test_a_copy_of_a_spec_keeps_its_budget_to_the_last_digit(budget: float) -> None:
+    """A budget of 1799.6 s copied through the spec's stored form stayed 1799.6 s, not 30m (a
+    search ran 0.4 s past the budget it was given); whole budgets keep their readable form."""
+    spec = parse_spec({**MINIMAL, "budget": budget})
+    assert spec.with_overrides({"seed": 3}).budget == budget
+    assert parse_spec(spec.model_dump(mode="json")).budget == budget
+    whole = parse_spec({**MINIMAL, "budget": "1h30m"}).model_dump(mode="json")
+    assert whole["budget"] == "1h30m"
+
+
 def test_spec_defaults_and_durations_parse() -> None:
     spec = StudySpec(name="tiny", workload="tiny_mlp", budget="1h30m")
     assert spec.budget == 5400.0

@@ -147,10 +147,27 @@ def _seed(value: int, info: Any) -> int:
 # A seed the sampler and the probes accept: an integer in [0, 2**32).
 Seed = Annotated[int, AfterValidator(_seed)]
 
+
+def _duration_text(seconds: float) -> str:
+    """A duration as a spec stores it: the readable form where it reads back exactly, else the
+    seconds in full. A copy of a spec is made through this form (``with_overrides``, a study's
+    stored spec): a budget of 1799.6 s read back as ``30m`` let a search run 0.4 s past it.
+
+    Example:
+        >>> _duration_text(5400.0), _duration_text(1799.6)
+        ('1h30m', '1799.6s')
+    """
+    text = format_duration(seconds)
+    if parse_duration(text) == seconds:
+        return text
+    exact = repr(seconds)
+    return exact if "e" in exact else f"{exact}s"  # 1e-05 reads back as a number of seconds
+
+
 Duration = Annotated[
     float,
     BeforeValidator(lambda v, info: parse_duration(v, info.field_name or "duration")),
-    PlainSerializer(format_duration, return_type=str),
+    PlainSerializer(_duration_text, return_type=str),
 ]
 
 
