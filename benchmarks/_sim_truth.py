@@ -200,14 +200,19 @@ def space_points(land: Landscape, spec: StudySpec, space: Space) -> list[Candida
     return points
 
 
-def optimum(land: Landscape, spec: StudySpec, horizon_s: float) -> dict[str, Any]:
+def optimum(
+    land: Landscape, spec: StudySpec, horizon_s: float, *, inside: float = 0.0
+) -> dict[str, Any]:
     """The best safe effective speedup over the space, or the fp32 fallback (1.0x) where that
-    does not reach the spec's ``min_speedup`` (falling back is then right)."""
+    does not reach the spec's ``min_speedup`` (falling back is then right); with ``inside``,
+    over the settings whose lasting gap lies at least that far under the tolerance."""
     space = space_of(land, spec)
     best, best_v = None, None
+    limit = spec.parity_tolerance - inside
     for cand in space_points(land, spec, space):
         v = judge(land, spec, cand, horizon_s)
-        if v.safe and (best_v is None or v.effective > best_v.effective):
+        near = inside > 0 and v.parity_gap > limit
+        if v.safe and not near and (best_v is None or v.effective > best_v.effective):
             best, best_v = cand, v
     if best is None or best_v is None or best_v.effective < spec.validation.min_speedup:
         return {"optimum": 1.0, "optimum_point": "fp32 bs=base"}

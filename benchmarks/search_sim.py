@@ -41,6 +41,9 @@ rate, and the search's median minus the best peer's.
 Goals (issue 39's "Done when"): at 30% of the grid, median >= 98% of the optimum, p10 >= 90%,
 no unsafe validated config, false claims <= 2%, budget used <= 100% in every run (the max); at
 10%, median >= 90%; at every share, the search's median >= the best safe peer's share - 2 pts.
+Over a family, the summary also counts the medians short of their goal that reach it against
+the fastest setting whose lasting gap lies ``NEAR_TOLERANCE`` (1.5 points) inside the tolerance:
+a reading of the misses, not a goal.
 
 Strategies (``--strategy tpe,random,...``; each runs the same seeds, landscapes and budgets, and
 is set up inside the benchmark's own processes, the product untouched): ``tpe`` as shipped;
@@ -96,6 +99,11 @@ GOALS = {
 }
 # Past this many landscapes the per-landscape table gives way to a summary and the worst ones.
 TABLE_LIMIT = 30
+# A lasting gap this close under the tolerance, a bound read in these budgets does not tell
+# from one past it (validation's refusals near the bar read 1.5-2 points above their truth):
+# the summary says how many medians short of their goal reach it against the fastest setting
+# that far inside the tolerance. A figure to read the misses by; the goals are the optimum's.
+NEAR_TOLERANCE = 0.015
 
 
 # ---- the strategies -----------------------------------------------------------------------------
@@ -185,6 +193,7 @@ def prepare(key: str) -> dict[str, Any]:
         "key": key,
         **truth.grid_seconds(land, spec, _WORLD["grid"]),
         **truth.optimum(land, spec, horizon),
+        "inside": truth.optimum(land, spec, horizon, inside=NEAR_TOLERANCE)["optimum"],
         "peers": peers,
     }
 
@@ -479,10 +488,33 @@ def family_summary(report: dict[str, Any], names: list[str], shares: list[float]
             f"{statistics.fmean(report[n][key]['false_claim_rate'] for n in names):.1%}, max "
             f"budget {max(report[n][key]['max_budget_used'] for n in names):.0%}"
         )
+        if (line := _near_line(report, names, share)) is not None:
+            lines.append(line)
     worst = sorted(names, key=lambda n: report[n][str(shares[-1])]["median_share_of_optimum"])
     lines.append(f"  the ten worst at {shares[-1]:.0%}:")
     lines.append(table(report, worst[:10], shares))
     return "\n".join(lines)
+
+
+def _near_line(report: dict[str, Any], names: list[str], share: float) -> str | None:
+    """How many landscapes' medians fall short of the share's goal, and how many of those reach
+    it against the fastest setting ``NEAR_TOLERANCE`` inside the tolerance (None at a share
+    with no median goal)."""
+    goal = {0.3: GOALS["median_at_30"], 0.1: GOALS["median_at_10"]}.get(round(share, 6))
+    if goal is None:
+        return None
+    short = [n for n in names if report[n][str(share)]["median_share_of_optimum"] < goal]
+    near = [
+        n
+        for n in short
+        if report[n][str(share)]["median_share_of_optimum"] * report[n]["optimum"]
+        >= goal * report[n]["optimum_inside"]
+    ]
+    inside = f"{NEAR_TOLERANCE * 100:.1f} points"
+    return (
+        f"  {share:.0%}: {len(short)} medians under {goal:.0%} of the optimum; {len(near)} of "
+        f"them reach it of the fastest setting whose lasting gap is {inside} inside the tolerance"
+    )
 
 
 # ---- the run ------------------------------------------------------------------------------------
@@ -632,6 +664,7 @@ def _entries(
             "grid_points": g["points"],
             "optimum": g["optimum"],
             "optimum_point": g["optimum_point"],
+            "optimum_inside": g["inside"],
         }
         for share in shares:
             these = [
