@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autotune.measure.memory import PeakMemory
-from autotune.measure.paired import run_paired
+from autotune.measure.paired import PAIR_SLACK, run_paired
 from autotune.measure.probe import run_probe
 from autotune.schema.spec import Candidate, ProbeSettings
 from autotune.testing.workloads import drifting
@@ -78,6 +78,21 @@ def test_the_candidate_runs_on_alone_to_its_horizon_once_the_pairs_are_measured(
     assert len(result.candidate.losses) >= 120
     assert len(result.reference.losses) * 16 < 120 * 32  # the reference did not run along
     assert not result.candidate.truncated
+
+
+def test_pairs_stop_where_another_would_end_past_what_follows_their_time_limit(
+    clock: VirtualClock,
+) -> None:
+    """Pairs that run to their time limit (their interval never tight enough), blocks of 2 s
+    each: the last pair started ran its blocks to 36.4 s of a 35 s limit, past the second a
+    pair's callers keep after it (a CPU search ended at 180.1 s of a 180 s budget).
+    They stop where the next would end past that, and still measure the 2x."""
+    settings = SETTINGS.model_copy(update={"min_time": 100.0, "precision": 0.001, "time_limit": 35})
+    result = run_paired(drifting(0.2, 0.0, clock=clock, sleep=clock.sleep), fp32(32), fp32(16),
+                        "cpu", settings)  # fmt: skip
+    assert result.ok and result.pairs >= 6
+    assert result.speedup == pytest.approx(2.0, rel=0.03)
+    assert result.candidate.wall_seconds <= settings.time_limit + PAIR_SLACK
 
 
 def test_an_arm_that_diverges_ends_the_pair_with_its_reason() -> None:

@@ -21,13 +21,16 @@ from autotune.measure.stats import claimed, ratio_estimate
 from autotune.measure.step import StepEngine
 from autotune.measure.timed import TimedRun
 from autotune.schema.enums import Outcome
-from autotune.schema.spec import Candidate, ProbeSettings
+from autotune.schema.spec import Candidate, ProbeSettings, format_duration
 from autotune.workloads import Workload
 
 __all__ = ["interleave", "run_paired"]
 
 # The ratio's interval needs this many pairs to mean anything.
 _MIN_PAIRS = 6
+# Seconds a paired run's callers keep after its time limit (validation's pairs and the opening
+# pair end a second before their share): the last pair may end this far past the limit.
+PAIR_SLACK = 1.0
 _MAX_TIME_FACTOR = 4.0
 
 
@@ -201,11 +204,16 @@ class _Pair:
         ref.started += cand.compile_shift
         # Both arms' blocks last about as long, so each pair sees the same stretch of time.
         min_time = cand.min_time
+        last = 0.0
         while True:
+            if _no_room(self.runs, settings, last):
+                return False
+            began = cand.timer()
             if not self.arm("candidate", cand.block):
                 return False
             if not self.arm("reference", ref.block):
                 return False
+            last = cand.timer() - began
             if _enough(self.runs, settings, min_time):
                 return True
 
@@ -260,6 +268,24 @@ def _alone_is_due(c: TimedRun, settings: ProbeSettings) -> bool:
         return False
     step = c.timed_seconds / c.timed_steps
     return settings.time_limit - (c.timer() - c.started) <= 1.2 * left * step
+
+
+def _no_room(runs: dict[str, TimedRun], settings: ProbeSettings, last: float) -> bool:
+    """Whether the pairs stop here, as at the time limit: they have the least they need, and
+    another pair, at the last one's time, would end more than ``PAIR_SLACK`` past the limit.
+    A pair started anyway ran its blocks past what its caller keeps after the limit (a CPU's
+    2.5 s blocks: a search ended at 180.1 s of a 180 s budget)."""
+    c, r = runs["candidate"], runs["reference"]
+    if last <= 0 or min(len(c.blocks), len(r.blocks)) < _MIN_PAIRS:
+        return False
+    if settings.time_limit + PAIR_SLACK - (c.timer() - c.started) >= last:
+        return False
+    logger.debug(
+        "pair stopped short of its time limit of {}: another pair, {:.1f}s, would end past it",
+        format_duration(settings.time_limit),
+        last,
+    )
+    return True
 
 
 def _enough(runs: dict[str, TimedRun], settings: ProbeSettings, min_time: float) -> bool:
