@@ -211,8 +211,7 @@ def optimum(
     limit = spec.parity_tolerance - inside
     for cand in space_points(land, spec, space):
         v = judge(land, spec, cand, horizon_s)
-        near = inside > 0 and v.parity_gap > limit
-        if v.safe and not near and (best_v is None or v.effective > best_v.effective):
+        if v.safe and v.parity_gap <= limit and (best_v is None or v.effective > best_v.effective):
             best, best_v = cand, v
     if best is None or best_v is None or best_v.effective < spec.validation.min_speedup:
         return {"optimum": 1.0, "optimum_point": "fp32 bs=base"}
